@@ -1,0 +1,115 @@
+package nvdev
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
+)
+
+// mockMachines are go-nvml's simulated 8-GPU machines.
+var mockMachines = map[string]func() *server.Server{
+	"dgxa100": dgxa100.New,
+	"dgxb200": dgxb200.New,
+	"dgxh100": dgxh100.New,
+	"dgxh200": dgxh200.New,
+}
+
+// MockMachines lists the names accepted after "mock:".
+func MockMachines() []string {
+	names := make([]string, 0, len(mockMachines))
+	for n := range mockMachines {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// smCounts are the published multiprocessor counts of the mocked products;
+// go-nvml's mock has no GetAttributes for whole GPUs.
+var smCounts = map[string]int{
+	"A100": 108,
+	"H100": 132,
+	"H200": 132,
+	"B200": 148,
+}
+
+// NewMock returns a go-nvml mock machine completed with what its devices
+// lack for our device model: a PCI bus ID, a NUMA node, an SM count, and
+// UUIDs that stay the same across restarts for the same seed (a real GPU's
+// UUID never changes; go-nvml draws random ones).
+func NewMock(machine, seed string) (*server.Server, error) {
+	newServer, ok := mockMachines[machine]
+	if !ok {
+		return nil, fmt.Errorf("unknown mock machine %q, want one of %v", machine, MockMachines())
+	}
+	s := newServer()
+	for _, d := range s.Devices {
+		completeMockDevice(d.(*server.Device), machine, seed)
+	}
+	return s, nil
+}
+
+func completeMockDevice(d *server.Device, machine, seed string) {
+	d.UUID = "GPU-" + uuid.NewSHA1(uuid.NameSpaceOID, fmt.Appendf(nil, "%s/%s/%d", seed, machine, d.Index)).String()
+	// Spread the GPUs as on a DGX: eight PCIe switches, two NUMA nodes.
+	d.PciBusID = fmt.Sprintf("0000:%02x:00.0", 0x18+0x20*d.Index)
+	cfg := d.Config
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		info := nvml.PciInfo{PciDeviceId: cfg.PciDeviceId, Bus: uint32(0x18 + 0x20*d.Index)}
+		copy(info.BusId[:], toInt8(d.PciBusID))
+		copy(info.BusIdLegacy[:], toInt8(d.PciBusID))
+		return info, nvml.SUCCESS
+	}
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return d.Index / 4, nvml.SUCCESS }
+	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+		return nvml.DeviceAttributes{
+			MultiprocessorCount: uint32(mockSMCount(cfg.Name)),
+			MemorySizeMB:        cfg.MemoryMB,
+		}, nvml.SUCCESS
+	}
+}
+
+func mockSMCount(name string) int {
+	for product, n := range smCounts {
+		if strings.Contains(name, product) {
+			return n
+		}
+	}
+	return 0
+}
+
+func toInt8(s string) []int8 {
+	out := make([]int8, len(s))
+	for i := range len(s) {
+		out[i] = int8(s[i])
+	}
+	return out
+}
+
+// mockTopology derives the PCIe root from the bus number: one root per bus
+// range, the same shape as the mock's bus IDs.
+type mockTopology struct{}
+
+func (mockTopology) PCIeRoot(busID string) (string, error) {
+	var domain, bus int
+	if _, err := fmt.Sscanf(busID, "%x:%x:", &domain, &bus); err != nil {
+		return "", fmt.Errorf("parsing PCI bus ID %q: %w", busID, err)
+	}
+	return fmt.Sprintf("pci%04x:%02x", domain, bus-1), nil
+}
+
+func (mockTopology) NUMANode(string) (int, error) { return -1, fmt.Errorf("no sysfs for mock GPUs") }
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

@@ -1,0 +1,133 @@
+// Package nvdev is the only place that talks to NVML. It opens one long-lived
+// NVML session, enumerates the node's GPUs once with every attribute the
+// device model needs, and caches their handles. The same code runs on the real
+// library and on go-nvml's mock machines (see mock.go).
+package nvdev
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// ErrLibraryNotFound is returned when the NVML library cannot be loaded, for
+// example on a node without the NVIDIA driver or with a wrong driver root.
+var ErrLibraryNotFound = errors.New("NVML library not found")
+
+// SystemInfo is what is common to every GPU of the node.
+type SystemInfo struct {
+	DriverVersion     string // e.g. "550.54.15"
+	CUDADriverVersion string // e.g. "12.4"
+}
+
+// GPU is one physical GPU with the attributes of the device model.
+type GPU struct {
+	Index                 int
+	Minor                 int
+	UUID                  string
+	ProductName           string
+	Brand                 string
+	Architecture          string
+	CUDAComputeCapability string // "major.minor"
+	MemoryBytes           uint64
+	Multiprocessors       int    // 0 when NVML cannot tell
+	PCIBusID              string // extended BDF, "0000:3b:00.0"
+	PCIeRoot              string // "pci0000:3a", "" when unknown
+	NUMANode              int    // -1 when the GPU has no NUMA affinity
+	MigCapable            bool
+	MigEnabled            bool
+}
+
+// Interface is what the rest of the driver sees of NVML.
+type Interface interface {
+	// System returns driver-wide information.
+	System() SystemInfo
+	// GPUs returns the GPUs found when the session was opened, by index.
+	GPUs() []GPU
+	// DeviceByUUID returns the cached NVML handle of a GPU.
+	DeviceByUUID(uuid string) (nvml.Device, error)
+	// NVML returns the underlying library, for NVIDIA packages (nvcdi, MIG)
+	// that take an nvml.Interface.
+	NVML() nvml.Interface
+	// Shutdown ends the NVML session.
+	Shutdown() error
+}
+
+// Topology resolves what NVML does not know about a GPU's place on the
+// PCIe tree; the real one reads sysfs, the mock one is synthetic.
+type Topology interface {
+	PCIeRoot(pciBusID string) (string, error)
+	NUMANode(pciBusID string) (int, error)
+}
+
+// session implements Interface over any nvml.Interface.
+type session struct {
+	lib     nvml.Interface
+	system  SystemInfo
+	gpus    []GPU
+	mu      sync.Mutex
+	handles map[string]nvml.Device
+}
+
+// open initialises NVML once and enumerates the GPUs.
+func open(lib nvml.Interface, topo Topology) (*session, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			return nil, ErrLibraryNotFound
+		}
+		return nil, fmt.Errorf("initialising NVML: %w", ret)
+	}
+	s := &session{lib: lib, handles: map[string]nvml.Device{}}
+	if err := s.enumerate(topo); err != nil {
+		_ = lib.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *session) enumerate(topo Topology) error {
+	sys, err := readSystem(s.lib)
+	if err != nil {
+		return err
+	}
+	s.system = sys
+	devlib := device.New(s.lib)
+	return devlib.VisitDevices(func(i int, d device.Device) error {
+		gpu, err := readGPU(d, topo)
+		if err != nil {
+			return fmt.Errorf("reading GPU %d: %w", i, err)
+		}
+		s.gpus = append(s.gpus, gpu)
+		s.handles[gpu.UUID] = d
+		return nil
+	})
+}
+
+func (s *session) System() SystemInfo    { return s.system }
+func (s *session) GPUs() []GPU           { return s.gpus }
+func (s *session) NVML() nvml.Interface  { return s.lib }
+
+func (s *session) DeviceByUUID(uuid string) (nvml.Device, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.handles[uuid]; ok {
+		return d, nil
+	}
+	// MIG devices and GPUs that appeared later are looked up once and cached.
+	d, ret := s.lib.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("getting NVML handle of %s: %w", uuid, ret)
+	}
+	s.handles[uuid] = d
+	return d, nil
+}
+
+func (s *session) Shutdown() error {
+	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("shutting down NVML: %w", ret)
+	}
+	return nil
+}
