@@ -106,9 +106,9 @@ func (s *session) enumerate(topo Topology) error {
 	})
 }
 
-func (s *session) System() SystemInfo    { return s.system }
-func (s *session) GPUs() []GPU           { return s.gpus }
-func (s *session) NVML() nvml.Interface  { return s.lib }
+func (s *session) System() SystemInfo   { return s.system }
+func (s *session) GPUs() []GPU          { return s.gpus }
+func (s *session) NVML() nvml.Interface { return s.lib }
 
 func (s *session) DeviceByUUID(uuid string) (nvml.Device, error) {
 	s.mu.Lock()

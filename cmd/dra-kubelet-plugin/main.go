@@ -1,0 +1,160 @@
+// Command dra-kubelet-plugin is the node side of the gpu.gpuaas.io DRA
+// driver: it publishes the node's GPUs and prepares them for containers.
+// This file only parses flags and wires packages together.
+package main
+
+import (
+	"context"
+	"errors"
+	goflag "flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+type flags struct {
+	nodeName, kubeconfig, pluginDataDir, registrarDir  string
+	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
+	podUID, cdiHookPath                                string
+}
+
+func main() {
+	f := parseFlags()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	logger := klog.Background().WithName("dra-kubelet-plugin")
+	ctx = klog.NewContext(ctx, logger)
+	if err := run(ctx, f); err != nil {
+		logger.Error(err, "Plugin failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+}
+
+func parseFlags() flags {
+	var f flags
+	fs := pflag.CommandLine
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node; also the name of its device pool. [$NODE_NAME]")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Kubeconfig file; empty means in-cluster configuration. [$KUBECONFIG]")
+	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", env("DRA_PLUGIN_DATA_DIR", "/var/lib/kubelet/plugins/gpu.gpuaas.io"), "Directory for the DRA socket (dra.sock) and the checkpoint of prepared claims. [$DRA_PLUGIN_DATA_DIR]")
+	fs.StringVar(&f.registrarDir, "registrar-dir", env("DRA_REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. [$DRA_REGISTRAR_DIR]")
+	fs.StringVar(&f.cdiRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory where per-claim CDI specs are written. [$CDI_ROOT]")
+	fs.StringVar(&f.driverRoot, "driver-root", env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
+	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), "Host path of nvidia-cdi-hook, run by the container runtime to update the container's ldcache and symlinks; empty leaves NVIDIA's CDI hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]")
+	fs.StringVar(&f.nvml, "nvml", env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
+	fs.StringVar(&f.metricsAddr, "metrics-addr", env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
+	fs.StringVar(&f.healthAddr, "healthcheck-addr", env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
+	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
+	gofs := goflag.NewFlagSet("klog", goflag.ExitOnError)
+	klog.InitFlags(gofs)
+	// Only the verbosity flags: the plugin logs to stderr, as pods should.
+	fs.AddGoFlag(gofs.Lookup("v"))
+	fs.AddGoFlag(gofs.Lookup("vmodule"))
+	pflag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.\n\nFlags (environment variables in brackets):\n")
+		fs.PrintDefaults()
+	}
+	pflag.Parse()
+	return f
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, f flags) error {
+	if f.nodeName == "" {
+		return errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	client, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	lib, err := nvdev.Open(nvdev.Options{Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName})
+	if err != nil {
+		return fmt.Errorf("opening NVML: %w", err)
+	}
+	defer func() { _ = lib.Shutdown() }()
+	cdiHandler, err := cdi.NewHandler(cdi.Options{
+		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, NVML: lib.NVML(),
+		CDIHookPath: f.cdiHookPath, Logger: klog.FromContext(ctx),
+	})
+	if err != nil {
+		return fmt.Errorf("setting up CDI: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	driver, err := plugin.Start(ctx, plugin.Options{
+		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler,
+		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
+		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+	defer driver.Stop()
+	if err := serveAuxiliary(ctx, f, reg, driver); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	klog.FromContext(ctx).Info("Shutting down")
+	return nil
+}
+
+// serveAuxiliary starts the metrics and health endpoints; they stop with
+// the process.
+func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, driver *plugin.Driver) error {
+	if f.healthAddr != "" {
+		if _, err := plugin.StartHealth(ctx, f.healthAddr, f.pluginDataDir, driver); err != nil {
+			return err
+		}
+	}
+	if f.metricsAddr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: f.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped")
+		}
+	}()
+	return nil
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading Kubernetes client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	return client, nil
+}

@@ -1,0 +1,221 @@
+// Package cdi writes one CDI spec per prepared ResourceClaim.
+//
+// Each claim gets its own spec file under the CDI root, named after the claim
+// UID, so that preparing or unpreparing a claim touches exactly one file and
+// never grows with the number of claims already prepared. The edits every GPU
+// container needs (driver libraries and binaries, control device nodes) are
+// computed once in NewHandler and reused for every claim.
+package cdi
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+)
+
+const (
+	// Vendor is the CDI vendor of our specs; it differs from NVIDIA's
+	// "nvidia.com" so that our per-claim specs never clash with a spec the
+	// NVIDIA Container Toolkit generates on the same host.
+	Vendor = "k8s.gpu.gpuaas.io"
+	// Class is the CDI class of our specs: one device per claimed device.
+	Class = "claim"
+	// Kind is the CDI kind of our specs.
+	Kind = Vendor + "/" + Class
+
+	visibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
+	specFileMode      = 0o644
+)
+
+// Options configures a Handler.
+type Options struct {
+	// CDIRoot is the directory the container runtime reads CDI specs from,
+	// e.g. /var/run/cdi. It is created if missing.
+	CDIRoot string
+	// DriverRoot is where the NVIDIA driver is installed on the host ("/"
+	// normally). Empty, or a root without the driver, means no driver files
+	// are injected: device nodes and env only.
+	DriverRoot string
+	// DevRoot is where /dev/nvidia* live; defaults to DriverRoot.
+	DevRoot string
+	// NVML is the (possibly mock) NVML the plugin uses; nvcdi reads the
+	// driver version from it.
+	NVML nvml.Interface
+	// CDIHookPath is the host path of the nvidia-cdi-hook binary. Empty
+	// disables all NVIDIA CDI hooks (ldcache update, symlinks, ...): a spec
+	// naming a hook binary that does not exist makes every container
+	// creation fail, which is worse than a missing ldcache entry.
+	CDIHookPath string
+	// Logger is used for the few messages NewHandler logs; the zero value
+	// means klog.Background().
+	Logger klog.Logger
+}
+
+// Device is one allocated device of a claim.
+type Device struct {
+	// Name is our DRA device name, e.g. "gpu-3"; it becomes part of the CDI
+	// device name.
+	Name string
+	// UUID is the GPU (or MIG) UUID, listed in NVIDIA_VISIBLE_DEVICES.
+	UUID string
+	// Minor is the minor number of /dev/nvidia<Minor>.
+	Minor int
+	// ExtraNodes are extra device node paths, e.g. MIG capability nodes.
+	ExtraNodes []string
+	// Env is extra environment for this device, e.g. MPS settings.
+	Env map[string]string
+}
+
+// Handler writes and deletes per-claim CDI specs. It is safe for concurrent
+// use: the cached common edits are never modified after NewHandler.
+type Handler struct {
+	cdiRoot string
+	devRoot string
+	common  specs.ContainerEdits
+}
+
+// NewHandler computes the edits common to all claims once and prepares the
+// CDI root.
+func NewHandler(opts Options) (*Handler, error) {
+	if opts.CDIRoot == "" {
+		return nil, fmt.Errorf("CDI root must be set")
+	}
+	log := opts.Logger
+	if log.GetSink() == nil {
+		log = klog.Background()
+	}
+	log = klog.LoggerWithName(log, "cdi")
+	if err := os.MkdirAll(opts.CDIRoot, 0o755); err != nil {
+		return nil, fmt.Errorf("create CDI root %q: %w", opts.CDIRoot, err)
+	}
+	removeStaleTempFiles(log, opts.CDIRoot)
+	common, err := commonEdits(log, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Handler{
+		cdiRoot: opts.CDIRoot,
+		devRoot: devRootOf(opts),
+		common:  common,
+	}, nil
+}
+
+// SpecPath is the file holding the CDI spec of one claim.
+func SpecPath(cdiRoot, claimUID string) string {
+	return filepath.Join(cdiRoot, specFileName(claimUID))
+}
+
+// DeviceID is the fully-qualified CDI device ID of one device of a claim.
+func DeviceID(claimUID, deviceName string) string {
+	return parser.QualifiedName(Vendor, Class, cdiDeviceName(claimUID, deviceName))
+}
+
+// specFilePrefix/specFileSuffix frame the claim UID in our file names; the
+// same scheme as cdi.GenerateTransientSpecName.
+var (
+	specFilePrefix = cdiapi.GenerateTransientSpecName(Vendor, Class, "")
+	specFileSuffix = ".json"
+)
+
+func specFileName(claimUID string) string {
+	return specFilePrefix + claimUID + specFileSuffix
+}
+
+// cdiDeviceName prefixes our device name with the claim UID: CDI device names
+// are global per kind, and one GPU may be in several claims (sharing).
+func cdiDeviceName(claimUID, deviceName string) string {
+	return claimUID + "-" + deviceName
+}
+
+// WriteClaimSpec writes the spec of one claim atomically and returns, per
+// device name, its fully-qualified CDI device ID. Rewriting a claim replaces
+// its spec.
+func (h *Handler) WriteClaimSpec(claimUID string, devices []Device) (map[string]string, error) {
+	spec, err := h.buildSpec(claimUID, devices)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec for claim %s: %w", claimUID, err)
+	}
+	if err := writeSpec(SpecPath(h.cdiRoot, claimUID), spec); err != nil {
+		return nil, fmt.Errorf("CDI spec for claim %s: %w", claimUID, err)
+	}
+	ids := make(map[string]string, len(devices))
+	for _, d := range devices {
+		ids[d.Name] = DeviceID(claimUID, d.Name)
+	}
+	return ids, nil
+}
+
+// DeleteClaimSpec removes the spec of one claim; a missing spec is not an
+// error so that unprepare can be retried.
+func (h *Handler) DeleteClaimSpec(claimUID string) error {
+	if err := validateClaimUID(claimUID); err != nil {
+		return err
+	}
+	err := os.Remove(SpecPath(h.cdiRoot, claimUID))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete CDI spec of claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// ClaimSpecUIDs lists the claims that have a spec of ours under the CDI root,
+// sorted, so that specs of claims deleted while the plugin was down can be
+// found. Files of other vendors and our temporary files are ignored.
+func (h *Handler) ClaimSpecUIDs() ([]string, error) {
+	entries, err := os.ReadDir(h.cdiRoot)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list CDI root %q: %w", h.cdiRoot, err)
+	}
+	var uids []string
+	for _, e := range entries {
+		if uid, ok := claimUIDOf(e); ok {
+			uids = append(uids, uid)
+		}
+	}
+	sort.Strings(uids)
+	return uids, nil
+}
+
+func claimUIDOf(e os.DirEntry) (string, bool) {
+	if !e.Type().IsRegular() {
+		return "", false
+	}
+	uid, ok := strings.CutPrefix(e.Name(), specFilePrefix)
+	if !ok {
+		return "", false
+	}
+	uid, ok = strings.CutSuffix(uid, specFileSuffix)
+	if !ok || validateClaimUID(uid) != nil {
+		return "", false
+	}
+	return uid, true
+}
+
+// validateClaimUID rejects UIDs that would not make a plain file name or a
+// valid CDI device name (Kubernetes UIDs always pass).
+func validateClaimUID(claimUID string) error {
+	if err := parser.ValidateDeviceName(claimUID); err != nil {
+		return fmt.Errorf("invalid claim UID %q: %w", claimUID, err)
+	}
+	return nil
+}
+
+func devRootOf(opts Options) string {
+	if opts.DevRoot != "" {
+		return opts.DevRoot
+	}
+	return opts.DriverRoot
+}

@@ -1,0 +1,213 @@
+// Package checkpoint records which claims the plugin has prepared, so that
+// unprepare (which gets only a claim's UID) and a restarted plugin know what
+// to undo. Each claim is its own small file: preparing or unpreparing one
+// claim costs the same however many others are prepared, and one damaged file
+// loses one claim's record, not the node's.
+package checkpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Version is the format of the files written today. Readers accept it and
+// refuse (as damaged) anything else, so a downgrade never misreads a newer
+// layout.
+const Version = "v1"
+
+const fileSuffix = ".json"
+
+// State is how far preparing a claim got: a claim left in PrepareStarted was
+// interrupted and is undone at start-up.
+type State string
+
+const (
+	PrepareStarted   State = "PrepareStarted"
+	PrepareCompleted State = "PrepareCompleted"
+)
+
+// Device is one prepared device of a claim.
+type Device struct {
+	Requests     []string `json:"requests"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	GPUUUID      string   `json:"gpuUUID"`
+	AdminAccess  bool     `json:"adminAccess,omitempty"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+// Claim is the record of one prepared claim.
+type Claim struct {
+	UID       string   `json:"uid"`
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	State     State    `json:"state"`
+	Devices   []Device `json:"devices"`
+}
+
+// file is the on-disk envelope. The checksum covers the exact bytes of the
+// claim as written, not a re-encoding, so adding a field in a later version
+// never makes an old file look damaged.
+type file struct {
+	Version  string          `json:"version"`
+	Checksum string          `json:"checksum"`
+	Claim    json.RawMessage `json:"claim"`
+}
+
+// ErrDamaged marks a file that cannot be trusted: unreadable JSON, unknown
+// version, or a checksum mismatch.
+var ErrDamaged = errors.New("damaged checkpoint")
+
+// Store keeps one file per claim in a directory.
+type Store struct {
+	dir string
+}
+
+// NewStore creates the directory if needed.
+func NewStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating checkpoint directory: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Path is where the record of a claim lives.
+func (s *Store) Path(uid string) string { return filepath.Join(s.dir, uid+fileSuffix) }
+
+// Save writes the claim's record atomically: a crash leaves either the old
+// record or the new one, never a torn file.
+func (s *Store) Save(c *Claim) error {
+	data, err := encode(c)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(s.Path(c.UID), data); err != nil {
+		return fmt.Errorf("saving checkpoint of claim %s: %w", c.UID, err)
+	}
+	return nil
+}
+
+// Delete removes a claim's record; a missing record is not an error.
+func (s *Store) Delete(uid string) error {
+	if err := os.Remove(s.Path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("deleting checkpoint of claim %s: %w", uid, err)
+	}
+	return nil
+}
+
+// Damaged is a record that could not be read; its claim UID comes from the
+// file name, so the claim can still be rebuilt or cleaned up.
+type Damaged struct {
+	UID string
+	Err error
+}
+
+// LoadAll reads every record. Damaged ones are moved aside (kept for
+// inspection as <uid>.json.damaged) and returned separately; they never stop
+// the plugin.
+func (s *Store) LoadAll() ([]*Claim, []Damaged, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading checkpoint directory: %w", err)
+	}
+	var claims []*Claim
+	var damaged []Damaged
+	for _, e := range entries {
+		uid, ok := strings.CutSuffix(e.Name(), fileSuffix)
+		if !ok || e.IsDir() {
+			continue
+		}
+		c, err := s.load(uid)
+		if err != nil {
+			damaged = append(damaged, Damaged{UID: uid, Err: err})
+			_ = os.Rename(s.Path(uid), s.Path(uid)+".damaged")
+			continue
+		}
+		claims = append(claims, c)
+	}
+	return claims, damaged, nil
+}
+
+func (s *Store) load(uid string) (*Claim, error) {
+	data, err := os.ReadFile(s.Path(uid))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	c, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	if c.UID != uid {
+		return nil, fmt.Errorf("%w: file of claim %s holds claim %s", ErrDamaged, uid, c.UID)
+	}
+	return c, nil
+}
+
+func encode(c *Claim) ([]byte, error) {
+	claim, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encoding checkpoint of claim %s: %w", c.UID, err)
+	}
+	return json.Marshal(file{Version: Version, Checksum: checksum(claim), Claim: claim})
+}
+
+func decode(data []byte) (*Claim, error) {
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	if f.Version != Version {
+		return nil, fmt.Errorf("%w: unknown version %q", ErrDamaged, f.Version)
+	}
+	if got := checksum(f.Claim); got != f.Checksum {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrDamaged)
+	}
+	var c Claim
+	if err := json.Unmarshal(f.Claim, &c); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	return &c, nil
+}
+
+func checksum(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// writeAtomic writes to a temporary file in the same directory, syncs it and
+// renames it over the target, then syncs the directory so the rename itself
+// survives a power loss.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	if _, err := tmp.Write(data); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close() }()
+	return d.Sync()
+}

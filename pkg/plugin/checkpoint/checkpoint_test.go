@@ -1,0 +1,144 @@
+package checkpoint
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func testClaim(uid string) *Claim {
+	return &Claim{UID: uid, Namespace: "ns", Name: "c-" + uid, State: PrepareCompleted,
+		Devices: []Device{{Requests: []string{"gpu"}, Pool: "node", Device: "gpu-1", GPUUUID: "GPU-1",
+			CDIDeviceIDs: []string{"k8s.gpu.gpuaas.io/claim=" + uid + "-gpu-1"}}}}
+}
+
+func TestSaveLoadDelete(t *testing.T) {
+	s, err := NewStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := testClaim("a"), testClaim("b")
+	for _, c := range []*Claim{a, b, a} { // saving again overwrites
+		if err := s.Save(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claims, damaged, err := s.LoadAll()
+	if err != nil || len(damaged) != 0 {
+		t.Fatalf("LoadAll: %v, damaged %v", err, damaged)
+	}
+	if len(claims) != 2 || !reflect.DeepEqual(claims[0], a) || !reflect.DeepEqual(claims[1], b) {
+		t.Fatalf("LoadAll = %+v", claims)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatalf("second Delete: %v", err)
+	}
+	claims, _, _ = s.LoadAll()
+	if len(claims) != 1 || claims[0].UID != "b" {
+		t.Fatalf("after delete: %+v", claims)
+	}
+	assertNoTempFiles(t, s.dir)
+}
+
+func assertNoTempFiles(t *testing.T, dir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			t.Errorf("temporary file left behind: %s", e.Name())
+		}
+	}
+}
+
+func TestDamagedFilesAreReportedAndMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := NewStore(dir)
+	for _, uid := range []string{"good", "flipped", "truncated", "future", "swapped"} {
+		if err := s.Save(testClaim(uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	corrupt(t, s.Path("flipped"), func(b []byte) []byte {
+		return []byte(strings.Replace(string(b), "gpu-1", "gpu-7", 1))
+	})
+	corrupt(t, s.Path("truncated"), func(b []byte) []byte { return b[:len(b)/2] })
+	corrupt(t, s.Path("future"), func(b []byte) []byte {
+		return []byte(strings.Replace(string(b), `"version":"v1"`, `"version":"v9"`, 1))
+	})
+	good, _ := os.ReadFile(s.Path("good"))
+	if err := os.WriteFile(s.Path("swapped"), good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	claims, damaged, err := s.LoadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims) != 1 || claims[0].UID != "good" {
+		t.Errorf("good claims = %+v", claims)
+	}
+	got := map[string]bool{}
+	for _, d := range damaged {
+		if !errors.Is(d.Err, ErrDamaged) {
+			t.Errorf("%s: error %v is not ErrDamaged", d.UID, d.Err)
+		}
+		got[d.UID] = true
+		if _, err := os.Stat(s.Path(d.UID) + ".damaged"); err != nil {
+			t.Errorf("%s not moved aside: %v", d.UID, err)
+		}
+	}
+	if len(got) != 4 || !got["flipped"] || !got["truncated"] || !got["future"] || !got["swapped"] {
+		t.Errorf("damaged = %v", damaged)
+	}
+	// A second load no longer sees them: a damaged file never loops.
+	if _, damaged, _ := s.LoadAll(); len(damaged) != 0 {
+		t.Errorf("damaged again on second load: %v", damaged)
+	}
+}
+
+func TestUnknownFieldsFromANewerWriterKeepTheChecksum(t *testing.T) {
+	// The checksum covers the stored bytes, so a field this version does not
+	// know (written by a newer plugin) does not make the record look damaged.
+	s, _ := NewStore(t.TempDir())
+	claim := []byte(`{"uid":"u","namespace":"n","name":"c","state":"PrepareCompleted","devices":[],"newField":1}`)
+	data, _ := encodeRaw(claim)
+	if err := os.WriteFile(s.Path("u"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	claims, damaged, _ := s.LoadAll()
+	if len(damaged) != 0 || len(claims) != 1 {
+		t.Fatalf("claims %v damaged %v", claims, damaged)
+	}
+}
+
+func encodeRaw(claim []byte) ([]byte, error) {
+	return []byte(`{"version":"v1","checksum":"` + checksum(claim) + `","claim":` + string(claim) + `}`), nil
+}
+
+func corrupt(t *testing.T, path string, f func([]byte) []byte) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, f(b), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestIgnoresForeignFiles(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := NewStore(dir)
+	_ = os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("x"), 0o600)
+	_ = os.Mkdir(filepath.Join(dir, "sub.json"), 0o700)
+	claims, damaged, err := s.LoadAll()
+	if err != nil || len(claims) != 0 || len(damaged) != 0 {
+		t.Fatalf("claims %v damaged %v err %v", claims, damaged, err)
+	}
+}

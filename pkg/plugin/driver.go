@@ -1,0 +1,144 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+)
+
+// Options configure the kubelet plugin.
+type Options struct {
+	NodeName      string
+	KubeClient    kubernetes.Interface
+	NVML          nvdev.Interface
+	CDI           CDIWriter
+	PluginDataDir string // dra.sock and the checkpoint
+	RegistrarDir  string // the kubelet's plugins_registry
+	// PodUID enables kubeletplugin's rolling update (two plugin pods on a
+	// node during an update); empty disables it.
+	PodUID  types.UID
+	Metrics *Metrics
+}
+
+// Driver implements kubeletplugin.DRAPlugin over a State.
+type Driver struct {
+	state   *State
+	helper  *kubeletplugin.Helper
+	devices []AllocatableDevice
+	metrics *Metrics
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// Start restores the node's prepared claims, starts the kubelet plugin and
+// publishes the node's devices.
+func Start(ctx context.Context, opts Options) (*Driver, error) {
+	logger := klog.FromContext(ctx)
+	store, err := checkpoint.NewStore(filepath.Join(opts.PluginDataDir, "claims"))
+	if err != nil {
+		return nil, err
+	}
+	devices := DiscoverDevices(logger, opts.NVML)
+	d := &Driver{devices: devices, metrics: opts.Metrics}
+	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: devices, CDI: opts.CDI, Store: store, Metrics: opts.Metrics})
+	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
+		return nil, err
+	}
+	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
+	if err != nil {
+		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
+	}
+	if err := d.helper.PublishResources(ctx, Resources(opts.NodeName, devices)); err != nil {
+		d.helper.Stop()
+		return nil, fmt.Errorf("publishing devices: %w", err)
+	}
+	opts.Metrics.setPublished(devices)
+	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", len(devices))
+	return d, nil
+}
+
+func helperOptions(opts Options) []kubeletplugin.Option {
+	o := []kubeletplugin.Option{
+		kubeletplugin.DriverName(configapi.DriverName),
+		kubeletplugin.KubeClient(opts.KubeClient),
+		kubeletplugin.NodeName(opts.NodeName),
+		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
+		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+	}
+	if opts.PodUID != "" {
+		// Two plugin processes share the checkpoint during a rolling update;
+		// the helper's file lock (Serialize) keeps them from interleaving.
+		return append(o, kubeletplugin.RollingUpdate(opts.PodUID))
+	}
+	// One process: per-GPU locks in State are enough, and claims on
+	// different GPUs are prepared in parallel.
+	return append(o, kubeletplugin.Serialize(false))
+}
+
+// Stop stops serving the kubelet. Published slices stay: the kubelet plugin
+// coming back republishes them, and they go with the Node.
+func (d *Driver) Stop() {
+	if d.helper != nil {
+		d.helper.Stop()
+	}
+}
+
+// Helper exposes the kubelet plugin helper, for health checks.
+func (d *Driver) Helper() *kubeletplugin.Helper { return d.helper }
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
+		devices, err := d.state.Prepare(klog.NewContext(ctx, logger), claim)
+		if err != nil {
+			logger.Error(err, "Preparing claim failed")
+			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
+		}
+		results[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devices}
+	}
+	return results, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	results := make(map[types.UID]error, len(claims))
+	for _, claim := range claims {
+		logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
+		err := d.state.Unprepare(klog.NewContext(ctx, logger), claim.UID)
+		if err != nil {
+			logger.Error(err, "Unpreparing claim failed")
+			err = fmt.Errorf("unpreparing claim %s: %w", claim.NamespacedName, err)
+		}
+		results[claim.UID] = err
+	}
+	return results, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin. Publishing errors that
+// retrying cannot fix (the API server rejects or drops our slices) are
+// reported loudly; they mean this build and the cluster disagree.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) {
+		msg = "Non-recoverable error (check the cluster's Kubernetes version and feature gates): " + msg
+	}
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin; device health is not
+// reported yet.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

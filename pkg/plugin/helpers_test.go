@@ -1,0 +1,123 @@
+package plugin
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+)
+
+const testNode = "node-a"
+
+// testEnv is a State on a mock machine with its directories, so that a
+// second State on the same directories plays the restarted plugin.
+type testEnv struct {
+	t       *testing.T
+	lib     nvdev.Interface
+	cdiRoot string
+	ckptDir string
+	state   *State
+	metrics *Metrics
+	devices []AllocatableDevice
+	ctx     context.Context
+}
+
+func newTestEnv(t testing.TB, machine string) *testEnv {
+	t.Helper()
+	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + machine, MockSeed: testNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	_, ctx := ktesting.NewTestContext(t)
+	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"), ctx: ctx}
+	if tt, ok := t.(*testing.T); ok {
+		e.t = tt
+	}
+	e.devices = DiscoverDevices(ktesting.NewLogger(t, ktesting.NewConfig()), lib)
+	e.state = e.newState(t)
+	return e
+}
+
+// newState builds a State on the env's directories, as a (re)started
+// plugin would.
+func (e *testEnv) newState(t testing.TB) *State {
+	t.Helper()
+	handler, err := cdi.NewHandler(cdi.Options{CDIRoot: e.cdiRoot, NVML: e.lib.NVML()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.NewStore(e.ckptDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, CDI: handler, Store: store, Metrics: e.metrics})
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func (e *testEnv) cdiSpecExists(uid string) bool { return fileExists(cdi.SpecPath(e.cdiRoot, uid)) }
+
+func (e *testEnv) recordExists(uid string) bool {
+	return fileExists(filepath.Join(e.ckptDir, uid+".json"))
+}
+
+// claimBuilder makes allocated claims the way the scheduler leaves them.
+type claimBuilder struct{ claim *resourceapi.ResourceClaim }
+
+func newClaim(uid string) *claimBuilder {
+	return &claimBuilder{claim: &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "claim-" + uid, UID: types.UID(uid)},
+		Status: resourceapi.ResourceClaimStatus{
+			Allocation:  &resourceapi.AllocationResult{},
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "pod-" + types.UID(uid)}},
+		},
+	}}
+}
+
+func (b *claimBuilder) device(request, name string) *claimBuilder {
+	return b.result(resourceapi.DeviceRequestAllocationResult{
+		Request: request, Driver: configapi.DriverName, Pool: testNode, Device: name,
+	})
+}
+
+func (b *claimBuilder) adminDevice(request, name string) *claimBuilder {
+	return b.result(resourceapi.DeviceRequestAllocationResult{
+		Request: request, Driver: configapi.DriverName, Pool: testNode, Device: name, AdminAccess: ptr.To(true),
+	})
+}
+
+func (b *claimBuilder) result(r resourceapi.DeviceRequestAllocationResult) *claimBuilder {
+	a := b.claim.Status.Allocation
+	a.Devices.Results = append(a.Devices.Results, r)
+	return b
+}
+
+func (b *claimBuilder) config(source resourceapi.AllocationConfigSource, raw string, requests ...string) *claimBuilder {
+	a := b.claim.Status.Allocation
+	a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+		Source: source, Requests: requests,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: configapi.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)},
+		}},
+	})
+	return b
+}
+
+func (b *claimBuilder) build() *resourceapi.ResourceClaim { return b.claim }
+
+func typesUID(s string) types.UID { return types.UID(s) }

@@ -1,0 +1,139 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+)
+
+// Restore rebuilds the state a previous run left on the node, before the
+// plugin serves the kubelet:
+//   - records of interrupted prepares are undone;
+//   - claims deleted while the plugin was down are unprepared;
+//   - damaged records are reported and rebuilt from the claim in the API
+//     (prepare is a function of the claim), or cleaned up if it is gone;
+//   - CDI specs that no record explains are deleted.
+//
+// API errors never drop a record: a claim that cannot be checked is kept.
+func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error {
+	logger := klog.FromContext(ctx)
+	records, damaged, err := s.store.LoadAll()
+	if err != nil {
+		return fmt.Errorf("loading checkpoint: %w", err)
+	}
+	for _, rec := range records {
+		s.restoreRecord(ctx, rec)
+	}
+	s.metrics.addDamaged(len(damaged))
+	for _, d := range damaged {
+		logger.Error(d.Err, "Checkpoint record damaged, rebuilding it from the API", "claimUID", d.UID)
+	}
+	if err := s.rebuildDamaged(ctx, client, damaged); err != nil {
+		logger.Error(err, "Could not rebuild damaged checkpoint records; their CDI specs are kept until the next start")
+	}
+	s.cleanStale(ctx, client)
+	s.deleteOrphanSpecs(ctx)
+	s.metrics.setPrepared(s.index.counts())
+	claims, devices := s.index.counts()
+	logger.Info("Restored prepared claims", "claims", claims, "devices", devices, "damaged", len(damaged))
+	return nil
+}
+
+func (s *State) restoreRecord(ctx context.Context, rec *checkpoint.Claim) {
+	if rec.State != checkpoint.PrepareCompleted {
+		klog.FromContext(ctx).Info("Undoing interrupted prepare", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
+		if err := s.undo(rec); err != nil {
+			klog.FromContext(ctx).Error(err, "Undoing interrupted prepare", "claimUID", rec.UID)
+		}
+		return
+	}
+	s.index.add(rec)
+}
+
+// cleanStale unprepares claims that no longer exist (or were replaced by a
+// claim of the same name).
+func (s *State) cleanStale(ctx context.Context, client kubernetes.Interface) {
+	logger := klog.FromContext(ctx)
+	stale := 0
+	for _, rec := range s.index.list() {
+		claim, err := client.ResourceV1().ResourceClaims(rec.Namespace).Get(ctx, rec.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err), err == nil && string(claim.UID) != rec.UID:
+		case err != nil:
+			logger.Error(err, "Cannot check whether claim still exists; keeping it", "claimUID", rec.UID)
+			continue
+		default:
+			continue
+		}
+		logger.Info("Cleaning up claim deleted while the plugin was down", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
+		if err := s.Unprepare(ctx, types.UID(rec.UID)); err != nil {
+			logger.Error(err, "Cleaning up stale claim", "claimUID", rec.UID)
+			continue
+		}
+		stale++
+	}
+	s.metrics.addStale(stale)
+}
+
+// rebuildDamaged re-prepares claims whose record was damaged and which are
+// still allocated here; the rest lose their CDI spec in deleteOrphanSpecs.
+func (s *State) rebuildDamaged(ctx context.Context, client kubernetes.Interface, damaged []checkpoint.Damaged) error {
+	if len(damaged) == 0 {
+		return nil
+	}
+	list, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing claims: %w", err)
+	}
+	byUID := make(map[string]*resourceapi.ResourceClaim, len(list.Items))
+	for i := range list.Items {
+		byUID[string(list.Items[i].UID)] = &list.Items[i]
+	}
+	for _, d := range damaged {
+		claim := byUID[d.UID]
+		if claim == nil || !s.allocatedHere(claim) {
+			continue
+		}
+		if _, err := s.Prepare(ctx, claim); err != nil {
+			klog.FromContext(ctx).Error(err, "Rebuilding damaged claim record", "claimUID", d.UID)
+		}
+	}
+	return nil
+}
+
+func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil || len(claim.Status.ReservedFor) == 0 {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == configapi.DriverName && r.Pool == s.nodeName {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *State) deleteOrphanSpecs(ctx context.Context) {
+	uids, err := s.cdi.ClaimSpecUIDs()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing CDI specs")
+		return
+	}
+	for _, uid := range uids {
+		if s.index.get(types.UID(uid)) != nil {
+			continue
+		}
+		klog.FromContext(ctx).Info("Deleting CDI spec of a claim that is not prepared", "claimUID", uid)
+		if err := s.cdi.DeleteClaimSpec(uid); err != nil {
+			klog.FromContext(ctx).Error(err, "Deleting orphaned CDI spec", "claimUID", uid)
+		}
+	}
+}

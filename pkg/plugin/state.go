@@ -1,0 +1,262 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+)
+
+// CDIWriter is what State needs of pkg/cdi; an interface so that tests can
+// inject failures.
+type CDIWriter interface {
+	WriteClaimSpec(claimUID string, devices []cdi.Device) (map[string]string, error)
+	DeleteClaimSpec(claimUID string) error
+	ClaimSpecUIDs() ([]string, error)
+}
+
+// StateConfig wires a State.
+type StateConfig struct {
+	NodeName string
+	Devices  []AllocatableDevice
+	CDI      CDIWriter
+	Store    *checkpoint.Store
+	Metrics  *Metrics
+}
+
+// State owns the node's prepared claims. Prepare and Unprepare of claims on
+// different GPUs run in parallel; the index below is only held for map
+// updates, never across I/O.
+type State struct {
+	nodeName string
+	devices  map[string]*AllocatableDevice
+	cdi      CDIWriter
+	store    *checkpoint.Store
+	metrics  *Metrics
+	locks    *gpuLocks
+	index    *claimIndex
+}
+
+// NewState builds an empty state; Restore loads what a previous run left.
+func NewState(cfg StateConfig) *State {
+	devices := make(map[string]*AllocatableDevice, len(cfg.Devices))
+	for i := range cfg.Devices {
+		devices[cfg.Devices[i].Name()] = &cfg.Devices[i]
+	}
+	return &State{
+		nodeName: cfg.NodeName,
+		devices:  devices,
+		cdi:      cfg.CDI,
+		store:    cfg.Store,
+		metrics:  cfg.Metrics,
+		locks:    newGPULocks(),
+		index:    newClaimIndex(),
+	}
+}
+
+// plannedDevice is one allocation result resolved to our device and its
+// configuration.
+type plannedDevice struct {
+	result resourceapi.DeviceRequestAllocationResult
+	device *AllocatableDevice
+	config configapi.Interface
+}
+
+func (p plannedDevice) adminAccess() bool {
+	return p.result.AdminAccess != nil && *p.result.AdminAccess
+}
+
+// Prepare makes a claim's devices on this node ready for containers and
+// returns them with their CDI device IDs. Preparing a prepared claim returns
+// the recorded result.
+func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (devs []kubeletplugin.Device, err error) {
+	start := time.Now()
+	defer func() { s.metrics.observe("prepare", time.Since(start).Seconds(), err) }()
+	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
+
+	plan, err := s.plan(claim)
+	if err != nil {
+		return nil, err
+	}
+	unlock := s.locks.lock(planGPUs(plan))
+	defer unlock()
+	if rec := s.index.get(claim.UID); rec != nil {
+		logger.V(4).Info("Claim already prepared")
+		return kubeletDevices(rec), nil
+	}
+	if err := s.index.reserve(claim.UID, plan); err != nil {
+		return nil, err
+	}
+	rec, err := s.prepareDevices(claim, plan)
+	if err != nil {
+		s.index.release(claim.UID, plan)
+		return nil, err
+	}
+	s.index.add(rec)
+	s.metrics.setPrepared(s.index.counts())
+	logger.V(2).Info("Prepared claim", "devices", deviceNames(rec))
+	return kubeletDevices(rec), nil
+}
+
+// plan resolves the claim's allocation results for our driver to devices
+// published by this node, with their configuration.
+func (s *State) plan(claim *resourceapi.ResourceClaim) ([]plannedDevice, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s is not allocated", klog.KObj(claim))
+	}
+	configs, err := decodeConfigs(claim.Status.Allocation.Devices.Config)
+	if err != nil {
+		return nil, err
+	}
+	var plan []plannedDevice
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != configapi.DriverName {
+			continue
+		}
+		p, err := s.planResult(r, configs)
+		if err != nil {
+			return nil, err
+		}
+		plan = append(plan, p)
+	}
+	if len(plan) == 0 {
+		return nil, fmt.Errorf("claim %s has no devices of driver %s", klog.KObj(claim), configapi.DriverName)
+	}
+	return plan, nil
+}
+
+func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs []opaqueConfig) (plannedDevice, error) {
+	if r.Pool != s.nodeName {
+		return plannedDevice{}, fmt.Errorf("device %s/%s is allocated from pool %q, not this node's (%q)", r.Pool, r.Device, r.Pool, s.nodeName)
+	}
+	dev, ok := s.devices[r.Device]
+	if !ok {
+		return plannedDevice{}, fmt.Errorf("device %q is not published by this node", r.Device)
+	}
+	cfg, err := configFor(configs, r.Request, dev.Type)
+	if err != nil {
+		return plannedDevice{}, err
+	}
+	return plannedDevice{result: r, device: dev, config: cfg}, nil
+}
+
+// prepareDevices writes the claim's CDI spec, then its checkpoint record.
+// A crash in between leaves a CDI spec without a record, which Restore
+// deletes: nothing outlives an interrupted prepare.
+func (s *State) prepareDevices(claim *resourceapi.ResourceClaim, plan []plannedDevice) (*checkpoint.Claim, error) {
+	uid := string(claim.UID)
+	ids, err := s.cdi.WriteClaimSpec(uid, cdiDevices(plan))
+	if err != nil {
+		return nil, fmt.Errorf("writing CDI spec: %w", err)
+	}
+	rec := &checkpoint.Claim{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareCompleted}
+	for _, p := range plan {
+		rec.Devices = append(rec.Devices, checkpoint.Device{
+			Requests:     []string{p.result.Request},
+			Pool:         p.result.Pool,
+			Device:       p.result.Device,
+			GPUUUID:      p.device.GPU.UUID,
+			AdminAccess:  p.adminAccess(),
+			CDIDeviceIDs: []string{ids[p.device.Name()]},
+		})
+	}
+	if err := s.store.Save(rec); err != nil {
+		_ = s.cdi.DeleteClaimSpec(uid)
+		return nil, err
+	}
+	return rec, nil
+}
+
+// cdiDevices lists each device once, even when several requests of the claim
+// got the same device (admin access).
+func cdiDevices(plan []plannedDevice) []cdi.Device {
+	seen := map[string]bool{}
+	var out []cdi.Device
+	for _, p := range plan {
+		if seen[p.device.Name()] {
+			continue
+		}
+		seen[p.device.Name()] = true
+		out = append(out, cdi.Device{Name: p.device.Name(), UUID: p.device.GPU.UUID, Minor: p.device.GPU.Minor})
+	}
+	return out
+}
+
+// Unprepare undoes Prepare. Unpreparing an unknown claim is not an error:
+// the kubelet retries, and the claim may have been cleaned up at start-up.
+func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
+	start := time.Now()
+	defer func() { s.metrics.observe("unprepare", time.Since(start).Seconds(), err) }()
+	rec := s.index.get(uid)
+	if rec == nil {
+		return nil
+	}
+	unlock := s.locks.lock(recordGPUs(rec))
+	defer unlock()
+	if rec = s.index.get(uid); rec == nil {
+		return nil
+	}
+	if err := s.undo(rec); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", uid)
+	return nil
+}
+
+// undo removes what prepare made, then forgets the claim. The record goes
+// last, so a failure half-way is retried from the record.
+func (s *State) undo(rec *checkpoint.Claim) error {
+	if err := s.cdi.DeleteClaimSpec(rec.UID); err != nil {
+		return fmt.Errorf("deleting CDI spec: %w", err)
+	}
+	if err := s.store.Delete(rec.UID); err != nil {
+		return err
+	}
+	s.index.remove(rec)
+	s.metrics.setPrepared(s.index.counts())
+	return nil
+}
+
+func kubeletDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
+	for _, d := range rec.Devices {
+		out = append(out, kubeletplugin.Device{
+			Requests:     d.Requests,
+			PoolName:     d.Pool,
+			DeviceName:   d.Device,
+			CDIDeviceIDs: d.CDIDeviceIDs,
+		})
+	}
+	return out
+}
+
+func deviceNames(rec *checkpoint.Claim) []string {
+	out := make([]string, 0, len(rec.Devices))
+	for _, d := range rec.Devices {
+		out = append(out, d.Device)
+	}
+	return out
+}
+
+func planGPUs(plan []plannedDevice) []string {
+	out := make([]string, 0, len(plan))
+	for _, p := range plan {
+		out = append(out, p.device.GPU.UUID)
+	}
+	return out
+}
+
+func recordGPUs(rec *checkpoint.Claim) []string {
+	out := make([]string, 0, len(rec.Devices))
+	for _, d := range rec.Devices {
+		out = append(out, d.GPUUUID)
+	}
+	return out
+}
