@@ -61,14 +61,14 @@ func installedDriver(log klog.Logger, opts Options) (version, why string) {
 
 func driverVersion(lib nvml.Interface) (string, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return "", fmt.Errorf("NVML init: %v", ret)
+		return "", fmt.Errorf("NVML init: %w", ret)
 	}
 	// Init/Shutdown are reference counted by NVML: this pair does not shut
 	// down the plugin's own session.
 	defer func() { _ = lib.Shutdown() }()
 	version, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return "", fmt.Errorf("NVML driver version: %v", ret)
+		return "", fmt.Errorf("NVML driver version: %w", ret)
 	}
 	return version, nil
 }

@@ -1,6 +1,7 @@
 package nvdev
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -55,7 +56,7 @@ var libraryCandidates = []string{
 func openReal(driverRoot string) (Interface, error) {
 	path := findLibrary(driverRoot)
 	s, err := open(nvml.New(nvml.WithLibraryPath(path)), sysfsTopology{})
-	if err == ErrLibraryNotFound {
+	if errors.Is(err, ErrLibraryNotFound) {
 		return nil, fmt.Errorf("%w: looked for libnvidia-ml.so.1 under driver root %q (is the NVIDIA driver installed, and --driver-root right?)", err, driverRoot)
 	}
 	return s, err
