@@ -1,0 +1,201 @@
+// Command demo is what `make demo` runs: a real Kubernetes control plane on
+// 127.0.0.1, one simulated GPU node (the dra-kubelet-plugin binary with a
+// mock 8 x H100 NVML, and the kubelet simulator), every spec under
+// demo/specs applied in order, and a short account of what each pod got.
+// Everything is stopped at the end, or on Ctrl-C; with --keep the cluster
+// stays up until Ctrl-C.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+type options struct {
+	keep         bool
+	pluginBinary string
+	specs        string
+	nodeName     string
+	nvml         string
+	timeout      time.Duration
+}
+
+func main() {
+	opts := parseFlags()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first Ctrl-C, a second one ends the demo at once (children
+	// die with it: they are started with a parent-death signal).
+	go func() { <-ctx.Done(); stop() }()
+	os.Exit(run(ctx, opts, printer{os.Stdout}))
+}
+
+func parseFlags() options {
+	var o options
+	flag.BoolVar(&o.keep, "keep", false, "leave the cluster up after the report, until Ctrl-C (prints the kubeconfig path)")
+	flag.StringVar(&o.pluginBinary, "plugin-binary", "", "dra-kubelet-plugin to run; default: build ./cmd/dra-kubelet-plugin")
+	flag.StringVar(&o.specs, "specs", "", "directory of specs to apply; default: <repo>/demo/specs")
+	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
+	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the pods")
+	flag.Parse()
+	return o
+}
+
+// run returns the exit code. On failure the work dir with all logs is kept.
+func run(ctx context.Context, opts options, out printer) int {
+	d := &demo{opts: opts, out: out}
+	err := d.run(ctx)
+	if errors.Is(err, context.Canceled) {
+		out.printf("Interrupted.\n")
+		err = nil
+	}
+	stopErr := d.stop(ctx)
+	switch {
+	case err != nil || stopErr != nil:
+		fmt.Fprintf(os.Stderr, "demo failed: %v\n", errors.Join(err, stopErr))
+		if d.cp != nil {
+			fmt.Fprintf(os.Stderr, "logs kept in %s\n", d.cp.LogDir)
+		}
+		return 1
+	case d.cp != nil:
+		if err := d.cp.Cleanup(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	return 0
+}
+
+// printer writes the demo's account; a failed write to the terminal is not
+// worth stopping the demo for.
+type printer struct{ w io.Writer }
+
+func (p printer) printf(format string, args ...any) { _, _ = fmt.Fprintf(p.w, format, args...) }
+
+// demo holds what was started, so stop can undo it whatever step failed.
+type demo struct {
+	opts options
+	out  printer
+	cp   *framework.ControlPlane
+	node *framework.Node
+}
+
+func (d *demo) run(ctx context.Context) error {
+	if err := d.startCluster(ctx); err != nil {
+		return err
+	}
+	begin := time.Now()
+	objs, err := d.applySpecs(ctx)
+	if err != nil {
+		return err
+	}
+	pods := d.waitForPods(ctx, objs, begin)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := report(ctx, d.out, d.cp, d.node, pods); err != nil {
+		return err
+	}
+	if d.opts.keep {
+		d.out.printf("\nCluster left running; Ctrl-C to stop it.\n  export KUBECONFIG=%s\n  %s get pods -A\n",
+			d.cp.Kubeconfig, filepath.Join(d.cp.BinDir, "kubectl"))
+		<-ctx.Done()
+	}
+	return nil
+}
+
+func (d *demo) startCluster(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "gpuaas-demo-")
+	if err != nil {
+		return fmt.Errorf("creating work dir: %w", err)
+	}
+	begin := time.Now()
+	d.out.printf("Starting the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) ...\n")
+	d.cp, err = framework.Start(ctx, framework.Options{Dir: dir, Verbosity: 2})
+	if err != nil {
+		return err
+	}
+	d.out.printf("  ready in %.1fs; logs in %s\n", time.Since(begin).Seconds(), d.cp.LogDir)
+	if err := framework.LogToFile(filepath.Join(d.cp.LogDir, "kubeletsim.log"), 4); err != nil {
+		return err
+	}
+	if d.opts.pluginBinary == "" {
+		d.out.printf("Building dra-kubelet-plugin ...\n")
+		if d.opts.pluginBinary, err = framework.BuildPlugin(ctx, d.cp.Dir); err != nil {
+			return err
+		}
+	}
+	d.out.printf("Starting node %s (plugin with --nvml=%s, kubelet simulator) ...\n", d.opts.nodeName, d.opts.nvml)
+	d.node, err = d.cp.StartNode(ctx, framework.NodeOptions{
+		Name: d.opts.nodeName, PluginBinary: d.opts.pluginBinary, NVML: d.opts.nvml,
+	})
+	if err != nil {
+		return err
+	}
+	return d.describeNode(ctx)
+}
+
+// applySpecs applies every YAML file under the specs directory in order
+// and returns the applied objects.
+func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, error) {
+	specs := d.opts.specs
+	if specs == "" {
+		root, err := framework.RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		specs = filepath.Join(root, "demo", "specs")
+	}
+	files, err := framework.YAMLFiles(specs)
+	if err != nil {
+		return nil, err
+	}
+	d.out.printf("Applying %d files from %s ...\n", len(files), specs)
+	width := 0
+	for _, file := range files {
+		width = max(width, len(file)-len(specs))
+	}
+	var all []*unstructured.Unstructured
+	for _, file := range files {
+		objs, err := d.cp.Apply(ctx, file, "default")
+		if err != nil {
+			return nil, err
+		}
+		rel, _ := filepath.Rel(specs, file)
+		d.out.printf("  %-*s %s\n", width, rel, kinds(objs))
+		all = append(all, objs...)
+	}
+	return all, nil
+}
+
+// stop undoes what run started, newest first. It runs after ctx was
+// cancelled (Ctrl-C), hence WithoutCancel.
+func (d *demo) stop(ctx context.Context) error {
+	if d.cp == nil {
+		return nil
+	}
+	d.out.printf("Stopping ...\n")
+	var errs []error
+	if d.node != nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		errs = append(errs, d.node.Stop(ctx))
+	}
+	errs = append(errs, d.cp.Stop())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.out.printf("Stopped.\n")
+	return nil
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	"github.com/gpuaas/gpu-dra-driver/test/kubeletsim"
+)
+
+// describeNode prints what the plugin published, grouped by model.
+func (d *demo) describeNode(ctx context.Context) error {
+	devices, err := d.node.WaitForDevices(ctx, 1)
+	if err != nil {
+		return err
+	}
+	models := map[string]int{}
+	for _, dev := range devices {
+		models[fmt.Sprintf("%s, %s", attribute(dev, "productName"), capacity(dev, "memory"))]++
+	}
+	var parts []string
+	for model, n := range models {
+		parts = append(parts, fmt.Sprintf("%d x %s", n, model))
+	}
+	sort.Strings(parts)
+	d.out.printf("  %d devices published: %s\n  CDI specs go to %s\n", len(devices), strings.Join(parts, "; "), d.node.CDIRoot)
+	return nil
+}
+
+// attribute reads a string attribute published under the driver's domain.
+func attribute(dev resourceapi.Device, name string) string {
+	for _, key := range []string{name, framework.DriverName + "/" + name} {
+		if a, ok := dev.Attributes[resourceapi.QualifiedName(key)]; ok && a.StringValue != nil {
+			return *a.StringValue
+		}
+	}
+	return "?"
+}
+
+func capacity(dev resourceapi.Device, name string) string {
+	for _, key := range []string{name, framework.DriverName + "/" + name} {
+		if c, ok := dev.Capacity[resourceapi.QualifiedName(key)]; ok {
+			return c.Value.String()
+		}
+	}
+	return "?"
+}
+
+// kinds summarises the applied objects of one file, e.g. "Namespace,
+// ResourceClaimTemplate, Pod".
+func kinds(objs []*unstructured.Unstructured) string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetKind())
+	}
+	return strings.Join(out, ", ")
+}
+
+// waitForPods waits, within the timeout, for every applied pod to run and
+// returns each pod as last seen: a pod that does not run is reported, not
+// fatal.
+func (d *demo) waitForPods(ctx context.Context, objs []*unstructured.Unstructured, begin time.Time) []*v1.Pod {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.timeout)
+	defer cancel()
+	var pods []*v1.Pod
+	running := 0
+	for _, o := range objs {
+		if o.GetKind() != "Pod" {
+			continue
+		}
+		pod, err := d.cp.WaitForPodRunning(ctx, o.GetNamespace(), o.GetName())
+		if err == nil {
+			running++
+		}
+		if pod == nil {
+			pod = &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName()}}
+		}
+		pods = append(pods, pod)
+	}
+	d.out.printf("%d of %d pods running %.1fs after the first apply\n", running, len(pods), time.Since(begin).Seconds())
+	return pods
+}
+
+// report prints, per pod, its claims, the devices allocated to them, the
+// CDI devices the node got from the plugin and the CDI spec files.
+func report(ctx context.Context, out printer, cp *framework.ControlPlane, node *framework.Node, pods []*v1.Pod) error {
+	allocated := map[string]bool{}
+	for _, pod := range pods {
+		out.printf("\n%s/%s: %s\n", pod.Namespace, pod.Name, podState(ctx, cp, pod))
+		for i := range pod.Spec.ResourceClaims {
+			if err := reportClaim(ctx, out, cp, node, pod, &pod.Spec.ResourceClaims[i], allocated); err != nil {
+				return err
+			}
+		}
+	}
+	devices, err := node.WaitForDevices(ctx, 1)
+	if err != nil {
+		return err
+	}
+	out.printf("\n%d of %d devices of %s allocated.\n", len(allocated), len(devices), node.Name)
+	return nil
+}
+
+func reportClaim(ctx context.Context, out printer, cp *framework.ControlPlane, node *framework.Node,
+	pod *v1.Pod, podClaim *v1.PodResourceClaim, allocated map[string]bool) error {
+	name, _, err := resourceclaim.Name(pod, podClaim)
+	if err != nil || name == nil {
+		out.printf("  claim %s: not created yet\n", podClaim.Name)
+		return nil
+	}
+	claim, err := cp.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("getting claim %s/%s: %w", pod.Namespace, *name, err)
+	}
+	shared := ""
+	if len(claim.Status.ReservedFor) > 1 {
+		shared = fmt.Sprintf(" (shared by %d pods)", len(claim.Status.ReservedFor))
+	}
+	out.printf("  claim %s -> ResourceClaim %s%s, used by %s\n", podClaim.Name, claim.Name, shared, containersUsing(pod, podClaim.Name))
+	if claim.Status.Allocation == nil {
+		out.printf("    not allocated\n")
+		return nil
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		out.printf("    device %s/%s (request %s)\n", r.Pool, r.Device, r.Request)
+		allocated[r.Pool+"/"+r.Device] = true
+	}
+	for _, id := range cdiDevices(pod)[claim.Name] {
+		out.printf("    cdi    %s\n", id)
+	}
+	spec := node.CDISpecPath(claim.UID)
+	if _, err := os.Stat(spec); err == nil {
+		out.printf("    spec   %s\n", filepath.Base(spec))
+	}
+	return nil
+}
+
+// podState is "Running", or why the pod is not: the scheduler's message or
+// the node's last warning.
+func podState(ctx context.Context, cp *framework.ControlPlane, pod *v1.Pod) string {
+	if pod.Status.Phase == v1.PodRunning {
+		return "Running"
+	}
+	state := string(pod.Status.Phase)
+	for _, c := range pod.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+			return state + ": " + c.Message
+		}
+	}
+	events, err := cp.Client.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + pod.Name + ",type=Warning",
+	})
+	if err == nil && len(events.Items) > 0 {
+		last := events.Items[len(events.Items)-1]
+		return fmt.Sprintf("%s: %s: %s", state, last.Reason, last.Message)
+	}
+	return state
+}
+
+func cdiDevices(pod *v1.Pod) map[string][]string {
+	var devices map[string][]string
+	_ = json.Unmarshal([]byte(pod.Annotations[kubeletsim.CDIDevicesAnnotation]), &devices)
+	return devices
+}
+
+// containersUsing names the containers that reference a pod claim.
+func containersUsing(pod *v1.Pod, claim string) string {
+	var names []string
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for _, rc := range c.Resources.Claims {
+			if rc.Name == claim {
+				names = append(names, c.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "no container"
+	}
+	return "container " + strings.Join(names, ", ")
+}

@@ -1,0 +1,287 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuaas/gpu-dra-driver/test/kubeletsim"
+)
+
+// DriverName is the DRA driver under test.
+const DriverName = "gpu.gpuaas.io"
+
+// nodeStartTimeout bounds starting a node: simulator, plugin, registration
+// and the first ResourceSlices.
+const nodeStartTimeout = 2 * time.Minute
+
+// NodeOptions describe a simulated GPU node.
+type NodeOptions struct {
+	Name string
+	// PluginBinary is the dra-kubelet-plugin executable.
+	PluginBinary string
+	// NVML is the plugin's --nvml; default "mock:dgxh100" (8 H100 GPUs).
+	NVML string
+	// Verbosity is the plugin's -v; default 4.
+	Verbosity int
+	// ExtraArgs are appended to the plugin's command line.
+	ExtraArgs []string
+	// Labels are added to the Node.
+	Labels map[string]string
+}
+
+// Node is a simulated node: the kubelet simulator in this process and the
+// real plugin binary as a child process, sharing a private directory tree
+// in place of /var/lib/kubelet and /var/run/cdi.
+type Node struct {
+	Name string
+	// RegistryDir, PluginDataDir and CDIRoot are what the plugin got as
+	// --registrar-dir, --plugin-data-dir and --cdi-root.
+	RegistryDir, PluginDataDir, CDIRoot string
+	Plugin                              *Process
+	Sim                                 *kubeletsim.Simulator
+
+	cp      *ControlPlane
+	cancel  context.CancelFunc
+	simDone chan error
+}
+
+// StartNode starts the simulator and the plugin and waits until the plugin
+// is registered and its devices are published.
+func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (*Node, error) {
+	if opts.NVML == "" {
+		opts.NVML = "mock:dgxh100"
+	}
+	if opts.Verbosity == 0 {
+		opts.Verbosity = 4
+	}
+	n, err := cp.newNode(opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, nodeStartTimeout)
+	defer cancel()
+	if err := n.start(ctx); err != nil {
+		return nil, errors.Join(err, n.Stop(context.WithoutCancel(ctx)))
+	}
+	return n, nil
+}
+
+func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
+	// Numbered, not named, directories: a Unix socket path must stay
+	// under 108 bytes.
+	dir := filepath.Join(cp.Dir, "nodes", fmt.Sprint(cp.nodeCount.Add(1)))
+	n := &Node{
+		Name:          opts.Name,
+		RegistryDir:   filepath.Join(dir, "registry"),
+		PluginDataDir: filepath.Join(dir, "plugin"),
+		CDIRoot:       filepath.Join(dir, "cdi"),
+		cp:            cp,
+	}
+	for _, d := range []string{n.RegistryDir, n.PluginDataDir, n.CDIRoot} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	metrics, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{
+		"--node-name", opts.Name,
+		"--kubeconfig", cp.Kubeconfig,
+		"--plugin-data-dir", n.PluginDataDir,
+		"--registrar-dir", n.RegistryDir,
+		"--cdi-root", n.CDIRoot,
+		"--nvml", opts.NVML,
+		"--metrics-addr", metrics,
+		"--healthcheck-addr=",
+		"-v", fmt.Sprint(opts.Verbosity),
+	}, opts.ExtraArgs...)
+	n.Plugin = NewProcess("plugin-"+opts.Name, opts.PluginBinary, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
+	sim, err := kubeletsim.New(kubeletsim.Config{
+		Client: cp.Client, NodeName: opts.Name, RegistryDir: n.RegistryDir, Labels: opts.Labels,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.Sim = sim
+	return n, nil
+}
+
+// start runs the simulator first (the plugin publishes ResourceSlices owned
+// by the Node, so the Node must exist), then the plugin.
+func (n *Node) start(ctx context.Context) error {
+	// The simulator outlives ctx, which only bounds the start.
+	simCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	simCtx = klog.NewContext(simCtx, klog.Background().WithName("kubeletsim"))
+	n.cancel, n.simDone = cancel, make(chan error, 1)
+	go func() { n.simDone <- n.Sim.Run(simCtx) }()
+	select {
+	case <-n.Sim.Synced():
+	case err := <-n.simDone:
+		n.simDone <- err
+		return fmt.Errorf("node simulator %s: %w", n.Name, err)
+	case <-ctx.Done():
+		return fmt.Errorf("node simulator %s did not start: %w", n.Name, ctx.Err())
+	}
+	if err := n.cp.WaitForNodeSchedulable(ctx, n.Name); err != nil {
+		return err
+	}
+	if err := n.Plugin.Start(); err != nil {
+		return err
+	}
+	return n.waitForPlugin(ctx, time.Time{})
+}
+
+// waitForPlugin waits until a registration newer than after exists and the
+// plugin published at least one device.
+func (n *Node) waitForPlugin(ctx context.Context, after time.Time) error {
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		if exited, err := n.Plugin.Exited(); exited {
+			return false, fmt.Errorf("plugin exited (%w); last log lines:\n%s", err, n.Plugin.Tail(30))
+		}
+		since, ok := n.Sim.PluginRegisteredSince(DriverName)
+		return ok && since.After(after), nil
+	})
+	if err != nil {
+		return fmt.Errorf("plugin on %s not registered (log %s): %w", n.Name, n.Plugin.LogPath, err)
+	}
+	if _, err := n.WaitForDevices(ctx, 1); err != nil {
+		return err
+	}
+	return nil
+}
+
+// WaitForDevices waits until the node's ResourceSlices of our driver list
+// at least min devices and returns them.
+func (n *Node) WaitForDevices(ctx context.Context, min int) ([]resourceapi.Device, error) {
+	var devices []resourceapi.Device
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		slices, err := n.ResourceSlices(ctx)
+		if err != nil {
+			return false, err
+		}
+		devices = devices[:0]
+		for _, s := range slices {
+			devices = append(devices, s.Spec.Devices...)
+		}
+		return len(devices) >= min, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s publishes %d devices, want at least %d (plugin log %s): %w", n.Name, len(devices), min, n.Plugin.LogPath, err)
+	}
+	return devices, nil
+}
+
+// ResourceSlices returns the node's slices of our driver.
+func (n *Node) ResourceSlices(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	selector := fields.Set{resourceapi.ResourceSliceSelectorNodeName: n.Name, resourceapi.ResourceSliceSelectorDriver: DriverName}
+	list, err := n.cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: selector.AsSelector().String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices of %s: %w", n.Name, err)
+	}
+	return list.Items, nil
+}
+
+// RestartPlugin stops the plugin, starts it again and waits until it
+// registered anew and publishes devices.
+func (n *Node) RestartPlugin(ctx context.Context) error {
+	if err := n.Plugin.Stop(); err != nil {
+		return err
+	}
+	stopped := time.Now()
+	if err := n.Plugin.Start(); err != nil {
+		return err
+	}
+	return n.waitForPlugin(ctx, stopped)
+}
+
+// CDISpecPath is where the plugin writes the CDI spec of a claim.
+func (n *Node) CDISpecPath(claimUID types.UID) string {
+	return filepath.Join(n.CDIRoot, fmt.Sprintf("k8s.%s-claim_%s.json", DriverName, claimUID))
+}
+
+// CheckpointPath is the plugin's checkpoint file of a prepared claim.
+func (n *Node) CheckpointPath(claimUID types.UID) string {
+	return filepath.Join(n.PluginDataDir, "claims", string(claimUID)+".json")
+}
+
+// Stop ends the plugin and the simulator, then deletes the Node and its
+// ResourceSlices so the next test starts from a clean cluster. Stop pods
+// first (DeleteNamespace): once the simulator is gone nobody unprepares.
+func (n *Node) Stop(ctx context.Context) error {
+	errs := []error{n.Plugin.Stop()}
+	if n.cancel != nil {
+		n.cancel()
+		errs = append(errs, <-n.simDone)
+		n.cancel = nil
+	}
+	err := n.cp.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("deleting node %s: %w", n.Name, err))
+	}
+	selector := fields.Set{resourceapi.ResourceSliceSelectorNodeName: n.Name}.AsSelector().String()
+	err = n.cp.Client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: selector})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("deleting ResourceSlices of %s: %w", n.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// WaitForNodeSchedulable waits until the node is Ready and the
+// node-lifecycle controller removed the not-ready taint admission put on
+// it; before that the scheduler does not consider it.
+func (cp *ControlPlane) WaitForNodeSchedulable(ctx context.Context, name string) error {
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		node, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return nodeReady(node) && len(node.Spec.Taints) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s not schedulable: %w", name, err)
+	}
+	return nil
+}
+
+func nodeReady(node *v1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// BuildPlugin compiles ./cmd/dra-kubelet-plugin of the repository into dir.
+func BuildPlugin(ctx context.Context, dir string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "dra-kubelet-plugin")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/dra-kubelet-plugin")
+	cmd.Dir = root
+	if output, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the plugin: %w\n%s", err, output)
+	}
+	return out, nil
+}

@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// TestDemoSpecs applies every YAML file under demo/specs, in order, on one
+// 8-GPU node and checks that each pod runs with its claims allocated to our
+// devices and prepared. The files stay applied until the end, so this also
+// checks that all scenarios fit on one node together, as in `make demo`.
+func TestDemoSpecs(t *testing.T) {
+	node := startNode(t)
+	specs := filepath.Join(repoRoot, "demo", "specs")
+	files, err := framework.YAMLFiles(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 2 {
+		t.Fatalf("found %d YAML files under %s, want the catalog and scenarios", len(files), specs)
+	}
+	for _, file := range files {
+		rel, _ := filepath.Rel(specs, file)
+		t.Run(rel, func(sub *testing.T) { checkSpecFile(sub, t, node, file) })
+	}
+}
+
+// checkSpecFile applies one file into the namespaces it declares (or a fresh
+// one for objects without namespace) and checks its pods. The declared
+// namespaces are deleted when the parent test ends, not this subtest, so
+// the GPUs of all files stay allocated together.
+func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
+	ctx := framework.Context(t, 3*time.Minute)
+	objs, err := framework.ReadObjects(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaultNS := ""
+	if needsNamespace(objs) {
+		defaultNS = cp.CreateNamespace(t, "spec")
+	}
+	applied, err := cp.Apply(ctx, file, defaultNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range applied {
+		if obj.GetKind() == "Namespace" {
+			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
+		}
+	}
+	for _, obj := range applied {
+		if obj.GetKind() != "Pod" {
+			continue
+		}
+		pod := runningPod(t, ctx, obj.GetNamespace(), obj.GetName())
+		claims := podClaims(t, ctx, pod)
+		if len(claims) == 0 {
+			t.Errorf("pod %s/%s uses no ResourceClaim; demo pods should", pod.Namespace, pod.Name)
+		}
+		for _, claim := range claims {
+			checkPrepared(t, node, pod, claim)
+		}
+		t.Logf("pod %s/%s running, CDI devices %v", pod.Namespace, pod.Name, cdiDevices(t, pod))
+	}
+}
+
+// needsNamespace reports whether a file has namespaced objects (we only
+// know pods and DRA claims here) without a namespace.
+func needsNamespace(objs []*unstructured.Unstructured) bool {
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "DeviceClass":
+		default:
+			if o.GetNamespace() == "" {
+				return true
+			}
+		}
+	}
+	return false
+}
