@@ -1,0 +1,149 @@
+package mig
+
+import (
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Counter names of a GPU's counter set. KEP-4815 requires DNS labels.
+const (
+	CounterComputeSlices   = "compute-slices"
+	CounterMultiprocessors = "multiprocessors"
+	CounterMemory          = "memory"
+	CounterCopyEngines     = "copy-engines"
+	CounterDecoders        = "decoders"
+	CounterEncoders        = "encoders"
+	CounterJpegEngines     = "jpeg-engines"
+	CounterOfaEngines      = "ofa-engines"
+)
+
+// memorySliceCounters are the names of the first memory-slice counters,
+// built once: every device of a node names them.
+var memorySliceCounters = func() []string {
+	names := make([]string, 16)
+	for i := range names {
+		names[i] = "memory-slice-" + strconv.Itoa(i)
+	}
+	return names
+}()
+
+// MemorySliceCounter names the counter of memory slice i.
+func MemorySliceCounter(i int) string {
+	if i < len(memorySliceCounters) {
+		return memorySliceCounters[i]
+	}
+	return "memory-slice-" + strconv.Itoa(i)
+}
+
+// InstancesCounter names the counter that caps how many instances of a
+// profile exist at once. Only profiles with more placements than instances
+// have one (see instanceLimited).
+func InstancesCounter(p Profile) string {
+	var b strings.Builder
+	b.WriteString("instances-")
+	writeProfileLabel(&b, p.Name)
+	return b.String()
+}
+
+// instanceLimited tells whether the memory slices alone would let more
+// instances of p exist than the GPU allows. On NVIDIA's GPUs that is the
+// "+me" profile (one, at any of seven 1g placements), already capped by the
+// OFA counter; the extra counter makes the cap independent of engine counts.
+func instanceLimited(p Profile) bool {
+	return !p.ComputeVariant && p.MaxInstances > 0 && p.MaxInstances < len(p.Placements)
+}
+
+// amounts is one device's (or the GPU's) consumption in counter units.
+type amounts struct {
+	computeSlices, multiprocessors                           int
+	memory                                                   uint64
+	copyEngines, decoders, encoders, jpegEngines, ofaEngines int
+	placement                                                Placement
+	instances                                                map[string]int
+}
+
+func totalAmounts(t GPUTotals) amounts {
+	return amounts{
+		computeSlices: t.ComputeSlices, multiprocessors: t.Multiprocessors, memory: t.MemoryBytes,
+		copyEngines: t.CopyEngines, decoders: t.Decoders, encoders: t.Encoders,
+		jpegEngines: t.JpegEngines, ofaEngines: t.OfaEngines,
+		placement: Placement{Start: 0, Size: t.MemorySlices},
+		instances: t.InstanceLimits,
+	}
+}
+
+func profileAmounts(p Profile, pl Placement) amounts {
+	a := amounts{
+		computeSlices: p.ComputeSlices, multiprocessors: p.Multiprocessors, memory: p.MemoryBytes,
+		copyEngines: p.CopyEngines, decoders: p.Decoders, encoders: p.Encoders,
+		jpegEngines: p.JpegEngines, ofaEngines: p.OfaEngines,
+		placement: pl,
+	}
+	if instanceLimited(p) {
+		a.instances = map[string]int{InstancesCounter(p): 1}
+	}
+	return a
+}
+
+// counters renders amounts. Zero amounts are left out, so the GPU's set has
+// no useless counters and a device names only what it takes.
+func (a amounts) counters() map[string]resourceapi.Counter {
+	c := make(map[string]resourceapi.Counter, a.placement.Size+8+len(a.instances))
+	for i := a.placement.Start; i < a.placement.End(); i++ {
+		c[MemorySliceCounter(i)] = count(1)
+	}
+	put(c, CounterComputeSlices, int64(a.computeSlices))
+	put(c, CounterMultiprocessors, int64(a.multiprocessors))
+	if a.memory > 0 {
+		c[CounterMemory] = resourceapi.Counter{Value: *resource.NewQuantity(int64(a.memory), resource.BinarySI)}
+	}
+	put(c, CounterCopyEngines, int64(a.copyEngines))
+	put(c, CounterDecoders, int64(a.decoders))
+	put(c, CounterEncoders, int64(a.encoders))
+	put(c, CounterJpegEngines, int64(a.jpegEngines))
+	put(c, CounterOfaEngines, int64(a.ofaEngines))
+	for name, n := range a.instances {
+		put(c, name, int64(n))
+	}
+	return c
+}
+
+func put(c map[string]resourceapi.Counter, name string, v int64) {
+	if v > 0 {
+		c[name] = count(v)
+	}
+}
+
+func count(v int64) resourceapi.Counter {
+	return resourceapi.Counter{Value: *resource.NewQuantity(v, resource.DecimalSI)}
+}
+
+// CounterSet describes one GPU for KEP-4815: one counter per memory slice,
+// by position, so that two placements sharing a slice can never both be
+// allocated, plus the GPU's compute slices, multiprocessors, memory and
+// engines, so that engine-bound profiles ("+me" takes the only OFA) cannot
+// over-commit either, plus an instance cap for profiles that need one.
+func CounterSet(name string, totals GPUTotals) resourceapi.CounterSet {
+	return resourceapi.CounterSet{Name: name, Counters: totalAmounts(totals).counters()}
+}
+
+// MigDeviceConsumption is what a MIG device at a placement takes from its
+// GPU's counter set.
+func MigDeviceConsumption(counterSet string, p Profile, pl Placement) []resourceapi.DeviceCounterConsumption {
+	return []resourceapi.DeviceCounterConsumption{{
+		CounterSet: counterSet,
+		Counters:   profileAmounts(p, pl).counters(),
+	}}
+}
+
+// WholeGPUConsumption takes every counter of the set, so the whole GPU and
+// any MIG device of it are never allocated together.
+func WholeGPUConsumption(counterSet string, totals GPUTotals) []resourceapi.DeviceCounterConsumption {
+	return []resourceapi.DeviceCounterConsumption{{
+		CounterSet: counterSet,
+		Counters:   totalAmounts(totals).counters(),
+	}}
+}

@@ -1,0 +1,163 @@
+package mig
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+)
+
+// TypeMig is the value of the `type` attribute of MIG devices.
+const TypeMig = "mig"
+
+// Attribute and capacity names MIG devices add to their GPU's.
+const (
+	AttrType               resourceapi.QualifiedName = "type"
+	AttrUUID               resourceapi.QualifiedName = "uuid"
+	AttrProfile            resourceapi.QualifiedName = "profile"
+	AttrParentUUID         resourceapi.QualifiedName = "parentUUID"
+	AttrComputeSlices      resourceapi.QualifiedName = "computeSlices"
+	AttrTotalComputeSlices resourceapi.QualifiedName = "totalComputeSlices"
+	AttrMemorySlices       resourceapi.QualifiedName = "memorySlices"
+
+	CapMemory          resourceapi.QualifiedName = "memory"
+	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+	CapCopyEngines     resourceapi.QualifiedName = "copyEngines"
+	CapDecoders        resourceapi.QualifiedName = "decoders"
+	CapEncoders        resourceapi.QualifiedName = "encoders"
+	CapJpegEngines     resourceapi.QualifiedName = "jpegEngines"
+	CapOfaEngines      resourceapi.QualifiedName = "ofaEngines"
+)
+
+// Parent is what MIG devices inherit from their GPU.
+type Parent struct {
+	// Index is the GPU's NVML index; device names use it.
+	Index int
+	UUID  string
+	// Attributes are the GPU's own device attributes. Each MIG device gets
+	// a copy, with `type`, `uuid` and the MIG attributes replaced.
+	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+}
+
+// MigAttributes are the attributes a MIG device adds to its GPU's.
+func MigAttributes(p Profile, totals GPUTotals, parentUUID string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 6)
+	setMigAttributes(attrs, p, totals, parentUUID)
+	return attrs
+}
+
+func setMigAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, p Profile, totals GPUTotals, parentUUID string) {
+	attrs[AttrType] = resourceapi.DeviceAttribute{StringValue: ptr.To(TypeMig)}
+	attrs[AttrProfile] = resourceapi.DeviceAttribute{StringValue: ptr.To(p.Name)}
+	attrs[AttrParentUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(parentUUID)}
+	attrs[AttrComputeSlices] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(p.ComputeSlices))}
+	attrs[AttrTotalComputeSlices] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(totals.ComputeSlices))}
+	attrs[AttrMemorySlices] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(p.MemorySlices))}
+}
+
+// MigCapacity is a MIG device's capacity. Every engine is listed, zero
+// included, so CEL selectors on any of them never fail on a missing key.
+func MigCapacity(p Profile) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapMemory:          {Value: *resource.NewQuantity(int64(p.MemoryBytes), resource.BinarySI)},
+		CapMultiprocessors: capacity(p.Multiprocessors),
+		CapCopyEngines:     capacity(p.CopyEngines),
+		CapDecoders:        capacity(p.Decoders),
+		CapEncoders:        capacity(p.Encoders),
+		CapJpegEngines:     capacity(p.JpegEngines),
+		CapOfaEngines:      capacity(p.OfaEngines),
+	}
+}
+
+func capacity(v int) resourceapi.DeviceCapacity {
+	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(v), resource.DecimalSI)}
+}
+
+// Partition is one dynamic MIG device: a profile at a placement.
+type Partition struct {
+	Profile   Profile
+	Placement Placement
+	Device    resourceapi.Device
+}
+
+// Layout is one GPU in dynamic mode (KEP-4815).
+type Layout struct {
+	Totals     GPUTotals
+	CounterSet resourceapi.CounterSet
+	// Partitions are the MIG devices, smallest profile first; within a
+	// profile the highest placement comes first, so the first-fit allocator
+	// fills a GPU from the top and keeps slice 0, the only place for the
+	// largest profiles, free longest.
+	Partitions []Partition
+	// WholeGPU is the consumption to set on the GPU's whole-GPU device.
+	WholeGPU []resourceapi.DeviceCounterConsumption
+	byName   map[string]int
+}
+
+// Find returns the partition of a device name.
+func (l *Layout) Find(name string) (Partition, bool) {
+	i, ok := l.byName[name]
+	if !ok {
+		return Partition{}, false
+	}
+	return l.Partitions[i], true
+}
+
+// BuildDynamic describes a GPU's dynamic MIG devices: one per (full
+// profile, placement), each consuming its GPU's counters.
+func BuildDynamic(parent Parent, profiles []Profile) (Layout, error) {
+	totals := Totals(profiles)
+	set := CounterSetName(parent.Index)
+	l := Layout{
+		Totals:     totals,
+		CounterSet: CounterSet(set, totals),
+		WholeGPU:   WholeGPUConsumption(set, totals),
+		byName:     map[string]int{},
+	}
+	if n := len(l.CounterSet.Counters); n > resourceapi.ResourceSliceMaxCountersPerCounterSet {
+		return Layout{}, fmt.Errorf("GPU %d needs %d counters, more than the %d a counter set may have",
+			parent.Index, n, resourceapi.ResourceSliceMaxCountersPerCounterSet)
+	}
+	for _, p := range profiles {
+		if p.ComputeVariant {
+			continue
+		}
+		for _, pl := range slices.Backward(p.Placements) {
+			dev := dynamicDevice(parent, set, p, pl, totals)
+			l.byName[dev.Name] = len(l.Partitions)
+			l.Partitions = append(l.Partitions, Partition{Profile: p, Placement: pl, Device: dev})
+		}
+	}
+	return l, nil
+}
+
+func dynamicDevice(parent Parent, set string, p Profile, pl Placement, totals GPUTotals) resourceapi.Device {
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(parent.Attributes)+6)
+	maps.Copy(attrs, parent.Attributes)
+	// The MIG device's UUID does not exist until prepare creates it.
+	delete(attrs, AttrUUID)
+	setMigAttributes(attrs, p, totals, parent.UUID)
+	return resourceapi.Device{
+		Name:             DeviceName(parent.Index, p, pl),
+		Attributes:       attrs,
+		Capacity:         MigCapacity(p),
+		ConsumesCounters: MigDeviceConsumption(set, p, pl),
+	}
+}
+
+// StaticDevice describes a MIG instance that already exists (static mode):
+// it carries the MIG device's own UUID and consumes no counters.
+func StaticDevice(parent Parent, p Profile, inst Instance, totals GPUTotals) resourceapi.Device {
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(parent.Attributes)+6)
+	maps.Copy(attrs, parent.Attributes)
+	setMigAttributes(attrs, p, totals, parent.UUID)
+	attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(inst.UUID)}
+	return resourceapi.Device{
+		Name:       StaticDeviceName(parent.Index, p, inst),
+		Attributes: attrs,
+		Capacity:   MigCapacity(p),
+	}
+}
