@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
@@ -31,7 +32,7 @@ import (
 type flags struct {
 	nodeName, kubeconfig, pluginDataDir, registrarDir  string
 	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
-	podUID, cdiHookPath                                string
+	podUID, cdiHookPath, nodeConfig                    string
 }
 
 func main() {
@@ -59,6 +60,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.nvml, "nvml", env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
 	fs.StringVar(&f.metricsAddr, "metrics-addr", env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
+	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
 	gofs := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(gofs)
@@ -84,6 +86,10 @@ func run(ctx context.Context, f flags) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
+	nodeCfg, err := readNodeConfig(f.nodeConfig)
+	if err != nil {
+		return err
+	}
 	client, err := kubeClient(f.kubeconfig)
 	if err != nil {
 		return err
@@ -103,7 +109,7 @@ func run(ctx context.Context, f flags) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	driver, err := plugin.Start(ctx, plugin.Options{
-		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler,
+		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg),
 	})
@@ -157,4 +163,21 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
 	return client, nil
+}
+
+// readNodeConfig reads and strictly decodes the node configuration; a bad
+// file stops the plugin at start with the reason, never a silent default.
+func readNodeConfig(path string) (*configapi.NodeConfig, error) {
+	if path == "" {
+		return &configapi.NodeConfig{}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading node configuration: %w", err)
+	}
+	cfg, err := configapi.DecodeNodeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
 }

@@ -29,6 +29,7 @@ type options struct {
 	specs        string
 	nodeName     string
 	nvml         string
+	nodeConfig   string
 	timeout      time.Duration
 }
 
@@ -47,6 +48,7 @@ func parseFlags() options {
 	flag.StringVar(&o.pluginBinary, "plugin-binary", "", "dra-kubelet-plugin to run; default: build ./cmd/dra-kubelet-plugin")
 	flag.StringVar(&o.specs, "specs", "", "directory of specs to apply; default: <repo>/demo/specs")
 	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
+	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered)")
 	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the pods")
 	flag.Parse()
@@ -139,6 +141,7 @@ func (d *demo) startCluster(ctx context.Context) error {
 	d.out.printf("Starting node %s (plugin with --nvml=%s, kubelet simulator) ...\n", d.opts.nodeName, d.opts.nvml)
 	d.node, err = d.cp.StartNode(ctx, framework.NodeOptions{
 		Name: d.opts.nodeName, PluginBinary: d.opts.pluginBinary, NVML: d.opts.nvml,
+		NodeConfig: d.opts.nodeConfig,
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/uuid"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig/migtest"
 )
 
 // mockMachines are go-nvml's simulated 8-GPU machines.
@@ -55,6 +56,9 @@ func NewMock(machine, seed string) (*server.Server, error) {
 	for _, d := range s.Devices {
 		completeMockDevice(d.(*server.Device), machine, seed)
 	}
+	// MIG device handles and NVML's refusals (overlapping placements, too
+	// many instances), so dynamic MIG behaves as on a real GPU.
+	migtest.CompleteMock(s)
 	return s, nil
 }
 

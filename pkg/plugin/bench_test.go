@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 )
 
 // BenchmarkPrepareUnprepare measures one whole-GPU claim's prepare followed
@@ -53,5 +54,36 @@ func BenchmarkPrepareWithPrepared(b *testing.B) {
 			}
 			benchPrepareUnprepare(b, e, "gpu-7")
 		})
+	}
+}
+
+// BenchmarkPrepareUnprepareDynamicMIG measures one claim on a dynamic MIG
+// device: MIG mode check, GPU + compute instance creation and destruction
+// on the mock NVML, CDI spec and checkpoint records (three fsynced writes:
+// PrepareStarted, the created instance, PrepareCompleted).
+func BenchmarkPrepareUnprepareDynamicMIG(b *testing.B) {
+	e := newTestEnvWith(b, "dgxh100", dynamicAll())
+	var name string
+	for _, d := range e.devices {
+		if d.Partition != nil && d.Partition.Profile.Name == "1g.10gb" {
+			name = d.Name()
+			break
+		}
+	}
+	benchPrepareUnprepare(b, e, name)
+}
+
+// BenchmarkPublishDynamicMIGNode measures what the plugin does to publish an
+// 8 x H100 node in dynamic MIG mode: reading MIG profiles from NVML, building
+// every device and counter set, and cutting them into slices.
+func BenchmarkPublishDynamicMIGNode(b *testing.B) {
+	e := newTestEnv(b, "dgxh100")
+	logger := klog.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		inv := Discover(logger, e.lib, dynamicAll())
+		if n := len(Resources(testNode, inv).Pools[testNode].Slices); n != 9 {
+			b.Fatalf("%d slices", n)
+		}
 	}
 }

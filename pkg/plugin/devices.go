@@ -5,6 +5,9 @@ package plugin
 
 import (
 	"fmt"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"strconv"
 	"strings"
 
@@ -12,7 +15,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
 
@@ -21,6 +23,7 @@ type DeviceType string
 
 const (
 	TypeGPU DeviceType = "gpu"
+	TypeMIG DeviceType = mig.TypeMig
 )
 
 // AllocatableDevice is one device the plugin publishes and can prepare.
@@ -29,8 +32,14 @@ type AllocatableDevice struct {
 	Type DeviceType
 	// GPU is the physical GPU the device lives on; its UUID is the lock key.
 	GPU nvdev.GPU
+	// Mode is the GPU's MIG strategy ("" when offered whole).
+	Mode configapi.MigStrategy
 	// API is the device as published in the ResourceSlice.
 	API resourceapi.Device
+	// Partition is the MIG device prepare creates (dynamic MIG).
+	Partition *mig.Partition
+	// Static is the existing MIG device (static MIG).
+	Static *mig.Instance
 }
 
 // Name is the device's name in its pool.
@@ -114,19 +123,4 @@ func semver(v string) string {
 		}
 	}
 	return strings.Join(parts, ".")
-}
-
-// DiscoverDevices turns the node's GPUs into published devices, in index
-// order. A GPU in MIG mode cannot be handed out whole; until MIG devices are
-// offered it is left out, with the reason logged.
-func DiscoverDevices(logger klog.Logger, lib nvdev.Interface) []AllocatableDevice {
-	var out []AllocatableDevice
-	for _, gpu := range lib.GPUs() {
-		if gpu.MigEnabled {
-			logger.Info("Not offering GPU: MIG mode is enabled and MIG devices are not offered yet", "gpu", gpu.UUID, "index", gpu.Index)
-			continue
-		}
-		out = append(out, WholeGPUDevice(gpu, lib.System()))
-	}
-	return out
 }

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,10 +20,12 @@ import (
 
 // Options configure the kubelet plugin.
 type Options struct {
-	NodeName      string
-	KubeClient    kubernetes.Interface
-	NVML          nvdev.Interface
-	CDI           CDIWriter
+	NodeName   string
+	KubeClient kubernetes.Interface
+	NVML       nvdev.Interface
+	CDI        CDIWriter
+	// NodeConfig says how each GPU is offered; nil offers every GPU whole.
+	NodeConfig    *configapi.NodeConfig
 	PluginDataDir string // dra.sock and the checkpoint
 	RegistrarDir  string // the kubelet's plugins_registry
 	// PodUID enables kubeletplugin's rolling update (two plugin pods on a
@@ -35,7 +38,7 @@ type Options struct {
 type Driver struct {
 	state   *State
 	helper  *kubeletplugin.Helper
-	devices []AllocatableDevice
+	inv     Inventory
 	metrics *Metrics
 }
 
@@ -49,22 +52,25 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	devices := DiscoverDevices(logger, opts.NVML)
-	d := &Driver{devices: devices, metrics: opts.Metrics}
-	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: devices, CDI: opts.CDI, Store: store, Metrics: opts.Metrics})
-	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
-		return nil, err
+	records, damaged, err := store.LoadAll()
+	if err != nil {
+		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
+	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
+	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics}
+	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
+		CDI: opts.CDI, Store: store, Metrics: opts.Metrics})
+	d.state.Restore(ctx, opts.KubeClient, records, damaged)
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
 	}
-	if err := d.helper.PublishResources(ctx, Resources(opts.NodeName, devices)); err != nil {
+	if err := d.helper.PublishResources(ctx, Resources(opts.NodeName, d.inv)); err != nil {
 		d.helper.Stop()
 		return nil, fmt.Errorf("publishing devices: %w", err)
 	}
-	opts.Metrics.setPublished(devices)
-	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", len(devices))
+	opts.Metrics.setPublished(d.inv.Devices)
+	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", len(d.inv.Devices), "counterSets", len(d.inv.CounterSets))
 	return d, nil
 }
 

@@ -27,13 +27,21 @@ type testEnv struct {
 	lib     nvdev.Interface
 	cdiRoot string
 	ckptDir string
-	state   *State
-	metrics *Metrics
-	devices []AllocatableDevice
-	ctx     context.Context
+	// migMinors is a fake /proc/driver/nvidia-caps/mig-minors.
+	migMinors string
+	state     *State
+	metrics   *Metrics
+	devices   []AllocatableDevice
+	ctx       context.Context
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
+	t.Helper()
+	return newTestEnvWith(t, machine, &configapi.NodeConfig{})
+}
+
+// newTestEnvWith builds the env for a node configuration (GPU modes).
+func newTestEnvWith(t testing.TB, machine string, cfg *configapi.NodeConfig) *testEnv {
 	t.Helper()
 	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + machine, MockSeed: testNode})
 	if err != nil {
@@ -41,11 +49,12 @@ func newTestEnv(t testing.TB, machine string) *testEnv {
 	}
 	dir := t.TempDir()
 	_, ctx := ktesting.NewTestContext(t)
-	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"), ctx: ctx}
+	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"),
+		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx}
 	if tt, ok := t.(*testing.T); ok {
 		e.t = tt
 	}
-	e.devices = DiscoverDevices(ktesting.NewLogger(t, ktesting.NewConfig()), lib)
+	e.devices = Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg).Devices
 	e.state = e.newState(t)
 	return e
 }
@@ -62,7 +71,8 @@ func (e *testEnv) newState(t testing.TB) *State {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, CDI: handler, Store: store, Metrics: e.metrics})
+	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: handler, Store: store,
+		Metrics: e.metrics, MigMinorsPath: e.migMinors})
 }
 
 func fileExists(path string) bool {

@@ -10,18 +10,19 @@ import (
 // has to reshape slices.
 const MaxDevicesPerSlice = 64
 
-// Resources builds the node's single pool (named after the node) from the
-// devices in their preferred order: the allocator is first-fit in slice and
-// device order.
-func Resources(nodeName string, devices []AllocatableDevice) resourceslice.DriverResources {
-	var slices []resourceslice.Slice
-	for start := 0; start < len(devices); start += MaxDevicesPerSlice {
-		end := min(start+MaxDevicesPerSlice, len(devices))
-		slice := resourceslice.Slice{Devices: make([]resourceapi.Device, 0, end-start)}
-		for i := start; i < end; i++ {
-			slice.Devices = append(slice.Devices, devices[i].API)
+// Resources builds the node's single pool (named after the node): counter
+// sets first, in slices of their own as the API requires, then the devices
+// in their preferred order (the allocator is first-fit in slice and device
+// order), at most 64 per slice, each dynamic MIG GPU in its own slice.
+func Resources(nodeName string, inv Inventory) resourceslice.DriverResources {
+	slices := counterSlices(inv.CounterSets)
+	var cur *resourceslice.Slice
+	for i, d := range inv.Devices {
+		if cur == nil || len(cur.Devices) == MaxDevicesPerSlice || inv.ownSlice[i] && len(cur.Devices) > 0 {
+			slices = append(slices, resourceslice.Slice{})
+			cur = &slices[len(slices)-1]
 		}
-		slices = append(slices, slice)
+		cur.Devices = append(cur.Devices, d.API)
 	}
 	if len(slices) == 0 {
 		// An empty slice says "driver up, no devices" rather than nothing.
@@ -30,4 +31,13 @@ func Resources(nodeName string, devices []AllocatableDevice) resourceslice.Drive
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}},
 	}
+}
+
+func counterSlices(sets []resourceapi.CounterSet) []resourceslice.Slice {
+	var out []resourceslice.Slice
+	for start := 0; start < len(sets); start += resourceapi.ResourceSliceMaxCounterSets {
+		end := min(start+resourceapi.ResourceSliceMaxCounterSets, len(sets))
+		out = append(out, resourceslice.Slice{SharedCounters: sets[start:end]})
+	}
+	return out
 }

@@ -23,7 +23,7 @@ func TestPublishedWholeGPUs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.machine, func(t *testing.T) {
 			e := newTestEnv(t, tc.machine)
-			res := Resources(testNode, e.devices)
+			res := Resources(testNode, Inventory{Devices: e.devices})
 			pool, ok := res.Pools[testNode]
 			if !ok || len(res.Pools) != 1 {
 				t.Fatalf("pools = %v, want one named %q", res.Pools, testNode)
@@ -97,7 +97,7 @@ func TestSlicesHoldAtMost64Devices(t *testing.T) {
 	for i := range 130 {
 		devices = append(devices, AllocatableDevice{API: resourceapi.Device{Name: fmt.Sprintf("d-%d", i)}})
 	}
-	pool := Resources("n", devices).Pools["n"]
+	pool := Resources("n", Inventory{Devices: devices}).Pools["n"]
 	sizes := []int{}
 	for _, s := range pool.Slices {
 		sizes = append(sizes, len(s.Devices))
@@ -109,7 +109,7 @@ func TestSlicesHoldAtMost64Devices(t *testing.T) {
 	if pool.Slices[1].Devices[0].Name != "d-64" {
 		t.Errorf("second slice starts with %s", pool.Slices[1].Devices[0].Name)
 	}
-	if empty := Resources("n", nil).Pools["n"]; len(empty.Slices) != 1 || len(empty.Slices[0].Devices) != 0 {
+	if empty := Resources("n", Inventory{}).Pools["n"]; len(empty.Slices) != 1 || len(empty.Slices[0].Devices) != 0 {
 		t.Errorf("no devices: want one empty slice, got %+v", empty)
 	}
 }

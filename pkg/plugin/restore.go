@@ -23,12 +23,8 @@ import (
 //   - CDI specs that no record explains are deleted.
 //
 // API errors never drop a record: a claim that cannot be checked is kept.
-func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error {
+func (s *State) Restore(ctx context.Context, client kubernetes.Interface, records []*checkpoint.Claim, damaged []checkpoint.Damaged) {
 	logger := klog.FromContext(ctx)
-	records, damaged, err := s.store.LoadAll()
-	if err != nil {
-		return fmt.Errorf("loading checkpoint: %w", err)
-	}
 	for _, rec := range records {
 		s.restoreRecord(ctx, rec)
 	}
@@ -44,7 +40,7 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error 
 	s.metrics.setPrepared(s.index.counts())
 	claims, devices := s.index.counts()
 	logger.Info("Restored prepared claims", "claims", claims, "devices", devices, "damaged", len(damaged))
-	return nil
+	s.reportUnknownMIG(ctx)
 }
 
 func (s *State) restoreRecord(ctx context.Context, rec *checkpoint.Claim) {

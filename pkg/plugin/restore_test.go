@@ -26,9 +26,11 @@ func restartWith(t *testing.T, e *testEnv, apiClaims ...*resourceapi.ResourceCla
 	}
 	e.metrics = NewMetrics(prometheus.NewRegistry())
 	s := e.newState(t)
-	if err := s.Restore(e.ctx, fake.NewClientset(objs...)); err != nil {
-		t.Fatalf("Restore: %v", err)
+	records, damaged, err := s.store.LoadAll()
+	if err != nil {
+		t.Fatal(err)
 	}
+	s.Restore(e.ctx, fake.NewClientset(objs...), records, damaged)
 	return s
 }
 

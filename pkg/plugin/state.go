@@ -1,12 +1,16 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,9 +30,13 @@ type CDIWriter interface {
 type StateConfig struct {
 	NodeName string
 	Devices  []AllocatableDevice
+	NVML     nvdev.Interface
 	CDI      CDIWriter
 	Store    *checkpoint.Store
 	Metrics  *Metrics
+	// MigMinorsPath is where the driver lists MIG capability minors;
+	// empty means mig.MigMinorsPath.
+	MigMinorsPath string
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
@@ -37,6 +45,8 @@ type StateConfig struct {
 type State struct {
 	nodeName string
 	devices  map[string]*AllocatableDevice
+	nvml     nvdev.Interface
+	migCaps  string
 	cdi      CDIWriter
 	store    *checkpoint.Store
 	metrics  *Metrics
@@ -53,6 +63,8 @@ func NewState(cfg StateConfig) *State {
 	return &State{
 		nodeName: cfg.NodeName,
 		devices:  devices,
+		nvml:     cfg.NVML,
+		migCaps:  cmp.Or(cfg.MigMinorsPath, mig.MigMinorsPath),
 		cdi:      cfg.CDI,
 		store:    cfg.Store,
 		metrics:  cfg.Metrics,
@@ -147,46 +159,91 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	return plannedDevice{result: r, device: dev, config: cfg}, nil
 }
 
-// prepareDevices writes the claim's CDI spec, then its checkpoint record.
-// A crash in between leaves a CDI spec without a record, which Restore
-// deletes: nothing outlives an interrupted prepare.
+// prepareDevices sets the devices up (MIG instances), writes the claim's
+// CDI spec, then its checkpoint record. When set-up changes the GPU, the
+// record is written first (PrepareStarted), so a crash half-way is undone at
+// restart; otherwise a crash leaves at most a CDI spec without a record,
+// which Restore deletes. A failure rolls back everything done so far.
 func (s *State) prepareDevices(claim *resourceapi.ResourceClaim, plan []plannedDevice) (*checkpoint.Claim, error) {
-	uid := string(claim.UID)
-	ids, err := s.cdi.WriteClaimSpec(uid, cdiDevices(plan))
+	rec := newRecord(claim, plan)
+	if needsSetUp(plan) {
+		if err := s.store.Save(rec); err != nil {
+			return nil, err
+		}
+	}
+	err := s.setUpAll(plan, rec)
+	if err == nil {
+		err = s.writeSpec(plan, rec)
+	}
+	if err == nil {
+		rec.State = checkpoint.PrepareCompleted
+		if err = s.store.Save(rec); err != nil {
+			_ = s.cdi.DeleteClaimSpec(rec.UID)
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("writing CDI spec: %w", err)
-	}
-	rec := &checkpoint.Claim{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareCompleted}
-	for _, p := range plan {
-		rec.Devices = append(rec.Devices, checkpoint.Device{
-			Requests:     []string{p.result.Request},
-			Pool:         p.result.Pool,
-			Device:       p.result.Device,
-			GPUUUID:      p.device.GPU.UUID,
-			AdminAccess:  p.adminAccess(),
-			CDIDeviceIDs: []string{ids[p.device.Name()]},
-		})
-	}
-	if err := s.store.Save(rec); err != nil {
-		_ = s.cdi.DeleteClaimSpec(uid)
+		if rbErr := s.tearDown(rec); rbErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("rolling back: %w", rbErr))
+		}
+		_ = s.store.Delete(rec.UID)
 		return nil, err
 	}
 	return rec, nil
 }
 
+func newRecord(claim *resourceapi.ResourceClaim, plan []plannedDevice) *checkpoint.Claim {
+	rec := &checkpoint.Claim{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
+	for _, p := range plan {
+		rec.Devices = append(rec.Devices, checkpoint.Device{
+			Requests:    []string{p.result.Request},
+			Pool:        p.result.Pool,
+			Device:      p.result.Device,
+			GPUUUID:     p.device.GPU.UUID,
+			AdminAccess: p.adminAccess(),
+			GPUMode:     string(p.device.Mode),
+		})
+	}
+	return rec
+}
+
+// writeSpec writes the claim's CDI spec and records the CDI device IDs.
+func (s *State) writeSpec(plan []plannedDevice, rec *checkpoint.Claim) error {
+	devs, err := s.cdiDevices(plan, rec)
+	if err != nil {
+		return err
+	}
+	ids, err := s.cdi.WriteClaimSpec(rec.UID, devs)
+	if err != nil {
+		return fmt.Errorf("writing CDI spec: %w", err)
+	}
+	for i, p := range plan {
+		rec.Devices[i].CDIDeviceIDs = []string{ids[p.device.Name()]}
+	}
+	return nil
+}
+
 // cdiDevices lists each device once, even when several requests of the claim
-// got the same device (admin access).
-func cdiDevices(plan []plannedDevice) []cdi.Device {
+// got the same device (admin access). A MIG device is named by its own UUID
+// and brings its capability nodes.
+func (s *State) cdiDevices(plan []plannedDevice, rec *checkpoint.Claim) ([]cdi.Device, error) {
 	seen := map[string]bool{}
 	var out []cdi.Device
-	for _, p := range plan {
+	for i, p := range plan {
 		if seen[p.device.Name()] {
 			continue
 		}
 		seen[p.device.Name()] = true
-		out = append(out, cdi.Device{Name: p.device.Name(), UUID: p.device.GPU.UUID, Minor: p.device.GPU.Minor})
+		d := cdi.Device{Name: p.device.Name(), UUID: p.device.GPU.UUID, Minor: p.device.GPU.Minor}
+		if inst := migInstance(p, rec.Devices[i]); inst != nil {
+			nodes, err := s.capNodes(p.device.GPU.Minor, inst)
+			if err != nil {
+				return nil, err
+			}
+			d.UUID, d.ExtraNodes = inst.UUID, nodes
+		}
+		out = append(out, d)
 	}
-	return out
+	return out, nil
 }
 
 // Unprepare undoes Prepare. Unpreparing an unknown claim is not an error:
@@ -213,6 +270,9 @@ func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
 // undo removes what prepare made, then forgets the claim. The record goes
 // last, so a failure half-way is retried from the record.
 func (s *State) undo(rec *checkpoint.Claim) error {
+	if err := s.tearDown(rec); err != nil {
+		return err
+	}
 	if err := s.cdi.DeleteClaimSpec(rec.UID); err != nil {
 		return fmt.Errorf("deleting CDI spec: %w", err)
 	}

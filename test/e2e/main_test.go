@@ -58,7 +58,8 @@ func setup(c *framework.ControlPlane) error {
 func startNode(t *testing.T) *framework.Node {
 	t.Helper()
 	ctx := framework.Context(t, 3*time.Minute)
-	node, err := cp.StartNode(ctx, framework.NodeOptions{Name: nodeName(t), PluginBinary: pluginBinary})
+	node, err := cp.StartNode(ctx, framework.NodeOptions{Name: nodeName(t), PluginBinary: pluginBinary,
+		NodeConfig: filepath.Join(repoRoot, "demo", "node-config.yaml")})
 	if err != nil {
 		t.Fatalf("starting node: %v", err)
 	}

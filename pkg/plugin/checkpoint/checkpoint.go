@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 )
 
 // Version is the format of the files written today. Readers accept it and
@@ -40,6 +42,12 @@ type Device struct {
 	GPUUUID      string   `json:"gpuUUID"`
 	AdminAccess  bool     `json:"adminAccess,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// GPUMode is the mode the GPU was offered in ("" whole, "static",
+	// "dynamic"); a restart keeps it until the claim is unprepared.
+	GPUMode string `json:"gpuMode,omitempty"`
+	// CreatedMIG is the MIG device the plugin created for this claim
+	// (dynamic MIG); unprepare destroys exactly it.
+	CreatedMIG *mig.Instance `json:"createdMIG,omitempty"`
 }
 
 // Claim is the record of one prepared claim.

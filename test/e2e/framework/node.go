@@ -37,6 +37,9 @@ type NodeOptions struct {
 	NVML string
 	// Verbosity is the plugin's -v; default 4.
 	Verbosity int
+	// NodeConfig is the plugin's --node-config file; empty offers every
+	// GPU whole.
+	NodeConfig string
 	// ExtraArgs are appended to the plugin's command line.
 	ExtraArgs []string
 	// Labels are added to the Node.
@@ -109,6 +112,7 @@ func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
 		"--nvml", opts.NVML,
 		"--metrics-addr", metrics,
 		"--healthcheck-addr=",
+		"--node-config=" + opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
 	}, opts.ExtraArgs...)
 	n.Plugin = NewProcess("plugin-"+opts.Name, opts.PluginBinary, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)

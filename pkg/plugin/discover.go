@@ -1,0 +1,140 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+)
+
+// Inventory is everything the node offers: devices in preferred order,
+// grouped by the slice they go in, and the counter sets of partitionable
+// GPUs.
+type Inventory struct {
+	Devices     []AllocatableDevice
+	CounterSets []resourceapi.CounterSet
+	// ownSlice marks devices that start a slice of their own: each dynamic
+	// MIG GPU's devices are published together in one slice.
+	ownSlice map[int]bool
+}
+
+// Discover builds the inventory from the GPUs and the node configuration.
+// A GPU whose mode cannot be honoured falls back to whole (or is skipped)
+// with the reason logged; it never yields an invalid slice.
+func Discover(logger klog.Logger, lib nvdev.Interface, cfg *configapi.NodeConfig) Inventory {
+	inv := Inventory{ownSlice: map[int]bool{}}
+	for _, gpu := range lib.GPUs() {
+		mode := cfg.ModeFor(gpu.Index, gpu.UUID)
+		log := logger.WithValues("gpu", gpu.UUID, "index", gpu.Index, "mig", mode.MIG)
+		if err := inv.addGPU(lib, gpu, mode); err != nil {
+			log.Error(err, "GPU not offered in its configured mode")
+			if gpu.MigEnabled {
+				continue // a GPU in MIG mode cannot be handed out whole
+			}
+			log.Info("Offering GPU whole instead")
+			inv.add(WholeGPUDevice(gpu, lib.System()))
+		}
+	}
+	return inv
+}
+
+func (inv *Inventory) add(devs ...AllocatableDevice) { inv.Devices = append(inv.Devices, devs...) }
+
+func (inv *Inventory) addGPU(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.GpuMode) error {
+	switch mode.MIG {
+	case configapi.MigStatic:
+		return inv.addStatic(lib, gpu)
+	case configapi.MigDynamic:
+		return inv.addDynamic(lib, gpu, mode)
+	}
+	if gpu.MigEnabled {
+		return errors.New("MIG mode is enabled but the node configuration offers the GPU whole; set mig: static or dynamic")
+	}
+	inv.add(WholeGPUDevice(gpu, lib.System()))
+	return nil
+}
+
+func parentOf(gpu nvdev.GPU, sys nvdev.SystemInfo) mig.Parent {
+	return mig.Parent{Index: gpu.Index, UUID: gpu.UUID, Attributes: gpuAttributes(gpu, sys)}
+}
+
+// addStatic offers the MIG devices that exist; it never creates or destroys
+// any: in static mode the admin owns the layout.
+func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
+	dev, profiles, err := migProfiles(lib, gpu)
+	if err != nil {
+		return err
+	}
+	if !gpu.MigEnabled {
+		return errors.New("static MIG: MIG mode is disabled on this GPU")
+	}
+	insts, err := mig.List(dev)
+	if err != nil {
+		return fmt.Errorf("listing MIG devices: %w", err)
+	}
+	totals := mig.Totals(profiles)
+	for i := range insts {
+		p, ok := mig.ProfileByName(profiles, insts[i].Profile)
+		if !ok {
+			return fmt.Errorf("MIG device %s has unknown profile %q", insts[i].UUID, insts[i].Profile)
+		}
+		inv.add(AllocatableDevice{Type: TypeMIG, GPU: gpu, Mode: configapi.MigStatic, Static: &insts[i],
+			API: mig.StaticDevice(parentOf(gpu, lib.System()), p, insts[i], totals)})
+	}
+	return nil
+}
+
+// addDynamic offers every (profile, placement) plus the whole GPU, all
+// consuming the GPU's counters, in a slice of their own.
+func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.GpuMode) error {
+	_, profiles, err := migProfiles(lib, gpu)
+	if err != nil {
+		return err
+	}
+	ampereLike := gpu.Architecture == "Ampere"
+	if ampereLike && !gpu.MigEnabled {
+		return errors.New("dynamic MIG on Ampere needs MIG mode enabled by the admin (a mode change needs a GPU reset)")
+	}
+	if ampereLike && !mode.MigModeEnabledByAdmin {
+		return errors.New("dynamic MIG on Ampere: set migModeEnabledByAdmin to confirm MIG mode is managed by the admin")
+	}
+	layout, err := mig.BuildDynamic(parentOf(gpu, lib.System()), profiles)
+	if err != nil {
+		return err
+	}
+	inv.ownSlice[len(inv.Devices)] = true
+	inv.CounterSets = append(inv.CounterSets, layout.CounterSet)
+	if !ampereLike {
+		// Hopper and newer switch MIG off for a whole-GPU claim at once.
+		whole := WholeGPUDevice(gpu, lib.System())
+		whole.Mode = configapi.MigDynamic
+		whole.API.ConsumesCounters = layout.WholeGPU
+		inv.add(whole)
+	}
+	for i := range layout.Partitions {
+		part := &layout.Partitions[i]
+		inv.add(AllocatableDevice{Type: TypeMIG, GPU: gpu, Mode: configapi.MigDynamic, Partition: part, API: part.Device})
+	}
+	inv.ownSlice[len(inv.Devices)] = true // whatever follows starts anew
+	return nil
+}
+
+func migProfiles(lib nvdev.Interface, gpu nvdev.GPU) (nvml.Device, []mig.Profile, error) {
+	if !gpu.MigCapable {
+		return nil, nil, mig.ErrNotMigCapable
+	}
+	dev, err := lib.DeviceByUUID(gpu.UUID)
+	if err != nil {
+		return nil, nil, err
+	}
+	profiles, err := mig.Profiles(dev)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading MIG profiles: %w", err)
+	}
+	return dev, profiles, nil
+}

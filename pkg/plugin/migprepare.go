@@ -1,0 +1,99 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+)
+
+// needsSetUp reports whether preparing the plan changes a GPU (creates a MIG
+// device or switches MIG mode), which must be recorded before it happens.
+func needsSetUp(plan []plannedDevice) bool {
+	for _, p := range plan {
+		if p.device.Mode == configapi.MigDynamic {
+			return true
+		}
+	}
+	return false
+}
+
+// setUpAll prepares the GPUs of a plan: a dynamic MIG device is created
+// (MIG mode enabled first where that needs no reset); a whole GPU offered
+// in dynamic mode gets MIG mode switched off. Each created MIG device is
+// recorded in rec at once, so a later failure can tear it down.
+func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
+	for i, p := range plan {
+		if p.device.Mode != configapi.MigDynamic || p.adminAccess() {
+			continue
+		}
+		dev, err := s.nvml.DeviceByUUID(p.device.GPU.UUID)
+		if err != nil {
+			return err
+		}
+		if p.device.Partition == nil {
+			if err := mig.DisableMigMode(dev); err != nil {
+				return fmt.Errorf("preparing whole GPU %s: %w", p.device.Name(), err)
+			}
+			continue
+		}
+		if err := mig.EnableMigMode(dev); err != nil {
+			return fmt.Errorf("preparing %s: %w", p.device.Name(), err)
+		}
+		inst, err := mig.Create(dev, p.device.Partition.Profile, p.device.Partition.Placement)
+		if err != nil {
+			return fmt.Errorf("creating MIG device %s: %w", p.device.Name(), err)
+		}
+		rec.Devices[i].CreatedMIG = &inst
+		// Recorded at once: a crash from here on is undone at restart.
+		if err := s.store.Save(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tearDown destroys the MIG devices the plugin created for a claim.
+func (s *State) tearDown(rec *checkpoint.Claim) error {
+	var errs []error
+	for i := range rec.Devices {
+		d := &rec.Devices[i]
+		if d.CreatedMIG == nil {
+			continue
+		}
+		dev, err := s.nvml.DeviceByUUID(d.GPUUUID)
+		if err == nil {
+			err = mig.Destroy(dev, *d.CreatedMIG)
+		}
+		if err != nil && !errors.Is(err, mig.ErrReplaced) {
+			errs = append(errs, fmt.Errorf("destroying MIG device %s of %s: %w", d.CreatedMIG.UUID, d.Device, err))
+			continue
+		}
+		d.CreatedMIG = nil
+	}
+	return errors.Join(errs...)
+}
+
+// migInstance is the MIG device behind a planned device, if any.
+func migInstance(p plannedDevice, d checkpoint.Device) *mig.Instance {
+	if d.CreatedMIG != nil {
+		return d.CreatedMIG
+	}
+	return p.device.Static
+}
+
+// capNodes returns the /dev/nvidia-caps nodes that grant access to a MIG
+// device. Without the driver's minors file (simulated GPUs) there are none.
+func (s *State) capNodes(gpuMinor int, inst *mig.Instance) ([]string, error) {
+	nodes, err := mig.CapDeviceNodes(s.migCaps, gpuMinor, inst.GIID, inst.CIID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("MIG capability nodes of %s: %w", inst.UUID, err)
+	}
+	return nodes, nil
+}
