@@ -60,15 +60,8 @@ func deletePod(t *testing.T, ctx context.Context, ns, name string) {
 // device of class that matches the CEL selector.
 func createSelectedPod(t *testing.T, ctx context.Context, namespace, name, class, cel string) {
 	t.Helper()
-	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: class,
-				Selectors:       []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}},
-			}}},
-		}}},
-	}
+	tmpl := templateFor(name, namespace, class)
+	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
 	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating ResourceClaimTemplate: %v", err)
 	}
@@ -84,5 +77,15 @@ func createSelectedPod(t *testing.T, ctx context.Context, namespace, name, class
 	}
 	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating pod: %v", err)
+	}
+}
+
+// templateFor is a claim template asking for one device of a class.
+func templateFor(name, namespace, class string) *resourceapi.ResourceClaimTemplate {
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}},
+		}}},
 	}
 }

@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// BenchmarkSchedulingThroughput measures pods/s of the real kube-scheduler
+// placing one-device claims on our slices: plain whole GPUs versus dynamic
+// MIG (partitionable devices with counters), on the same number of
+// simulated 8 x H100 nodes with the real plugin. Each iteration creates the
+// pods, waits until all are bound, and deletes them (not timed).
+//
+//	make k8s-bins && E2E_REQUIRED=1 go test ./test/e2e -run '^$' -bench Scheduling -benchtime 3x
+func BenchmarkSchedulingThroughput(b *testing.B) {
+	const nodes, pods = 4, 32
+	dynamic := filepath.Join(b.TempDir(), "dynamic.yaml")
+	if err := os.WriteFile(dynamic, []byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ndefault: {mig: dynamic}\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []struct{ name, nodeConfig, class string }{
+		{"whole-gpu", "", "gpu.gpuaas.io"},
+		{"dynamic-mig-1g", dynamic, "mig-1g.10gb.gpuaas.io"},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			startBenchNodes(b, nodes, mode.name, mode.nodeConfig)
+			ns := cp.CreateNamespace(b, "sched")
+			var total time.Duration
+			for b.Loop() {
+				total += scheduleBatch(b, ns, mode.class, pods)
+			}
+			b.ReportMetric(float64(pods*b.N)/total.Seconds(), "pods/s")
+		})
+	}
+}
+
+func startBenchNodes(b *testing.B, n int, prefix, nodeConfig string) {
+	ctx := framework.Context(b, 3*time.Minute)
+	for i := range n {
+		node, err := cp.StartNode(ctx, framework.NodeOptions{Name: fmt.Sprintf("bench-%s-%d", prefix, i),
+			PluginBinary: pluginBinary, NodeConfig: nodeConfig})
+		if err != nil {
+			b.Fatalf("starting node: %v", err)
+		}
+		b.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = node.Stop(ctx)
+		})
+	}
+}
+
+// scheduleBatch creates pods one-device pods and returns the time from the
+// first creation until the last pod is bound; it then deletes them.
+func scheduleBatch(b *testing.B, ns, class string, pods int) time.Duration {
+	ctx := framework.Context(b, 3*time.Minute)
+	b.StopTimer()
+	tmpl := fmt.Sprintf("one-%d", time.Now().UnixNano())
+	createTemplate(b, ctx, ns, tmpl, class)
+	b.StartTimer()
+	start := time.Now()
+	for i := range pods {
+		createPodWithTemplate(b, ctx, ns, fmt.Sprintf("%s-%d", tmpl, i), tmpl)
+	}
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		bound := 0
+		for _, p := range list.Items {
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+		}
+		return bound == pods, nil
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("waiting for %d pods to be bound: %v", pods, err)
+	}
+	if err := cp.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := cp.WaitForNoPods(ctx, ns); err != nil {
+		b.Fatal(err)
+	}
+	b.StartTimer()
+	return elapsed
+}
+
+func createTemplate(b *testing.B, ctx context.Context, ns, name, class string) {
+	b.Helper()
+	tmpl := templateFor(name, ns, class)
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		b.Fatalf("creating ResourceClaimTemplate: %v", err)
+	}
+}
+
+func createPodWithTemplate(b *testing.B, ctx context.Context, ns, name, tmpl string) {
+	b.Helper()
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1.PodSpec{
+			Containers: []v1.Container{{
+				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
+				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
+			}},
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}},
+		},
+	}
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		b.Fatalf("creating pod: %v", err)
+	}
+}
