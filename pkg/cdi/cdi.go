@@ -74,6 +74,9 @@ type Device struct {
 	ExtraNodes []string
 	// Env is extra environment for this device, e.g. MPS settings.
 	Env map[string]string
+	// Mounts are host directories bind-mounted at the same path, e.g. the
+	// MPS daemon's pipe directory its clients talk through.
+	Mounts []string
 }
 
 // Handler writes and deletes per-claim CDI specs. It is safe for concurrent

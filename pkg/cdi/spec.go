@@ -59,9 +59,9 @@ func validateDevice(d Device) error {
 	if d.UUID == "" || d.Minor < 0 {
 		return fmt.Errorf("device %q: UUID %q, minor %d: want a UUID and a minor >= 0", d.Name, d.UUID, d.Minor)
 	}
-	for _, p := range d.ExtraNodes {
+	for _, p := range append(slices.Clone(d.ExtraNodes), d.Mounts...) {
 		if !filepath.IsAbs(p) {
-			return fmt.Errorf("device %q: extra node %q is not an absolute path", d.Name, p)
+			return fmt.Errorf("device %q: extra node or mount %q is not an absolute path", d.Name, p)
 		}
 	}
 	if _, ok := d.Env[visibleDevicesEnv]; ok {
@@ -92,8 +92,17 @@ func (h *Handler) deviceSpec(claimUID string, d Device) specs.Device {
 		ContainerEdits: specs.ContainerEdits{
 			DeviceNodes: nodes,
 			Env:         envList(d.Env),
+			Mounts:      bindMounts(d.Mounts),
 		},
 	}
+}
+
+func bindMounts(dirs []string) []*specs.Mount {
+	var out []*specs.Mount
+	for _, dir := range dirs {
+		out = append(out, &specs.Mount{HostPath: dir, ContainerPath: dir, Options: []string{"rw", "nosuid", "nodev", "bind"}})
+	}
+	return out
 }
 
 // deviceNode names a node by path only: the runtime fills in type, major and

@@ -80,6 +80,24 @@ func completeMockDevice(d *server.Device, machine, seed string) {
 			MemorySizeMB:        cfg.MemoryMB,
 		}, nvml.SUCCESS
 	}
+	completeComputeMode(d)
+}
+
+// completeComputeMode keeps the compute mode the plugin sets for MPS, as
+// a real GPU does.
+func completeComputeMode(d *server.Device) {
+	mode := nvml.COMPUTEMODE_DEFAULT
+	d.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
+		d.Lock()
+		defer d.Unlock()
+		mode = m
+		return nvml.SUCCESS
+	}
+	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+		d.RLock()
+		defer d.RUnlock()
+		return mode, nvml.SUCCESS
+	}
 }
 
 func mockSMCount(name string) int {

@@ -12,7 +12,10 @@ import (
 
 // configKinds says which opaque configuration kind fits which device type.
 var configKinds = map[DeviceType]string{
-	TypeGPU: configapi.GpuConfigKind,
+	TypeGPU:       configapi.GpuConfigKind,
+	TypeMIG:       configapi.MigConfigKind,
+	TypeTimeSlice: configapi.GpuConfigKind,
+	TypeShared:    configapi.GpuConfigKind,
 }
 
 // opaqueConfig is one decoded configuration entry and the requests it
@@ -73,9 +76,19 @@ func configFor(configs []opaqueConfig, request string, t DeviceType) (configapi.
 		chosen = c.config
 	}
 	if chosen == nil {
-		return configapi.DefaultGpuConfig(), nil
+		return defaultConfig(t), nil
 	}
 	return chosen, nil
+}
+
+// defaultConfig is what a device gets when no config names it: replicas
+// and shares of a GPU are time-sliced, since sharing is what they are for.
+func defaultConfig(t DeviceType) configapi.Interface {
+	cfg := configapi.DefaultGpuConfig()
+	if t == TypeTimeSlice || t == TypeShared {
+		cfg.Sharing.Strategy = configapi.TimeSlicingStrategy
+	}
+	return cfg
 }
 
 // targets reports whether a config's request list names the request. A

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
@@ -24,6 +25,10 @@ type DeviceType string
 const (
 	TypeGPU DeviceType = "gpu"
 	TypeMIG DeviceType = mig.TypeMig
+	// TypeTimeSlice is one of N replicas of a time-sliced GPU.
+	TypeTimeSlice DeviceType = timeslice.TypeTimeSlice
+	// TypeShared is a shared GPU's multi-allocatable device.
+	TypeShared DeviceType = timeslice.TypeShared
 )
 
 // AllocatableDevice is one device the plugin publishes and can prepare.
@@ -40,6 +45,26 @@ type AllocatableDevice struct {
 	Partition *mig.Partition
 	// Static is the existing MIG device (static MIG).
 	Static *mig.Instance
+	// TimeSlicing is the GPU's mode when the device is a replica.
+	TimeSlicing *configapi.TimeSlicingMode
+}
+
+// multiAllocatable reports whether several claims may hold the device.
+func (d *AllocatableDevice) multiAllocatable() bool {
+	return d.API.AllowMultipleAllocations != nil && *d.API.AllowMultipleAllocations
+}
+
+// modeName is the GPU's mode as recorded in the checkpoint, so a restart
+// keeps a busy GPU's mode: "" whole, "static"/"dynamic" MIG,
+// "timeSlicing/<replicas>", "shared".
+func (d *AllocatableDevice) modeName() string {
+	switch d.Type {
+	case TypeTimeSlice:
+		return fmt.Sprintf("%s/%d", modeTimeSlicing, d.TimeSlicing.Replicas)
+	case TypeShared:
+		return modeShared
+	}
+	return string(d.Mode)
 }
 
 // Name is the device's name in its pool.

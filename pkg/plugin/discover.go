@@ -8,6 +8,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 )
@@ -53,7 +54,14 @@ func (inv *Inventory) addGPU(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.
 		return inv.addDynamic(lib, gpu, mode)
 	}
 	if gpu.MigEnabled {
-		return errors.New("MIG mode is enabled but the node configuration offers the GPU whole; set mig: static or dynamic")
+		return errors.New("MIG mode is enabled but the node configuration offers the GPU whole or shared; set mig: static or dynamic")
+	}
+	if mode.TimeSlicing != nil {
+		inv.addReplicas(lib, gpu, *mode.TimeSlicing)
+		return nil
+	}
+	if mode.Shared != nil {
+		return inv.addShared(lib, gpu, *mode.Shared)
 	}
 	inv.add(WholeGPUDevice(gpu, lib.System()))
 	return nil
@@ -137,4 +145,25 @@ func migProfiles(lib nvdev.Interface, gpu nvdev.GPU) (nvml.Device, []mig.Profile
 		return nil, nil, fmt.Errorf("reading MIG profiles: %w", err)
 	}
 	return dev, profiles, nil
+}
+
+func sharingParent(gpu nvdev.GPU, sys nvdev.SystemInfo) timeslice.Parent {
+	return timeslice.Parent{Index: gpu.Index, UUID: gpu.UUID, MemoryBytes: gpu.MemoryBytes, Attributes: gpuAttributes(gpu, sys)}
+}
+
+// addReplicas offers a time-sliced GPU as its N replicas.
+func (inv *Inventory) addReplicas(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.TimeSlicingMode) {
+	for _, api := range timeslice.ReplicaDevices(sharingParent(gpu, lib.System()), mode) {
+		inv.add(AllocatableDevice{Type: TypeTimeSlice, GPU: gpu, API: api, TimeSlicing: &mode})
+	}
+}
+
+// addShared offers a shared GPU as one multi-allocatable device.
+func (inv *Inventory) addShared(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.SharedMode) error {
+	parent := sharingParent(gpu, lib.System())
+	if err := timeslice.ValidateShared(parent, mode); err != nil {
+		return err
+	}
+	inv.add(AllocatableDevice{Type: TypeShared, GPU: gpu, API: timeslice.SharedDevice(parent, mode)})
+	return nil
 }

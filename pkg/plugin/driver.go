@@ -32,6 +32,11 @@ type Options struct {
 	// node during an update); empty disables it.
 	PodUID  types.UID
 	Metrics *Metrics
+	// DriverRoot is where the driver's tools (nvidia-smi for time-slice
+	// intervals, nvidia-cuda-mps-control for MPS) are looked up. Empty
+	// means none: replicas and shares with the Default interval still
+	// work; claims asking for more fail at prepare, saying why.
+	DriverRoot string
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -58,8 +63,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics}
+	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
-		CDI: opts.CDI, Store: store, Metrics: opts.Metrics})
+		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing})
 	d.state.Restore(ctx, opts.KubeClient, records, damaged)
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {

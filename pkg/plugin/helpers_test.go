@@ -33,6 +33,9 @@ type testEnv struct {
 	metrics   *Metrics
 	devices   []AllocatableDevice
 	ctx       context.Context
+	// sharing wires each (re)started State's sharing settings; the zero
+	// value has no driver tools.
+	sharing SharingOptions
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
@@ -72,7 +75,7 @@ func (e *testEnv) newState(t testing.TB) *State {
 		t.Fatal(err)
 	}
 	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: handler, Store: store,
-		Metrics: e.metrics, MigMinorsPath: e.migMinors})
+		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing)})
 }
 
 func fileExists(path string) bool {

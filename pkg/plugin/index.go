@@ -34,12 +34,12 @@ func (x *claimIndex) get(uid types.UID) *checkpoint.Claim {
 
 // reserve refuses a device that another claim holds: Kubernetes should never
 // allocate it twice, and the driver is the last line of defence. Admin
-// access (monitoring) is exempt on either side.
+// access (monitoring) and multi-allocatable devices (shares) are exempt.
 func (x *claimIndex) reserve(uid types.UID, plan []plannedDevice) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, p := range plan {
-		if p.adminAccess() {
+		if !p.exclusive() {
 			continue
 		}
 		name := p.device.Name()
@@ -51,7 +51,7 @@ func (x *claimIndex) reserve(uid types.UID, plan []plannedDevice) error {
 		}
 	}
 	for _, p := range plan {
-		if !p.adminAccess() {
+		if p.exclusive() {
 			x.reserved[p.device.Name()] = uid
 		}
 	}
@@ -86,7 +86,7 @@ func (x *claimIndex) add(c *checkpoint.Claim) {
 		if x.reserved[d.Device] == uid {
 			delete(x.reserved, d.Device)
 		}
-		if !d.AdminAccess {
+		if !d.AdminAccess && !d.Shared {
 			x.owner[d.Device] = uid
 		}
 	}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -56,9 +57,10 @@ func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 	return nil
 }
 
-// tearDown destroys the MIG devices the plugin created for a claim.
-func (s *State) tearDown(rec *checkpoint.Claim) error {
-	var errs []error
+// tearDown destroys the MIG devices the plugin created for a claim and
+// releases its sharing settings.
+func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
+	errs := []error{s.releaseSharing(ctx, rec)}
 	for i := range rec.Devices {
 		d := &rec.Devices[i]
 		if d.CreatedMIG == nil {

@@ -1,8 +1,12 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
@@ -11,36 +15,41 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// Recorded names of the sharing modes (see AllocatableDevice.modeName).
+const (
+	modeTimeSlicing = "timeSlicing"
+	modeShared      = "shared"
+)
+
 // pinModes refuses mode changes of busy GPUs: a GPU with prepared claims
 // keeps the mode it had when they were prepared, whatever the node
-// configuration now says, so its claims can still be unprepared. The change
-// applies at the first restart after the GPU is idle; until then it is
-// logged as an error.
+// configuration now says, so its claims can still be unprepared and its
+// devices are not handed out twice under new names. The change applies at
+// the first restart after the GPU is idle; until then it is logged as an
+// error.
 func pinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, records []*checkpoint.Claim) *configapi.NodeConfig {
 	index := map[string]int{}
 	for _, g := range gpus {
 		index[g.UUID] = g.Index
 	}
-	pinned := map[string]configapi.MigStrategy{}
+	pinned := map[string]string{}
 	for _, rec := range records {
 		for _, d := range rec.Devices {
-			if d.AdminAccess {
-				continue
+			if !d.AdminAccess {
+				pinned[d.GPUUUID] = d.GPUMode
 			}
-			pinned[d.GPUUUID] = configapi.MigStrategy(d.GPUMode)
 		}
 	}
 	var pins []configapi.GpuModeSelector
 	for uuid, mode := range pinned {
 		idx, ok := index[uuid]
-		want := cfg.ModeFor(idx, uuid).MIG
+		want := configuredMode(cfg.ModeFor(idx, uuid))
 		if !ok || want == mode {
 			continue
 		}
 		logger.Error(nil, "Refusing to change the mode of a GPU with prepared claims; it keeps its mode until idle",
 			"gpu", uuid, "mode", mode, "configuredMode", want)
-		pins = append(pins, configapi.GpuModeSelector{UUIDs: []string{uuid},
-			GpuMode: configapi.GpuMode{MIG: mode, MigModeEnabledByAdmin: mode != ""}})
+		pins = append(pins, configapi.GpuModeSelector{UUIDs: []string{uuid}, GpuMode: recordedMode(mode, cfg.ModeFor(idx, uuid))})
 	}
 	if len(pins) == 0 {
 		return cfg
@@ -48,6 +57,32 @@ func pinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 	out := cfg.DeepCopyObject().(*configapi.NodeConfig)
 	out.GPUs = append(pins, out.GPUs...)
 	return out
+}
+
+// configuredMode names a configured mode as modeName records it.
+func configuredMode(m configapi.GpuMode) string {
+	switch {
+	case m.TimeSlicing != nil:
+		return fmt.Sprintf("%s/%d", modeTimeSlicing, m.TimeSlicing.Replicas)
+	case m.Shared != nil:
+		return modeShared
+	}
+	return string(m.MIG)
+}
+
+// recordedMode turns a recorded mode name back into a mode. A shared GPU
+// keeps the configured memory policy if it is still shared (only its
+// kind is pinned); otherwise the default policy.
+func recordedMode(name string, configured configapi.GpuMode) configapi.GpuMode {
+	if n, ok := strings.CutPrefix(name, modeTimeSlicing+"/"); ok {
+		replicas, _ := strconv.Atoi(n)
+		return configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: max(replicas, 1)}}
+	}
+	if name == modeShared {
+		return configapi.GpuMode{Shared: cmp.Or(configured.Shared, &configapi.SharedMode{})}
+	}
+	mode := configapi.MigStrategy(name)
+	return configapi.GpuMode{MIG: mode, MigModeEnabledByAdmin: mode != ""}
 }
 
 // reportUnknownMIG logs MIG devices on dynamic-MIG GPUs that no prepared

@@ -44,9 +44,14 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface, record
 }
 
 func (s *State) restoreRecord(ctx context.Context, rec *checkpoint.Claim) {
+	// Counted first, so undoing an interrupted prepare resets its GPU
+	// when it held the only claim there.
+	if err := s.adoptSharing(rec); err != nil {
+		klog.FromContext(ctx).Error(err, "Restoring sharing settings", "claimUID", rec.UID)
+	}
 	if rec.State != checkpoint.PrepareCompleted {
 		klog.FromContext(ctx).Info("Undoing interrupted prepare", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
-		if err := s.undo(rec); err != nil {
+		if err := s.undo(ctx, rec); err != nil {
 			klog.FromContext(ctx).Error(err, "Undoing interrupted prepare", "claimUID", rec.UID)
 		}
 		return

@@ -10,12 +10,14 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 )
 
 // CDIWriter is what State needs of pkg/cdi; an interface so that tests can
@@ -37,6 +39,9 @@ type StateConfig struct {
 	// MigMinorsPath is where the driver lists MIG capability minors;
 	// empty means mig.MigMinorsPath.
 	MigMinorsPath string
+	// Sharing applies time-slice and MPS settings; nil means a Sharing
+	// with no driver tools, where only Default-interval time-slicing works.
+	Sharing *Sharing
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
@@ -52,6 +57,7 @@ type State struct {
 	metrics  *Metrics
 	locks    *gpuLocks
 	index    *claimIndex
+	sharing  *Sharing
 }
 
 // NewState builds an empty state; Restore loads what a previous run left.
@@ -70,6 +76,7 @@ func NewState(cfg StateConfig) *State {
 		metrics:  cfg.Metrics,
 		locks:    newGPULocks(),
 		index:    newClaimIndex(),
+		sharing:  cmp.Or(cfg.Sharing, NewSharing(SharingOptions{})),
 	}
 }
 
@@ -79,10 +86,17 @@ type plannedDevice struct {
 	result resourceapi.DeviceRequestAllocationResult
 	device *AllocatableDevice
 	config configapi.Interface
+	// sharing are the GPU settings the device needs; nil for none.
+	sharing *sharingPlan
 }
 
 func (p plannedDevice) adminAccess() bool {
 	return p.result.AdminAccess != nil && *p.result.AdminAccess
+}
+
+// exclusive reports whether the device may be held by this claim alone.
+func (p plannedDevice) exclusive() bool {
+	return !p.adminAccess() && !p.device.multiAllocatable()
 }
 
 // Prepare makes a claim's devices on this node ready for containers and
@@ -106,7 +120,7 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	if err := s.index.reserve(claim.UID, plan); err != nil {
 		return nil, err
 	}
-	rec, err := s.prepareDevices(claim, plan)
+	rec, err := s.prepareDevices(ctx, claim, plan)
 	if err != nil {
 		s.index.release(claim.UID, plan)
 		return nil, err
@@ -156,22 +170,30 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	if err != nil {
 		return plannedDevice{}, err
 	}
-	return plannedDevice{result: r, device: dev, config: cfg}, nil
+	p := plannedDevice{result: r, device: dev, config: cfg}
+	if p.sharing, err = s.planSharing(p); err != nil {
+		return plannedDevice{}, fmt.Errorf("device %s (request %q): %w", dev.Name(), r.Request, err)
+	}
+	return p, nil
 }
 
-// prepareDevices sets the devices up (MIG instances), writes the claim's
+// prepareDevices sets the devices up (MIG instances, sharing settings),
+// writes the claim's
 // CDI spec, then its checkpoint record. When set-up changes the GPU, the
 // record is written first (PrepareStarted), so a crash half-way is undone at
 // restart; otherwise a crash leaves at most a CDI spec without a record,
 // which Restore deletes. A failure rolls back everything done so far.
-func (s *State) prepareDevices(claim *resourceapi.ResourceClaim, plan []plannedDevice) (*checkpoint.Claim, error) {
+func (s *State) prepareDevices(ctx context.Context, claim *resourceapi.ResourceClaim, plan []plannedDevice) (*checkpoint.Claim, error) {
 	rec := newRecord(claim, plan)
-	if needsSetUp(plan) {
+	if needsSetUp(plan) || needsSharing(plan) {
 		if err := s.store.Save(rec); err != nil {
 			return nil, err
 		}
 	}
 	err := s.setUpAll(plan, rec)
+	if err == nil {
+		err = s.acquireSharing(ctx, plan, rec)
+	}
 	if err == nil {
 		err = s.writeSpec(plan, rec)
 	}
@@ -182,7 +204,7 @@ func (s *State) prepareDevices(claim *resourceapi.ResourceClaim, plan []plannedD
 		}
 	}
 	if err != nil {
-		if rbErr := s.tearDown(rec); rbErr != nil {
+		if rbErr := s.tearDown(ctx, rec); rbErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("rolling back: %w", rbErr))
 		}
 		_ = s.store.Delete(rec.UID)
@@ -200,7 +222,10 @@ func newRecord(claim *resourceapi.ResourceClaim, plan []plannedDevice) *checkpoi
 			Device:      p.result.Device,
 			GPUUUID:     p.device.GPU.UUID,
 			AdminAccess: p.adminAccess(),
-			GPUMode:     string(p.device.Mode),
+			GPUMode:     p.device.modeName(),
+			Shared:      p.device.multiAllocatable(),
+			ShareID:     string(ptr.Deref(p.result.ShareID, "")),
+			Sharing:     p.sharing.settingsOrNil(),
 		})
 	}
 	return rec
@@ -241,6 +266,10 @@ func (s *State) cdiDevices(plan []plannedDevice, rec *checkpoint.Claim) ([]cdi.D
 			}
 			d.UUID, d.ExtraNodes = inst.UUID, nodes
 		}
+		d.Env = s.sharingEnv(p)
+		if dir, ok := d.Env[mps.EnvPipeDir]; ok {
+			d.Mounts = []string{dir}
+		}
 		out = append(out, d)
 	}
 	return out, nil
@@ -260,7 +289,7 @@ func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
 	if rec = s.index.get(uid); rec == nil {
 		return nil
 	}
-	if err := s.undo(rec); err != nil {
+	if err := s.undo(ctx, rec); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", uid)
@@ -269,8 +298,8 @@ func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
 
 // undo removes what prepare made, then forgets the claim. The record goes
 // last, so a failure half-way is retried from the record.
-func (s *State) undo(rec *checkpoint.Claim) error {
-	if err := s.tearDown(rec); err != nil {
+func (s *State) undo(ctx context.Context, rec *checkpoint.Claim) error {
+	if err := s.tearDown(ctx, rec); err != nil {
 		return err
 	}
 	if err := s.cdi.DeleteClaimSpec(rec.UID); err != nil {
@@ -287,12 +316,16 @@ func (s *State) undo(rec *checkpoint.Claim) error {
 func kubeletDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
 	for _, d := range rec.Devices {
-		out = append(out, kubeletplugin.Device{
+		dev := kubeletplugin.Device{
 			Requests:     d.Requests,
 			PoolName:     d.Pool,
 			DeviceName:   d.Device,
 			CDIDeviceIDs: d.CDIDeviceIDs,
-		})
+		}
+		if d.ShareID != "" {
+			dev.ShareID = ptr.To(types.UID(d.ShareID))
+		}
+		out = append(out, dev)
 	}
 	return out
 }

@@ -10,6 +10,30 @@ func (s *Sharing) DeepCopy() *Sharing {
 		return nil
 	}
 	out := *s
+	if s.TimeSlicingConfig != nil {
+		ts := *s.TimeSlicingConfig
+		out.TimeSlicingConfig = &ts
+	}
+	if s.MpsConfig != nil {
+		out.MpsConfig = s.MpsConfig.DeepCopy()
+	}
+	return &out
+}
+
+// DeepCopy returns a copy of c.
+func (c *MpsConfig) DeepCopy() *MpsConfig {
+	if c == nil {
+		return nil
+	}
+	out := MpsConfig{}
+	if c.DefaultActiveThreadPercentage != nil {
+		p := *c.DefaultActiveThreadPercentage
+		out.DefaultActiveThreadPercentage = &p
+	}
+	if c.DefaultPinnedDeviceMemoryLimit != nil {
+		q := c.DefaultPinnedDeviceMemoryLimit.DeepCopy()
+		out.DefaultPinnedDeviceMemoryLimit = &q
+	}
 	return &out
 }
 

@@ -34,6 +34,11 @@ type GpuMode struct {
 	// this GPU. Ampere GPUs need a reset to change MIG mode, so the plugin
 	// never toggles it there and needs this promise for dynamic MIG.
 	MigModeEnabledByAdmin bool `json:"migModeEnabledByAdmin,omitempty"`
+	// TimeSlicing offers the GPU as N time-slice replicas.
+	TimeSlicing *TimeSlicingMode `json:"timeSlicing,omitempty"`
+	// Shared offers the GPU as one multi-allocatable device whose memory
+	// claims consume.
+	Shared *SharedMode `json:"shared,omitempty"`
 }
 
 // GpuModeSelector applies a mode to the GPUs it selects.
@@ -61,10 +66,12 @@ func (c *NodeConfig) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := *c
+	out.Default = c.Default.deepCopy()
 	out.GPUs = make([]GpuModeSelector, len(c.GPUs))
 	for i, s := range c.GPUs {
 		s.Indexes = slices.Clone(s.Indexes)
 		s.UUIDs = slices.Clone(s.UUIDs)
+		s.GpuMode = s.deepCopy()
 		out.GPUs[i] = s
 	}
 	return &out
@@ -109,7 +116,7 @@ func (m GpuMode) validate() error {
 	if m.MigModeEnabledByAdmin && m.MIG == "" {
 		return errors.New("migModeEnabledByAdmin: only meaningful with mig")
 	}
-	return nil
+	return m.validateSharing()
 }
 
 var nodeConfigScheme = func() *runtime.Scheme {

@@ -38,10 +38,14 @@ const (
 type Sharing struct {
 	// Strategy is one of the SharingStrategy constants.
 	Strategy SharingStrategy `json:"strategy"`
+	// TimeSlicingConfig is only allowed with the TimeSlicing strategy.
+	TimeSlicingConfig *TimeSlicingConfig `json:"timeSlicingConfig,omitempty"`
+	// MpsConfig is only allowed with the MPS strategy.
+	MpsConfig *MpsConfig `json:"mpsConfig,omitempty"`
 }
 
-// GpuConfig configures whole GPUs (and, later, time-slice replicas and
-// shares of a GPU).
+// GpuConfig configures whole GPUs, time-slice replicas and memory shares
+// of a GPU.
 type GpuConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Sharing is optional; nil means Exclusive.

@@ -7,7 +7,7 @@ import (
 
 // supportedStrategies lists the sharing strategies this version implements.
 // A strategy not in the list is refused by name rather than ignored.
-var supportedStrategies = []SharingStrategy{ExclusiveStrategy}
+var supportedStrategies = []SharingStrategy{ExclusiveStrategy, TimeSlicingStrategy, MPSStrategy}
 
 // Validate checks a sharing block.
 func (s *Sharing) Validate() error {
@@ -19,6 +19,26 @@ func (s *Sharing) Validate() error {
 	}
 	if !slices.Contains(supportedStrategies, s.Strategy) {
 		return fmt.Errorf("sharing.strategy: unsupported value %q, must be one of %v", s.Strategy, supportedStrategies)
+	}
+	return s.validateSettings()
+}
+
+// validateSettings refuses settings of a strategy other than the chosen
+// one: they would be silently ignored.
+func (s *Sharing) validateSettings() error {
+	if s.TimeSlicingConfig != nil && s.Strategy != TimeSlicingStrategy {
+		return fmt.Errorf("sharing.timeSlicingConfig: only allowed with strategy %s, not %s", TimeSlicingStrategy, s.Strategy)
+	}
+	if s.MpsConfig != nil && s.Strategy != MPSStrategy {
+		return fmt.Errorf("sharing.mpsConfig: only allowed with strategy %s, not %s", MPSStrategy, s.Strategy)
+	}
+	if s.TimeSlicingConfig != nil {
+		if err := s.TimeSlicingConfig.Interval.Validate(); err != nil {
+			return fmt.Errorf("sharing.timeSlicingConfig.%w", err)
+		}
+	}
+	if err := s.MpsConfig.validate(); err != nil {
+		return fmt.Errorf("sharing.%w", err)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
 
 // Version is the format of the files written today. Readers accept it and
@@ -43,8 +44,16 @@ type Device struct {
 	AdminAccess  bool     `json:"adminAccess,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
 	// GPUMode is the mode the GPU was offered in ("" whole, "static",
-	// "dynamic"); a restart keeps it until the claim is unprepared.
+	// "dynamic", "timeSlicing/<replicas>", "shared"); a restart keeps it
+	// until the claim is unprepared.
 	GPUMode string `json:"gpuMode,omitempty"`
+	// Shared marks a multi-allocatable device: other claims hold it too.
+	Shared bool `json:"shared,omitempty"`
+	// ShareID is the scheduler's ID of this claim's share of the device.
+	ShareID string `json:"shareID,omitempty"`
+	// Sharing are the GPU settings this device holds (time-slice interval,
+	// MPS); unprepare releases them and the last holder resets the GPU.
+	Sharing *timeslice.Settings `json:"sharing,omitempty"`
 	// CreatedMIG is the MIG device the plugin created for this claim
 	// (dynamic MIG); unprepare destroys exactly it.
 	CreatedMIG *mig.Instance `json:"createdMIG,omitempty"`

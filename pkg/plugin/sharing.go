@@ -1,0 +1,291 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
+)
+
+// SharingOptions wire the GPU sharing settings.
+type SharingOptions struct {
+	// DriverRoot is where nvidia-smi and nvidia-cuda-mps-control are
+	// looked up; empty means none is available.
+	DriverRoot string
+	// Runner runs them; nil means exec.
+	Runner timeslice.Runner
+	// MPSDir holds the MPS daemons' pipe and log directories.
+	MPSDir string
+	// NVML sets the compute mode for MPS.
+	NVML nvdev.Interface
+}
+
+// Sharing applies per-GPU sharing settings, reference counted across the
+// claims on a GPU. It is the timeslice.Backend of its own Manager.
+type Sharing struct {
+	mgr  *timeslice.Manager
+	smi  timeslice.SMI
+	mps  *mps.Daemons
+	nvml nvdev.Interface
+}
+
+// NewSharing builds the sharing settings of a node.
+func NewSharing(o SharingOptions) *Sharing {
+	runner := o.Runner
+	if runner == nil {
+		runner = timeslice.ExecRunner{}
+	}
+	s := &Sharing{
+		smi:  timeslice.SMI{Runner: runner, DriverRoot: o.DriverRoot},
+		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: 10 * time.Second},
+		nvml: o.NVML,
+	}
+	s.mgr = timeslice.NewManager(s)
+	return s
+}
+
+// Apply implements timeslice.Backend: Default-interval time-slicing is the
+// GPU's own behaviour and needs no tool.
+func (s *Sharing) Apply(ctx context.Context, gpu string, set timeslice.Settings) error {
+	if set.Strategy == configapi.MPSStrategy {
+		return s.startMPS(ctx, gpu)
+	}
+	if set.Interval.OrDefault() == configapi.DefaultTimeSlice {
+		return nil
+	}
+	return s.smi.SetInterval(ctx, gpu, set.Interval)
+}
+
+// Ensure implements timeslice.Backend: a dead MPS daemon is restarted.
+func (s *Sharing) Ensure(ctx context.Context, gpu string, set timeslice.Settings) error {
+	if set.Strategy == configapi.MPSStrategy {
+		return s.mps.Ensure(ctx, gpu)
+	}
+	return nil
+}
+
+// Reset implements timeslice.Backend.
+func (s *Sharing) Reset(ctx context.Context, gpu string, set timeslice.Settings) error {
+	if set.Strategy == configapi.MPSStrategy {
+		if err := s.mps.Stop(ctx, gpu); err != nil {
+			return err
+		}
+		return s.setComputeMode(gpu, nvml.COMPUTEMODE_DEFAULT)
+	}
+	if set.Interval.OrDefault() == configapi.DefaultTimeSlice {
+		return nil
+	}
+	return s.smi.SetInterval(ctx, gpu, configapi.DefaultTimeSlice)
+}
+
+// startMPS makes the GPU exclusive to the MPS server, then starts its
+// daemon; a failure puts the compute mode back.
+func (s *Sharing) startMPS(ctx context.Context, gpu string) error {
+	if err := s.mps.Available(); err != nil {
+		return err
+	}
+	if err := s.setComputeMode(gpu, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); err != nil {
+		return err
+	}
+	if err := s.mps.Start(ctx, gpu); err != nil {
+		return errors.Join(err, s.setComputeMode(gpu, nvml.COMPUTEMODE_DEFAULT))
+	}
+	return nil
+}
+
+func (s *Sharing) setComputeMode(gpu string, mode nvml.ComputeMode) error {
+	if s.nvml == nil {
+		return errors.New("no NVML to set the compute mode with")
+	}
+	dev, err := s.nvml.DeviceByUUID(gpu)
+	if err != nil {
+		return err
+	}
+	if ret := dev.SetComputeMode(mode); ret != nvml.SUCCESS {
+		return fmt.Errorf("setting compute mode %d on %s: %w", mode, gpu, ret)
+	}
+	return nil
+}
+
+// sharingPlan is what one device of a claim needs of its GPU.
+type sharingPlan struct {
+	settings timeslice.Settings
+	limits   *mps.Limits // MPS only
+}
+
+func (p *sharingPlan) settingsOrNil() *timeslice.Settings {
+	if p == nil {
+		return nil
+	}
+	s := p.settings
+	return &s
+}
+
+// needsSharing reports whether preparing the plan may change a GPU's
+// settings, which must be recorded before it happens. Default-interval
+// time-slicing changes nothing, so it costs no extra checkpoint write.
+func needsSharing(plan []plannedDevice) bool {
+	for _, p := range plan {
+		if p.sharing != nil && changesGPU(p.sharing.settings) {
+			return true
+		}
+	}
+	return false
+}
+
+func changesGPU(s timeslice.Settings) bool {
+	return s.Strategy == configapi.MPSStrategy || s.Interval.OrDefault() != configapi.DefaultTimeSlice
+}
+
+// planSharing resolves a device's sharing strategy to GPU settings and,
+// for MPS, the client's limits. Every refusal names what to change.
+func (s *State) planSharing(p plannedDevice) (*sharingPlan, error) {
+	strategy := p.config.SharingStrategy()
+	switch {
+	case p.adminAccess():
+		return nil, nil // monitoring never changes a GPU's settings
+	case p.device.Type == TypeMIG && strategy != configapi.ExclusiveStrategy:
+		return nil, fmt.Errorf("sharing strategy %s is not supported on MIG devices", strategy)
+	case p.device.Type == TypeMIG, strategy == configapi.ExclusiveStrategy && p.device.Type == TypeGPU:
+		return nil, nil
+	case strategy == configapi.ExclusiveStrategy:
+		return nil, fmt.Errorf("a %s device shares its GPU by design; strategy %s cannot apply, use %s or %s",
+			p.device.Type, strategy, configapi.TimeSlicingStrategy, configapi.MPSStrategy)
+	case strategy == configapi.MPSStrategy:
+		return planMPS(p)
+	}
+	return &sharingPlan{settings: timeslice.Settings{Strategy: strategy, Interval: intervalFor(p)}}, nil
+}
+
+// intervalFor: the claim's interval, else the GPU's from the node
+// configuration, else Default.
+func intervalFor(p plannedDevice) configapi.TimeSliceInterval {
+	if sh := sharingOf(p.config); sh != nil && sh.TimeSlicingConfig != nil && sh.TimeSlicingConfig.Interval != "" {
+		return sh.TimeSlicingConfig.Interval
+	}
+	if p.device.TimeSlicing != nil {
+		return p.device.TimeSlicing.Interval.OrDefault()
+	}
+	return configapi.DefaultTimeSlice
+}
+
+// planMPS derives the limits from the device (its memory and that
+// memory's share of the GPU), unless the config sets them.
+func planMPS(p plannedDevice) (*sharingPlan, error) {
+	if major, _, _ := strings.Cut(p.device.GPU.CUDAComputeCapability, "."); atoi(major) < 7 {
+		return nil, fmt.Errorf("MPS with limits needs compute capability 7.0 or newer; GPU %s has %s",
+			p.device.GPU.UUID, p.device.GPU.CUDAComputeCapability)
+	}
+	mem := deviceMemory(p)
+	total := int64(p.device.GPU.MemoryBytes)
+	limits := &mps.Limits{MemoryBytes: mem, ThreadPercentage: int(min(100, max(1, (mem*100+total-1)/total)))}
+	if cfg := sharingOf(p.config).MpsConfig; cfg != nil {
+		if q := cfg.DefaultPinnedDeviceMemoryLimit; q != nil {
+			if q.Value() > mem {
+				return nil, fmt.Errorf("mpsConfig.defaultPinnedDeviceMemoryLimit %s exceeds the device's memory (%d bytes)", q.String(), mem)
+			}
+			limits.MemoryBytes = q.Value()
+		}
+		if t := cfg.DefaultActiveThreadPercentage; t != nil {
+			limits.ThreadPercentage = *t
+		}
+	}
+	return &sharingPlan{settings: timeslice.Settings{Strategy: configapi.MPSStrategy}, limits: limits}, nil
+}
+
+// deviceMemory is the memory a device stands for: the GPU's, a replica's
+// part of it, or the share the scheduler recorded as consumed.
+func deviceMemory(p plannedDevice) int64 {
+	switch p.device.Type {
+	case TypeTimeSlice:
+		return int64(timeslice.ReplicaMemory(p.device.GPU.MemoryBytes, p.device.TimeSlicing.Replicas))
+	case TypeShared:
+		if q, ok := p.result.ConsumedCapacity["memory"]; ok {
+			return q.Value()
+		}
+		if c, ok := p.device.API.Capacity["memory"]; ok && c.RequestPolicy != nil && c.RequestPolicy.Default != nil {
+			return c.RequestPolicy.Default.Value()
+		}
+	}
+	return int64(p.device.GPU.MemoryBytes)
+}
+
+func sharingOf(cfg configapi.Interface) *configapi.Sharing {
+	switch c := cfg.(type) {
+	case *configapi.GpuConfig:
+		return c.Sharing
+	case *configapi.MigConfig:
+		return c.Sharing
+	}
+	return nil
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// holder names one device of one claim in the reference counts.
+func holder(claimUID, device string) string { return claimUID + "/" + device }
+
+// acquireSharing applies each device's settings to its GPU, or joins the
+// claims already holding them.
+func (s *State) acquireSharing(ctx context.Context, plan []plannedDevice, rec *checkpoint.Claim) error {
+	for _, p := range plan {
+		if p.sharing == nil {
+			continue
+		}
+		if err := s.sharing.mgr.Acquire(ctx, p.device.GPU.UUID, holder(rec.UID, p.device.Name()), p.sharing.settings); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseSharing drops the claim's holds; a device whose release fails
+// keeps its record, so unprepare is retried.
+func (s *State) releaseSharing(ctx context.Context, rec *checkpoint.Claim) error {
+	var errs []error
+	for i := range rec.Devices {
+		d := &rec.Devices[i]
+		if d.Sharing == nil {
+			continue
+		}
+		if err := s.sharing.mgr.Release(ctx, d.GPUUUID, holder(rec.UID, d.Device)); err != nil {
+			errs = append(errs, fmt.Errorf("releasing %s of %s: %w", d.Sharing, d.Device, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// adoptSharing re-counts a recorded claim's holds after a restart.
+func (s *State) adoptSharing(rec *checkpoint.Claim) error {
+	var errs []error
+	for _, d := range rec.Devices {
+		if d.Sharing != nil {
+			errs = append(errs, s.sharing.mgr.Adopt(d.GPUUUID, holder(rec.UID, d.Device), *d.Sharing))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sharingEnv is the MPS client environment of a device, nil otherwise.
+func (s *State) sharingEnv(p plannedDevice) map[string]string {
+	if p.sharing == nil || p.sharing.limits == nil {
+		return nil
+	}
+	return s.sharing.mps.ClientEnv(p.device.GPU.UUID, *p.sharing.limits)
+}
+
+// mpsDir is where the plugin keeps MPS pipes, next to its checkpoint.
+func mpsDir(pluginDataDir string) string { return filepath.Join(pluginDataDir, "mps") }

@@ -1,0 +1,92 @@
+package timeslice
+
+import (
+	"fmt"
+	"maps"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+)
+
+// Device types published for shared GPUs.
+const (
+	TypeTimeSlice = "timeslice"
+	TypeShared    = "shared"
+)
+
+// Parent is the GPU replicas and shares live on, with the attributes every
+// device on it carries.
+type Parent struct {
+	Index       int
+	UUID        string
+	MemoryBytes uint64
+	Attributes  map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+}
+
+// ReplicaName is the stable name of replica r of a GPU.
+func ReplicaName(index, r int) string { return fmt.Sprintf("gpu-%d-ts-%d", index, r) }
+
+// SharedName is the stable name of a shared GPU's one device.
+func SharedName(index int) string { return fmt.Sprintf("gpu-%d-shared", index) }
+
+// ReplicaMemory is each replica's share of the GPU's memory, rounded down
+// so that N replicas never add up to more than the GPU has.
+func ReplicaMemory(total uint64, replicas int) uint64 { return total / uint64(replicas) }
+
+// ReplicaDevices describes the N replicas of a time-sliced GPU: the
+// parent's attributes plus type, replicas and parentUUID, and memory/N.
+func ReplicaDevices(p Parent, mode configapi.TimeSlicingMode) []resourceapi.Device {
+	mem := resource.NewQuantity(int64(ReplicaMemory(p.MemoryBytes, mode.Replicas)), resource.BinarySI)
+	out := make([]resourceapi.Device, 0, mode.Replicas)
+	for r := range mode.Replicas {
+		attrs := childAttributes(p, TypeTimeSlice)
+		attrs["replicas"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(mode.Replicas))}
+		out = append(out, resourceapi.Device{
+			Name:       ReplicaName(p.Index, r),
+			Attributes: attrs,
+			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *mem}},
+		})
+	}
+	return out
+}
+
+// SharedDevice describes a shared GPU: one device that many claims may hold
+// (allowMultipleAllocations), each consuming memory within the policy, so
+// the scheduler never hands out more memory than the GPU has.
+func SharedDevice(p Parent, mode configapi.SharedMode) resourceapi.Device {
+	minimum, step, def := mode.Memory.Resolved()
+	total := resource.NewQuantity(int64(p.MemoryBytes), resource.BinarySI)
+	return resourceapi.Device{
+		Name:                     SharedName(p.Index),
+		Attributes:               childAttributes(p, TypeShared),
+		AllowMultipleAllocations: ptr.To(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {
+			Value: *total,
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:    &def,
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &minimum, Step: &step},
+			},
+		}},
+	}
+}
+
+// ValidateShared checks the policy against the GPU it is applied to: the
+// API server would reject the whole slice otherwise.
+func ValidateShared(p Parent, mode configapi.SharedMode) error {
+	minimum, step, def := mode.Memory.Resolved()
+	total := int64(p.MemoryBytes)
+	if minimum.Value()+step.Value() > total || def.Value() > total {
+		return fmt.Errorf("shared.memory: min %s + step %s and default %s must fit in the GPU's %s",
+			minimum.String(), step.String(), def.String(), resource.NewQuantity(total, resource.BinarySI).String())
+	}
+	return nil
+}
+
+func childAttributes(p Parent, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := maps.Clone(p.Attributes)
+	attrs["type"] = resourceapi.DeviceAttribute{StringValue: ptr.To(typ)}
+	attrs["parentUUID"] = resourceapi.DeviceAttribute{StringValue: ptr.To(p.UUID)}
+	return attrs
+}
