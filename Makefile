@@ -13,7 +13,9 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench k8s-bins fmt vet clean
+.PHONY: all build test unit lint e2e demo bench k8s-bins generate fmt vet clean
+
+CONTROLLER_GEN_VERSION := v0.23.0
 
 all: build
 
@@ -54,6 +56,11 @@ demo: k8s-bins
 ## bench: the Go benchmarks reported in BENCHMARKS.md
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/...
+
+## generate: deepcopy and CRD manifests (config/crd) from api/gpuaas
+generate:
+	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) \
+		object paths=./api/gpuaas/... crd paths=./api/gpuaas/... output:crd:artifacts:config=config/crd
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -87,10 +88,11 @@ func (p printer) printf(format string, args ...any) { _, _ = fmt.Fprintf(p.w, fo
 
 // demo holds what was started, so stop can undo it whatever step failed.
 type demo struct {
-	opts options
-	out  printer
-	cp   *framework.ControlPlane
-	node *framework.Node
+	opts       options
+	out        printer
+	cp         *framework.ControlPlane
+	node       *framework.Node
+	controller *framework.Process
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -138,6 +140,9 @@ func (d *demo) startCluster(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := d.startController(ctx); err != nil {
+		return err
+	}
 	d.out.printf("Starting node %s (plugin with --nvml=%s, kubelet simulator) ...\n", d.opts.nodeName, d.opts.nvml)
 	d.node, err = d.cp.StartNode(ctx, framework.NodeOptions{
 		Name: d.opts.nodeName, PluginBinary: d.opts.pluginBinary, NVML: d.opts.nvml,
@@ -170,14 +175,20 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 		width = max(width, len(file)-len(specs))
 	}
 	var all []*unstructured.Unstructured
+	var denials []framework.Denial
 	for _, file := range files {
-		objs, err := d.cp.Apply(ctx, file, "default")
+		objs, denied, err := d.cp.ApplyFile(ctx, file, "default")
 		if err != nil {
 			return nil, err
 		}
 		rel, _ := filepath.Rel(specs, file)
 		d.out.printf("  %-*s %s\n", width, rel, kinds(objs))
 		all = append(all, objs...)
+		denials = append(denials, denied...)
+	}
+	for _, den := range denials {
+		d.out.printf("\nDenied by quota, as the demo expects: %s %s/%s\n  %s\n", den.Object.GetKind(),
+			den.Object.GetNamespace(), den.Object.GetName(), webhookReason(den.Message))
 	}
 	return all, nil
 }
@@ -195,10 +206,33 @@ func (d *demo) stop(ctx context.Context) error {
 		defer cancel()
 		errs = append(errs, d.node.Stop(ctx))
 	}
+	if d.controller != nil {
+		errs = append(errs, d.controller.Stop())
+	}
 	errs = append(errs, d.cp.Stop())
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	d.out.printf("Stopped.\n")
 	return nil
+}
+
+// startController builds and runs the dra-controller (catalog, quota
+// webhook) against the control plane.
+func (d *demo) startController(ctx context.Context) error {
+	d.out.printf("Starting dra-controller (GPU catalog, quota admission webhook) ...\n")
+	bin, err := framework.Build(ctx, d.cp.Dir, "cmd/dra-controller")
+	if err != nil {
+		return err
+	}
+	d.controller, err = d.cp.StartController(ctx, bin)
+	return err
+}
+
+// webhookReason keeps what the webhook said, without client-side framing.
+func webhookReason(msg string) string {
+	if _, after, ok := strings.Cut(msg, "denied the request: "); ok {
+		return after
+	}
+	return msg
 }

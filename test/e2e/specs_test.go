@@ -16,6 +16,7 @@ import (
 // checks that all scenarios fit on one node together, as in `make demo`.
 func TestDemoSpecs(t *testing.T) {
 	node := startNode(t)
+	startControllerBinary(t)
 	specs := filepath.Join(repoRoot, "demo", "specs")
 	files, err := framework.YAMLFiles(specs)
 	if err != nil {
@@ -44,9 +45,12 @@ func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
 	if needsNamespace(objs) {
 		defaultNS = cp.CreateNamespace(t, "spec")
 	}
-	applied, err := cp.Apply(ctx, file, defaultNS)
+	applied, denials, err := cp.ApplyFile(ctx, file, defaultNS)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, d := range denials {
+		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
 	}
 	for _, obj := range applied {
 		if obj.GetKind() == "Namespace" {
@@ -74,7 +78,7 @@ func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
 func needsNamespace(objs []*unstructured.Unstructured) bool {
 	for _, o := range objs {
 		switch o.GetKind() {
-		case "Namespace", "DeviceClass":
+		case "Namespace", "DeviceClass", "GpuProfile", "TenantQuota":
 		default:
 			if o.GetNamespace() == "" {
 				return true
@@ -82,4 +86,27 @@ func needsNamespace(objs []*unstructured.Unstructured) bool {
 		}
 	}
 	return false
+}
+
+// startControllerBinary runs the dra-controller binary (catalog and quota)
+// for the rest of the test, as `make demo` does.
+func startControllerBinary(t *testing.T) {
+	t.Helper()
+	ctx := framework.Context(t, 5*time.Minute)
+	bin, err := framework.Build(ctx, t.TempDir(), "cmd/dra-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cp.StartController(ctx, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("dra-controller log %s, last lines:\n%s", p.LogPath, p.Tail(40))
+		}
+		if err := p.Stop(); err != nil {
+			t.Errorf("stopping dra-controller: %v", err)
+		}
+	})
 }

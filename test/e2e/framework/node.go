@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -277,15 +276,5 @@ func nodeReady(node *v1.Node) bool {
 
 // BuildPlugin compiles ./cmd/dra-kubelet-plugin of the repository into dir.
 func BuildPlugin(ctx context.Context, dir string) (string, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, "dra-kubelet-plugin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/dra-kubelet-plugin")
-	cmd.Dir = root
-	if output, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the plugin: %w\n%s", err, output)
-	}
-	return out, nil
+	return Build(ctx, dir, "cmd/dra-kubelet-plugin")
 }

@@ -1,0 +1,44 @@
+package v1alpha1
+
+// Condition types of GpuProfile and TenantQuota status.
+const (
+	// ConditionReady: GpuProfile: its DeviceClass is in sync with the
+	// spec. TenantQuota: the quota is valid and enforced.
+	ConditionReady = "Ready"
+	// ConditionNamespaceConflict: another, older TenantQuota claims one of
+	// this quota's namespaces; that namespace is charged to the other one.
+	ConditionNamespaceConflict = "NamespaceConflict"
+	// ConditionOverQuota: usage exceeds a limit (the limit was lowered, or
+	// the allocation cost more than admitted); new claims are refused
+	// until usage drops.
+	ConditionOverQuota = "OverQuota"
+)
+
+// Condition reasons.
+const (
+	ReasonDeviceClassReady    = "DeviceClassReady"
+	ReasonInvalidSpec         = "InvalidSpec"
+	ReasonDeviceClassConflict = "DeviceClassConflict"
+	ReasonApplyFailed         = "ApplyFailed"
+	ReasonDisabled            = "Disabled"
+	ReasonDraining            = "Draining"
+	ReasonEnforced            = "Enforced"
+	ReasonConflict            = "Conflict"
+	ReasonNoConflict          = "NoConflict"
+	ReasonWithinLimits        = "WithinLimits"
+	ReasonExceeded            = "Exceeded"
+)
+
+// Labels and annotations the control plane uses.
+const (
+	// ProfileLabel on a DeviceClass names the GpuProfile it was rendered
+	// from.
+	ProfileLabel = "gpuaas.io/profile"
+	// QuotaExemptLabel on a Namespace (any value) keeps its claims out of
+	// the quota webhook.
+	QuotaExemptLabel = "gpuaas.io/quota-exempt"
+	// QuotaRetryAnnotation is set on a pod whose template claim was denied
+	// once quota frees up: the update makes the kube-controller-manager
+	// retry creating the claim at once instead of after its back-off.
+	QuotaRetryAnnotation = "gpuaas.io/quota-retry"
+)

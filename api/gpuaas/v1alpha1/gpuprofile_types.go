@@ -1,0 +1,164 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// DeviceType is the value of the "type" attribute the kubelet plugin
+// publishes on every device.
+// +kubebuilder:validation:Enum=gpu;mig;timeslice;shared
+type DeviceType string
+
+// Device types published by the kubelet plugin.
+const (
+	DeviceTypeGPU       DeviceType = "gpu"
+	DeviceTypeMIG       DeviceType = "mig"
+	DeviceTypeTimeSlice DeviceType = "timeslice"
+	DeviceTypeShared    DeviceType = "shared"
+)
+
+// GpuProfile is one entry of the GPU service catalog ("Small MIG slice
+// 1g.10gb", "Shared GPU, 4-way"). The dra-controller renders it into a
+// DeviceClass of the same name and reports how many devices match.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=gpup,categories=gpuaas
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Display Name",type=string,JSONPath=`.spec.displayName`
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.selector.type`
+// +kubebuilder:printcolumn:name="Enabled",type=boolean,JSONPath=`.spec.enabled`
+// +kubebuilder:printcolumn:name="Matching",type=integer,JSONPath=`.status.matchingDevices`
+// +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.allocatedDevices`
+// +kubebuilder:printcolumn:name="Free",type=integer,JSONPath=`.status.freeDevices`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type GpuProfile struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   GpuProfileSpec   `json:"spec"`
+	Status GpuProfileStatus `json:"status,omitempty"`
+}
+
+// GpuProfileSpec is what an administrator writes.
+type GpuProfileSpec struct {
+	// DisplayName is the human-readable name of the catalog entry.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	DisplayName string `json:"displayName,omitempty"`
+
+	// Description says what the entry is for.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Description string `json:"description,omitempty"`
+
+	// Selector says which published devices belong to this profile. All
+	// set fields must match; an empty selector matches every device of the
+	// driver.
+	// +optional
+	Selector ProfileSelector `json:"selector,omitempty"`
+
+	// Config is opaque configuration for driver gpu.gpuaas.io attached to
+	// the DeviceClass (apiVersion gpu.gpuaas.io/v1alpha1, kind GpuConfig or
+	// MigConfig). It is decoded strictly: unknown fields are errors.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +optional
+	Config *runtime.RawExtension `json:"config,omitempty"`
+
+	// ExtendedResourceName, when set, lets pods ask for devices of this
+	// profile through resources.requests (e.g. gpuaas.io/shared-gpu: 1).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ExtendedResourceName *string `json:"extendedResourceName,omitempty"`
+
+	// Enabled profiles have a DeviceClass. Disabling a profile removes its
+	// DeviceClass once no ResourceClaim uses it any more.
+	// +kubebuilder:default=true
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// ProfileSelector selects devices by the attributes the plugin publishes.
+// +kubebuilder:validation:XValidation:rule="!has(self.migProfile) || !has(self.type) || self.type == 'mig'",message="migProfile requires type mig"
+type ProfileSelector struct {
+	// Type of device: gpu (whole GPU), mig (MIG partition), timeslice
+	// (time-slice replica) or shared (memory share of a GPU).
+	// +optional
+	Type DeviceType `json:"type,omitempty"`
+
+	// ProductName must equal the device's productName attribute, e.g.
+	// "NVIDIA H100 80GB HBM3".
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	ProductName string `json:"productName,omitempty"`
+
+	// Architecture must equal the device's architecture attribute, e.g.
+	// "Hopper".
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	Architecture string `json:"architecture,omitempty"`
+
+	// MinMemory is the least memory capacity a device must have.
+	// +optional
+	MinMemory *resource.Quantity `json:"minMemory,omitempty"`
+
+	// MigProfile is a MIG profile name such as 1g.10gb or 3g.40gb; it
+	// implies type mig.
+	// +kubebuilder:validation:Pattern=`^([1-7]c\.)?[1-8]g\.[0-9]+gb(\+me|\+me\.all|\+gfx|-me)?$`
+	// +optional
+	MigProfile string `json:"migProfile,omitempty"`
+
+	// CEL is an additional DRA CEL selector expression over "device", as
+	// in DeviceClass.spec.selectors[].cel.expression.
+	// +kubebuilder:validation:MaxLength=10240
+	// +optional
+	CEL string `json:"cel,omitempty"`
+}
+
+// GpuProfileStatus is what the dra-controller observed.
+type GpuProfileStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// DeviceClassName is the DeviceClass rendered from this profile.
+	// +optional
+	DeviceClassName string `json:"deviceClassName,omitempty"`
+
+	// MatchingDevices is how many published devices the profile selects.
+	// +optional
+	MatchingDevices int32 `json:"matchingDevices"`
+
+	// AllocatedDevices is how many of them are allocated to a claim.
+	// +optional
+	AllocatedDevices int32 `json:"allocatedDevices"`
+
+	// FreeDevices is MatchingDevices minus AllocatedDevices.
+	// +optional
+	FreeDevices int32 `json:"freeDevices"`
+
+	// Conditions: Ready says whether the DeviceClass is in sync with the
+	// spec; its reason and message explain why not.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// IsEnabled reports whether the profile should have a DeviceClass (unset
+// means enabled).
+func (p *GpuProfile) IsEnabled() bool {
+	return p.Spec.Enabled == nil || *p.Spec.Enabled
+}
+
+// GpuProfileList is a list of GpuProfiles.
+// +kubebuilder:object:root=true
+type GpuProfileList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GpuProfile `json:"items"`
+}

@@ -1,0 +1,157 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TenantQuota is one tenant of the GPU service: its namespaces and what its
+// ResourceClaims may consume, in devices per profile, GPU units (whole GPU =
+// 1, MIG = compute slices / the GPU's slices, time-slice replica = 1/N,
+// memory share = its memory / the GPU's) and GPU memory. Tenants in one
+// cohort may borrow each other's idle quota up to a borrowing limit.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=tq,categories=gpuaas
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Cohort",type=string,JSONPath=`.spec.cohort`
+// +kubebuilder:printcolumn:name="Units Used",type=string,JSONPath=`.status.used.gpuUnits`
+// +kubebuilder:printcolumn:name="Units Reserved",type=string,JSONPath=`.status.reserved.gpuUnits`
+// +kubebuilder:printcolumn:name="Units Limit",type=string,JSONPath=`.spec.limits.gpuUnits`
+// +kubebuilder:printcolumn:name="Memory Used",type=string,JSONPath=`.status.used.gpuMemory`
+// +kubebuilder:printcolumn:name="Memory Limit",type=string,JSONPath=`.spec.limits.gpuMemory`
+// +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claimsCounted`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TenantQuota struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   TenantQuotaSpec   `json:"spec"`
+	Status TenantQuotaStatus `json:"status,omitempty"`
+}
+
+// TenantQuotaSpec is what an administrator writes.
+// +kubebuilder:validation:XValidation:rule="(has(self.namespaces) && size(self.namespaces) > 0) || has(self.namespaceSelector)",message="set namespaces or namespaceSelector"
+// +kubebuilder:validation:XValidation:rule="!has(self.borrowingLimit) || (has(self.cohort) && size(self.cohort) > 0)",message="borrowingLimit requires a cohort"
+type TenantQuotaSpec struct {
+	// Namespaces belonging to the tenant.
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+
+	// NamespaceSelector adds the namespaces whose labels match.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// Limits of the tenant. A limit that is not set is not enforced.
+	// +optional
+	Limits QuotaLimits `json:"limits,omitempty"`
+
+	// Cohort groups tenants that may borrow each other's idle quota.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	Cohort string `json:"cohort,omitempty"`
+
+	// BorrowingLimit caps how far beyond its own limits the tenant may go
+	// by borrowing idle quota of its cohort. Unset: up to what the cohort
+	// has idle; zero: no borrowing.
+	// +optional
+	BorrowingLimit *BorrowingLimit `json:"borrowingLimit,omitempty"`
+}
+
+// QuotaLimits are the limits of a tenant.
+type QuotaLimits struct {
+	// Devices is the most devices the tenant may hold per GpuProfile
+	// (that is, per DeviceClass name).
+	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k] >= 0)",message="device limits must not be negative"
+	// +optional
+	Devices map[string]int64 `json:"devices,omitempty"`
+
+	// GpuUnits is the most GPU units the tenant may hold, e.g. "2.5".
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="gpuUnits must not be negative"
+	// +optional
+	GpuUnits *resource.Quantity `json:"gpuUnits,omitempty"`
+
+	// GpuMemory is the most GPU memory the tenant may hold, e.g. "160Gi".
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="gpuMemory must not be negative"
+	// +optional
+	GpuMemory *resource.Quantity `json:"gpuMemory,omitempty"`
+}
+
+// BorrowingLimit caps borrowing from the cohort.
+type BorrowingLimit struct {
+	// GpuUnits the tenant may borrow beyond limits.gpuUnits.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="borrowingLimit.gpuUnits must not be negative"
+	// +optional
+	GpuUnits *resource.Quantity `json:"gpuUnits,omitempty"`
+
+	// GpuMemory the tenant may borrow beyond limits.gpuMemory.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="borrowingLimit.gpuMemory must not be negative"
+	// +optional
+	GpuMemory *resource.Quantity `json:"gpuMemory,omitempty"`
+}
+
+// QuotaUsage is an amount of the quota's resources. GPU units are rounded
+// up to thousandths here; admission itself uses exact fractions.
+type QuotaUsage struct {
+	// +optional
+	GpuUnits *resource.Quantity `json:"gpuUnits,omitempty"`
+	// +optional
+	GpuMemory *resource.Quantity `json:"gpuMemory,omitempty"`
+	// Devices per GpuProfile (DeviceClass) name.
+	// +optional
+	Devices map[string]int64 `json:"devices,omitempty"`
+}
+
+// TenantQuotaStatus is what the dra-controller observed.
+type TenantQuotaStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Namespaces the quota applies to (resolved from the list and the
+	// selector, minus those another, older quota claims first).
+	// +listType=set
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+
+	// Used is what allocated claims hold, trued up from their allocation.
+	// +optional
+	Used QuotaUsage `json:"used,omitempty"`
+
+	// Reserved is what admitted but not yet allocated claims may take
+	// (their worst case).
+	// +optional
+	Reserved QuotaUsage `json:"reserved,omitempty"`
+
+	// Borrowed is how far Used+Reserved exceeds the limits, taken from
+	// the cohort's idle quota.
+	// +optional
+	Borrowed QuotaUsage `json:"borrowed,omitempty"`
+
+	// ClaimsCounted is how many ResourceClaims are charged to the tenant.
+	// +optional
+	ClaimsCounted int32 `json:"claimsCounted"`
+
+	// Conditions: Ready (the quota is valid and enforced),
+	// NamespaceConflict (another quota claims one of the namespaces),
+	// OverQuota (usage is above a limit, e.g. after the limit was lowered).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// TenantQuotaList is a list of TenantQuotas.
+// +kubebuilder:object:root=true
+type TenantQuotaList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []TenantQuota `json:"items"`
+}

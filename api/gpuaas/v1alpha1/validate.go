@@ -1,0 +1,76 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"sort"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Validate checks what the CRD schema cannot (or what objects stored before
+// the schema tightened may still carry), so the controller never acts on a
+// quota it misreads. The errors name the field.
+func (q *TenantQuota) Validate() field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	if len(q.Spec.Namespaces) == 0 && q.Spec.NamespaceSelector == nil {
+		errs = append(errs, field.Required(spec.Child("namespaces"), "set namespaces or namespaceSelector"))
+	}
+	if sel := q.Spec.NamespaceSelector; sel != nil {
+		if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+			errs = append(errs, field.Invalid(spec.Child("namespaceSelector"), sel, err.Error()))
+		}
+	}
+	limits := spec.Child("limits")
+	errs = append(errs, nonNegative(limits.Child("gpuUnits"), q.Spec.Limits.GpuUnits)...)
+	errs = append(errs, nonNegative(limits.Child("gpuMemory"), q.Spec.Limits.GpuMemory)...)
+	errs = append(errs, validDeviceLimits(limits.Child("devices"), q.Spec.Limits.Devices)...)
+	if b := q.Spec.BorrowingLimit; b != nil {
+		path := spec.Child("borrowingLimit")
+		if q.Spec.Cohort == "" {
+			errs = append(errs, field.Required(spec.Child("cohort"), "borrowingLimit requires a cohort"))
+		}
+		errs = append(errs, nonNegative(path.Child("gpuUnits"), b.GpuUnits)...)
+		errs = append(errs, nonNegative(path.Child("gpuMemory"), b.GpuMemory)...)
+	}
+	return errs
+}
+
+func nonNegative(path *field.Path, q *resource.Quantity) field.ErrorList {
+	if q != nil && q.Sign() < 0 {
+		return field.ErrorList{field.Invalid(path, q.String(), "must not be negative")}
+	}
+	return nil
+}
+
+func validDeviceLimits(path *field.Path, limits map[string]int64) field.ErrorList {
+	names := make([]string, 0, len(limits))
+	for name := range limits {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var errs field.ErrorList
+	for _, name := range names {
+		if limits[name] < 0 {
+			errs = append(errs, field.Invalid(path.Key(name), limits[name], "must not be negative"))
+		}
+	}
+	return errs
+}
+
+// Claims reports whether the quota names namespace explicitly.
+func (q *TenantQuota) Claims(namespace string) bool {
+	for _, ns := range q.Spec.Namespaces {
+		if ns == namespace {
+			return true
+		}
+	}
+	return false
+}
+
+// String is a short description for log and error messages.
+func (q *TenantQuota) String() string {
+	return fmt.Sprintf("TenantQuota %q", q.Name)
+}

@@ -1,0 +1,119 @@
+// Command dra-controller is the control plane of the gpu.gpuaas.io GPU
+// service: it renders the GpuProfile catalog into DeviceClasses, charges
+// ResourceClaims against TenantQuotas in a validating webhook, and reports
+// usage in status and metrics. This file only parses flags and wires
+// packages together; everything else is pkg/controller.
+package main
+
+import (
+	"context"
+	goflag "flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+)
+
+type flags struct {
+	kubeconfig     string
+	webhookService string
+	opts           controller.Options
+}
+
+func main() {
+	f := parseFlags()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	logger := klog.Background().WithName("dra-controller")
+	ctrl.SetLogger(logger)
+	ctx = klog.NewContext(ctx, logger)
+	if err := run(ctx, f); err != nil {
+		logger.Error(err, "Controller failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+}
+
+func parseFlags() *flags {
+	f := &flags{}
+	o, w := &f.opts, &f.opts.Webhook
+	fs := pflag.CommandLine
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Kubeconfig file; empty means in-cluster configuration. [$KUBECONFIG]")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; \"0\" disables it. [$METRICS_ADDR]")
+	fs.StringVar(&o.HealthAddr, "health-addr", env("HEALTH_ADDR", ":8081"), "Address of /healthz and /readyz; \"0\" disables them. [$HEALTH_ADDR]")
+	fs.BoolVar(&o.LeaderElection, "leader-elect", false, "Elect a leader among replicas; only the leader reconciles, every replica serves the webhook.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader-election Lease; empty means the namespace the controller runs in. [$POD_NAMESPACE]")
+	fs.StringVar(&o.LeaderElectionID, "leader-elect-id", controller.DefaultLeaderElectionID, "Name of the leader-election Lease.")
+	fs.StringVar(&w.Host, "webhook-host", "", "Address the webhook server listens on; empty means all.")
+	fs.IntVar(&w.Port, "webhook-port", controller.DefaultWebhookPort, "Port of the webhook server.")
+	fs.StringVar(&w.CertDir, "webhook-cert-dir", filepath.Join(os.TempDir(), "gpuaas-dra-controller", "certs"), "Directory of the webhook's tls.crt and tls.key (written by the controller unless --webhook-external-certs).")
+	fs.StringVar(&f.webhookService, "webhook-service", "", "Service in front of the webhook, namespace/name (in-cluster). Exactly one of --webhook-service and --webhook-url.")
+	fs.Int32Var(&w.ServicePort, "webhook-service-port", 443, "Port of --webhook-service.")
+	fs.StringVar(&w.URL, "webhook-url", "", "URL at which the apiserver reaches the webhook, e.g. https://127.0.0.1:9443 (tests, demo).")
+	fs.StringVar(&w.CertSecret, "webhook-cert-secret", "", "Secret (namespace/name) holding the self-signed CA and serving certificate, shared by all replicas; empty: each process makes its own.")
+	fs.BoolVar(&w.ExternalCerts, "webhook-external-certs", false, "The certificate in --webhook-cert-dir comes from elsewhere (cert-manager); do not write it.")
+	fs.StringVar(&w.CAFile, "webhook-ca-file", "", "With --webhook-external-certs: CA to inject as caBundle; empty leaves the caBundle to its injector.")
+	fs.StringVar(&w.ConfigName, "webhook-config-name", controller.DefaultWebhookConfigName, "Name of the ValidatingWebhookConfiguration the controller maintains.")
+	fs.BoolVar(&w.RemoveOnExit, "webhook-remove-on-exit", false, "Delete the webhook configuration on shutdown (demo, tests): with failurePolicy Fail a stopped controller otherwise blocks claims.")
+	fs.StringSliceVar(&o.ExemptNamespaces, "exempt-namespaces", nil, "Namespaces besides kube-system, kube-public and kube-node-lease whose claims skip the quota webhook.")
+	fs.BoolVar(&o.DenyUnassigned, "deny-unassigned", false, "Refuse claims for GPUs in namespaces no TenantQuota covers.")
+	fs.BoolVar(&o.NudgeWaitingPods, "nudge-waiting-pods", true, "When quota frees up, annotate pods whose claims were denied so the kube-controller-manager retries them at once.")
+	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
+	gofs := goflag.NewFlagSet("klog", goflag.ExitOnError)
+	klog.InitFlags(gofs)
+	// Only the verbosity flags: the controller logs to stderr, as pods should.
+	fs.AddGoFlag(gofs.Lookup("v"))
+	fs.AddGoFlag(gofs.Lookup("vmodule"))
+	pflag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).\n\nFlags (environment variables in brackets):\n")
+		fs.PrintDefaults()
+	}
+	pflag.Parse()
+	return f
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, f *flags) error {
+	if f.webhookService != "" {
+		ns, name, ok := strings.Cut(f.webhookService, "/")
+		if !ok {
+			return fmt.Errorf("--webhook-service %q: want namespace/name", f.webhookService)
+		}
+		f.opts.Webhook.ServiceNamespace, f.opts.Webhook.ServiceName = ns, name
+	}
+	cfg, err := restConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	return controller.Run(ctx, cfg, f.opts)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster configuration (or set --kubeconfig): %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}

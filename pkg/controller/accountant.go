@@ -1,0 +1,333 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
+)
+
+// pendingTTL bounds how long an admitted claim that never showed up in the
+// cache (a later admission step refused it) keeps its reservation.
+const pendingTTL = 2 * time.Minute
+
+// Accountant is what the webhook and the reconcilers share: a pricing
+// snapshot of the catalog (slices, classes, profiles), the tenancy (quotas
+// and namespaces), a cache of claim charges, and the claims admitted but
+// not yet in the informer cache. Everything it reports is computed from
+// the API objects in the cache; the in-memory parts only save work or cover
+// the milliseconds between admission and the informer seeing the claim.
+type Accountant struct {
+	reader    client.Reader // the informer cache
+	apiReader client.Reader // live reads, for a namespace the cache has not seen yet
+	// DenyUnassigned: see Options.
+	DenyUnassigned bool
+
+	catalogGen, tenancyGen atomic.Int64
+
+	mu      sync.Mutex
+	cat     *catalog
+	ten     *tenancy
+	charges map[types.UID]cachedCharge
+	nsUsage map[string]*namespaceUsage
+	pending map[types.NamespacedName]pendingClaim
+	now     func() time.Time
+
+	// nsMu guards the claim generations, bumped by informer handlers
+	// that must not wait for an admission holding mu.
+	nsMu     sync.Mutex
+	nsGen    map[string]int64
+	tracking bool
+}
+
+type catalog struct {
+	gen      int64
+	pricer   *quota.Pricer
+	profiles map[string]*gpuaas.GpuProfile
+	migs     map[string]bool // MIG profile names published by nodes
+}
+
+type tenancy struct {
+	gen     int64
+	quotas  []*gpuaas.TenantQuota // oldest first
+	tenants map[string]quota.Tenant
+	invalid map[string]string // quota name -> why it is not enforced
+	assign  quota.Assignment
+	owner   map[string]string // namespace -> quota name
+}
+
+type cachedCharge struct {
+	resourceVersion string
+	gen             int64
+	charged         quota.Charged
+}
+
+type pendingClaim struct {
+	uid     types.UID
+	charge  quota.Charge
+	expires time.Time
+}
+
+// NewAccountant reads objects from reader (the manager's cache) and, for
+// namespaces the cache misses, from apiReader.
+func NewAccountant(reader, apiReader client.Reader) *Accountant {
+	a := &Accountant{
+		reader: reader, apiReader: apiReader,
+		charges: map[types.UID]cachedCharge{},
+		nsUsage: map[string]*namespaceUsage{},
+		nsGen:   map[string]int64{},
+		pending: map[types.NamespacedName]pendingClaim{},
+		now:     time.Now,
+	}
+	a.catalogGen.Store(1)
+	a.tenancyGen.Store(1)
+	return a
+}
+
+// InvalidateCatalog is called when slices, classes or profiles change.
+func (a *Accountant) InvalidateCatalog() { a.catalogGen.Add(1) }
+
+// InvalidateTenancy is called when quotas or namespaces change.
+func (a *Accountant) InvalidateTenancy() { a.tenancyGen.Add(1) }
+
+// ForgetClaim drops the cached charge of a deleted claim.
+func (a *Accountant) ForgetClaim(uid types.UID) {
+	a.mu.Lock()
+	delete(a.charges, uid)
+	a.mu.Unlock()
+}
+
+func (a *Accountant) catalogLocked(ctx context.Context) (*catalog, error) {
+	gen := a.catalogGen.Load() // before listing: a change during the list rebuilds again
+	if a.cat != nil && a.cat.gen == gen {
+		return a.cat, nil
+	}
+	var slices resourceapi.ResourceSliceList
+	if err := a.reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	var classes resourceapi.DeviceClassList
+	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
+	}
+	var profiles gpuaas.GpuProfileList
+	if err := a.reader.List(ctx, &profiles, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing GpuProfiles: %w", err)
+	}
+	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
+	return a.cat, nil
+}
+
+func newCatalog(gen int64, slices []resourceapi.ResourceSlice, classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile) *catalog {
+	cat := &catalog{gen: gen, profiles: map[string]*gpuaas.GpuProfile{}, migs: map[string]bool{}}
+	sl := make([]*resourceapi.ResourceSlice, 0, len(slices))
+	for i := range slices {
+		sl = append(sl, &slices[i])
+	}
+	inv := quota.NewInventory(quota.DriverName, sl)
+	for _, d := range inv.Devices() {
+		if p, ok := d.Basic.Attributes[quota.AttrProfile]; ok && d.Type == quota.TypeMIG && p.StringValue != nil {
+			cat.migs[*p.StringValue] = true
+		}
+	}
+	byName := make(map[string]*resourceapi.DeviceClass, len(classes))
+	for i := range classes {
+		byName[classes[i].Name] = &classes[i]
+	}
+	names := make(map[string]bool, len(profiles))
+	for i := range profiles {
+		p := &profiles[i]
+		cat.profiles[p.Name] = p
+		names[p.Name] = true
+		// A profile whose class is not rendered yet (created a moment
+		// ago) is priced by what its class will select, not guessed.
+		if _, ok := byName[p.Name]; !ok && p.IsEnabled() {
+			if dc, err := deviceclass.Build(p, cat.migs); err == nil {
+				byName[p.Name] = dc
+			}
+		}
+	}
+	cat.pricer = quota.NewPricer(inv, byName, names)
+	return cat
+}
+
+func (a *Accountant) tenancyLocked(ctx context.Context) (*tenancy, error) {
+	gen := a.tenancyGen.Load()
+	if a.ten != nil && a.ten.gen == gen {
+		return a.ten, nil
+	}
+	var quotas gpuaas.TenantQuotaList
+	if err := a.reader.List(ctx, &quotas, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing TenantQuotas: %w", err)
+	}
+	var nsList corev1.NamespaceList
+	if err := a.reader.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing Namespaces: %w", err)
+	}
+	a.ten = newTenancy(gen, quotas.Items, nsList.Items)
+	return a.ten, nil
+}
+
+// newTenancy resolves which quota each namespace is charged to; a quota
+// that fails validation is kept (its namespaces are refused) and flagged.
+func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Namespace) *tenancy {
+	ten := &tenancy{gen: gen, tenants: map[string]quota.Tenant{}, invalid: map[string]string{}, owner: map[string]string{}}
+	for i := range quotas {
+		q := &quotas[i]
+		ten.quotas = append(ten.quotas, q)
+		ten.tenants[q.Name] = quota.TenantFromQuota(q)
+		if errs := q.Validate(); len(errs) > 0 {
+			ten.invalid[q.Name] = errs.ToAggregate().Error()
+		}
+	}
+	quota.SortByAge(ten.quotas)
+	nss := make([]*corev1.Namespace, 0, len(namespaces))
+	for i := range namespaces {
+		nss = append(nss, &namespaces[i])
+	}
+	ten.assign = quota.Assign(ten.quotas, nss)
+	for q, list := range ten.assign.Namespaces {
+		for _, ns := range list {
+			ten.owner[ns] = q
+		}
+	}
+	return ten
+}
+
+// ownerLocked is the quota a namespace is charged to, or "". A namespace
+// the cache has not seen yet (created a moment ago) is read from the API,
+// so a label selector cannot be dodged by racing the informer.
+func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace string) (string, error) {
+	if q, ok := ten.owner[namespace]; ok {
+		return q, nil
+	}
+	var ns corev1.Namespace
+	err := a.reader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if apierrors.IsNotFound(err) {
+		err = a.apiReader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("reading namespace %s: %w", namespace, err)
+	}
+	owner, _ := quota.Owner(ten.quotas, namespace, ns.Labels)
+	if owner == nil {
+		return "", nil
+	}
+	return owner.Name, nil
+}
+
+// chargeLocked prices a claim, from the cache when neither the claim nor
+// the catalog changed since.
+func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *resourceapi.ResourceClaim) quota.Charged {
+	if c, ok := a.charges[claim.UID]; ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
+		return c.charged
+	}
+	charged := cat.pricer.Cost(ctx, claim)
+	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged}
+	return charged
+}
+
+// usageLocked sums what a tenant holds: every claim in its namespaces
+// (allocated ones at their allocation, the others at their worst case),
+// plus claims admitted a moment ago that the cache does not show yet.
+func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string) (quota.Usage, error) {
+	var tally quota.Tally
+	counted := map[string]*namespaceUsage{}
+	for _, ns := range ten.assign.Namespaces[tenant] {
+		nu, err := a.namespaceUsageLocked(ctx, cat, ns)
+		if err != nil {
+			return quota.Usage{}, err
+		}
+		counted[ns] = nu
+		tally.AddUsage(nu.usage)
+	}
+	now := a.now()
+	for key, p := range a.pending {
+		nu, mine := counted[key.Namespace]
+		switch {
+		case now.After(p.expires) || (mine && nu.claims[key] == p.uid):
+			delete(a.pending, key) // gone, or now counted from the cache
+		case mine && nu.claims[key] == "":
+			tally.Add(p.charge, false)
+		}
+	}
+	return tally.Usage(), nil
+}
+
+// namespaceUsage is what the claims of one namespace hold, as of the
+// namespace's claim generation and the catalog generation.
+type namespaceUsage struct {
+	claimGen, catalogGen int64
+	usage                quota.Usage
+	claims               map[types.NamespacedName]types.UID // what was counted
+}
+
+// ClaimChanged is called by the claim informer for every event: the
+// namespace's sum is recomputed on its next use. Until the first call the
+// accountant cannot know when a namespace changed and recomputes always.
+func (a *Accountant) ClaimChanged(namespace string) {
+	a.nsMu.Lock()
+	a.nsGen[namespace]++
+	a.tracking = true
+	a.nsMu.Unlock()
+}
+
+func (a *Accountant) claimGen(namespace string) (int64, bool) {
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	return a.nsGen[namespace], a.tracking
+}
+
+func (a *Accountant) namespaceUsageLocked(ctx context.Context, cat *catalog, ns string) (*namespaceUsage, error) {
+	gen, tracking := a.claimGen(ns)
+	if nu := a.nsUsage[ns]; tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
+		return nu, nil
+	}
+	var claims resourceapi.ResourceClaimList
+	if err := a.reader.List(ctx, &claims, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceClaims of namespace %s: %w", ns, err)
+	}
+	nu := &namespaceUsage{claimGen: gen, catalogGen: cat.gen, claims: make(map[types.NamespacedName]types.UID, len(claims.Items))}
+	var tally quota.Tally
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		nu.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
+		if ch := a.chargeLocked(ctx, cat, c); !ch.Charge.IsZero() {
+			tally.Add(ch.Charge, ch.Allocated)
+		}
+	}
+	nu.usage = tally.Usage()
+	a.nsUsage[ns] = nu
+	return nu, nil
+}
+
+// peersLocked are the other members of a tenant's cohort with what they
+// hold.
+func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy, t quota.Tenant) ([]quota.Peer, error) {
+	if t.Cohort == "" {
+		return nil, nil
+	}
+	var peers []quota.Peer
+	for _, q := range ten.quotas {
+		if q.Name == t.Name || q.Spec.Cohort != t.Cohort || ten.invalid[q.Name] != "" {
+			continue
+		}
+		u, err := a.usageLocked(ctx, cat, ten, q.Name)
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, quota.Peer{Tenant: ten.tenants[q.Name], Total: u.Total()})
+	}
+	return peers, nil
+}

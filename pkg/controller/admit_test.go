@@ -1,0 +1,252 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+func teamQuota(name, namespace, units string) *gpuaas.TenantQuota {
+	return tenantQuota(name, 0, gpuaas.TenantQuotaSpec{Namespaces: []string{namespace}, Limits: gpuaas.QuotaLimits{GpuUnits: qty(units)}})
+}
+
+func TestAdmit(t *testing.T) {
+	tests := []struct {
+		name    string
+		objs    []client.Object
+		claim   *resourceapi.ResourceClaim
+		deny    bool
+		allowed bool
+		reason  []string
+		opts    func(*Accountant)
+	}{
+		{
+			name:  "under the limit",
+			objs:  []client.Object{ns("a", nil), teamQuota("team-a", "a", "2")},
+			claim: claim("a", "new", "h100", 2), allowed: true,
+		},
+		{
+			name: "at the limit: allocated claims count at their devices",
+			objs: []client.Object{ns("a", nil), teamQuota("team-a", "a", "2"),
+				allocatedTo(claim("a", "old", "h100", 2), "node-a", "gpu-0", "gpu-1")},
+			claim:  claim("a", "new", "h100", 1),
+			reason: []string{`TenantQuota "team-a" exceeded`, "gpuUnits: used 2, reserved 0, requested 1, limit 2"},
+		},
+		{
+			name:   "unallocated claims count at their worst case",
+			objs:   []client.Object{ns("a", nil), teamQuota("team-a", "a", "1"), claim("a", "old", "h100", 1)},
+			claim:  claim("a", "new", "mig-1g", 1),
+			reason: []string{"used 0, reserved 1, requested 1/7 (~0.143), limit 1"},
+		},
+		{
+			name: "MIG slices are charged by their share of the GPU",
+			objs: []client.Object{ns("a", nil), teamQuota("team-a", "a", "1"),
+				allocatedTo(claim("a", "old", "mig-1g", 6), "node-b",
+					"gpu-0-mig-1g-0", "gpu-0-mig-1g-1", "gpu-0-mig-1g-2", "gpu-0-mig-1g-3", "gpu-0-mig-1g-4", "gpu-0-mig-1g-5")},
+			claim: claim("a", "new", "mig-1g", 1), allowed: true,
+		},
+		{
+			name: "claims of other namespaces do not count",
+			objs: []client.Object{ns("a", nil), ns("b", nil), teamQuota("team-a", "a", "1"),
+				allocatedTo(claim("b", "old", "h100", 2), "node-a", "gpu-0", "gpu-1")},
+			claim: claim("a", "new", "h100", 1), allowed: true,
+		},
+		{
+			name:  "namespace without a quota",
+			objs:  []client.Object{ns("free", nil)},
+			claim: claim("free", "new", "h100", 4), allowed: true,
+		},
+		{
+			name:   "namespace without a quota, deny-unassigned",
+			objs:   []client.Object{ns("free", nil)},
+			claim:  claim("free", "new", "h100", 1),
+			opts:   func(a *Accountant) { a.DenyUnassigned = true },
+			reason: []string{"namespace free belongs to no TenantQuota"},
+		},
+		{
+			name:  "another driver's class is free",
+			objs:  []client.Object{ns("a", nil), teamQuota("team-a", "a", "0")},
+			claim: claim("a", "nic", "nic.example.com", 1), allowed: true,
+		},
+		{
+			name: "namespace found by label selector",
+			objs: []client.Object{ns("ml-1", map[string]string{"team": "ml"}),
+				tenantQuota("ml", 0, gpuaas.TenantQuotaSpec{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ml"}},
+					Limits:            gpuaas.QuotaLimits{GpuUnits: qty("0")},
+				})},
+			claim:  claim("ml-1", "new", "h100", 1),
+			reason: []string{`TenantQuota "ml" exceeded`},
+		},
+		{
+			name: "two quotas claim the namespace: the older one charges",
+			objs: []client.Object{ns("a", nil),
+				tenantQuota("newer", 5, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{GpuUnits: qty("10")}}),
+				tenantQuota("older", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{GpuUnits: qty("0")}})},
+			claim:  claim("a", "new", "h100", 1),
+			reason: []string{`TenantQuota "older" exceeded`},
+		},
+		{
+			name: "an invalid quota refuses claims",
+			objs: []client.Object{ns("a", nil),
+				tenantQuota("broken", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{GpuUnits: qty("-1")}})},
+			claim:  claim("a", "new", "h100", 1),
+			reason: []string{`TenantQuota "broken" is invalid`, "spec.limits.gpuUnits", "must not be negative"},
+		},
+		{
+			name: "borrowing from an idle cohort peer",
+			objs: []client.Object{ns("a", nil), ns("b", nil),
+				tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
+					Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}, BorrowingLimit: &gpuaas.BorrowingLimit{GpuUnits: qty("1")}}),
+				tenantQuota("team-b", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"b"}, Cohort: "research",
+					Limits: gpuaas.QuotaLimits{GpuUnits: qty("2")}})},
+			claim: claim("a", "new", "h100", 2), allowed: true,
+		},
+		{
+			name: "borrowing stops when the peer uses its quota",
+			objs: []client.Object{ns("a", nil), ns("b", nil),
+				tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
+					Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}}),
+				tenantQuota("team-b", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"b"}, Cohort: "research",
+					Limits: gpuaas.QuotaLimits{GpuUnits: qty("2")}}),
+				allocatedTo(claim("b", "busy", "h100", 2), "node-a", "gpu-0", "gpu-1")},
+			claim:  claim("a", "new", "h100", 2),
+			reason: []string{`cohort "research" has 0 idle to lend, 1 needed`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			acct, _ := newAccountant(t, append(world(t), tt.objs...)...)
+			if tt.opts != nil {
+				tt.opts(acct)
+			}
+			adm, err := acct.Admit(ctx(t), tt.claim, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if adm.Allowed != tt.allowed {
+				t.Fatalf("allowed = %v (%s), want %v", adm.Allowed, adm.Reason, tt.allowed)
+			}
+			for _, part := range tt.reason {
+				if !strings.Contains(adm.Reason, part) {
+					t.Errorf("reason %q lacks %q", adm.Reason, part)
+				}
+			}
+		})
+	}
+}
+
+// Two claims admitted back to back, before the informer shows the first:
+// the second sees the first's reservation. A dry run reserves nothing, and
+// a reservation that never shows up expires.
+func TestAdmitReservesUntilTheCacheCatchesUp(t *testing.T) {
+	acct, c := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "1"))...)
+	if adm, _ := acct.Admit(ctx(t), claim("a", "dry", "h100", 1), true); !adm.Allowed {
+		t.Fatalf("dry run denied: %s", adm.Reason)
+	}
+	first := claim("a", "first", "h100", 1)
+	if adm, _ := acct.Admit(ctx(t), first, false); !adm.Allowed {
+		t.Fatalf("first claim denied: %s", adm.Reason)
+	}
+	adm, _ := acct.Admit(ctx(t), claim("a", "second", "h100", 1), false)
+	if adm.Allowed || !strings.Contains(adm.Reason, "reserved 1") {
+		t.Fatalf("second claim: allowed %v, %q; want a denial counting the first as reserved", adm.Allowed, adm.Reason)
+	}
+	// The first shows up in the cache: counted once, not twice.
+	if err := c.Create(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := acct.Report(ctx(t), "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Usage.Claims != 1 || len(acct.pending) != 0 {
+		t.Fatalf("claims counted %d, pending %d; want 1 and 0", rep.Usage.Claims, len(acct.pending))
+	}
+	// A reservation that never shows up expires.
+	if err := c.Delete(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	if adm, _ := acct.Admit(ctx(t), claim("a", "third", "h100", 1), false); !adm.Allowed {
+		t.Fatalf("third claim denied: %s", adm.Reason)
+	}
+	acct.now = func() time.Time { return time.Now().Add(pendingTTL + time.Second) }
+	if adm, _ := acct.Admit(ctx(t), claim("a", "fourth", "h100", 1), false); !adm.Allowed {
+		t.Fatalf("fourth claim denied after the third's reservation expired: %s", adm.Reason)
+	}
+}
+
+// A claim admitted before its namespace's quota reached the cache is still
+// reserved: the quota, once seen, counts it.
+func TestAdmitReservesBeforeTheQuotaIsSeen(t *testing.T) {
+	acct, c := newAccountant(t, append(world(t), ns("a", nil))...)
+	if adm, _ := acct.Admit(ctx(t), claim("a", "early", "h100", 1), false); !adm.Allowed || adm.Tenant != "" {
+		t.Fatalf("early claim: %+v", adm)
+	}
+	if err := c.Create(ctx(t), teamQuota("team-a", "a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	acct.InvalidateTenancy()
+	adm, _ := acct.Admit(ctx(t), claim("a", "late", "h100", 1), false)
+	if adm.Allowed || !strings.Contains(adm.Reason, "reserved 1") {
+		t.Fatalf("late claim: allowed %v %q; want denied counting the early one", adm.Allowed, adm.Reason)
+	}
+}
+
+// A profile whose DeviceClass the controller has not rendered yet is priced
+// by its selector, not at the fallback of a whole GPU.
+func TestAdmitPricesProfileBeforeItsClass(t *testing.T) {
+	p := gpuProfile("mig-fresh", gpuaas.ProfileSelector{MigProfile: "1g.10gb"})
+	acct, _ := newAccountant(t, append(world(t), p, ns("a", nil), teamQuota("team-a", "a", "0.2"))...)
+	adm, err := acct.Admit(ctx(t), claim("a", "x", "mig-fresh", 1), false)
+	if err != nil || !adm.Allowed || adm.Cost.Units.String() != "1/7 (~0.143)" {
+		t.Fatalf("admission %+v (cost %s), err %v", adm.Decision, adm.Cost, err)
+	}
+}
+
+// Usage is rebuilt from the API: a fresh accountant (a restarted
+// controller) reports the same usage and makes the same decisions.
+func TestUsageSurvivesRestart(t *testing.T) {
+	objs := append(world(t), ns("a", nil), teamQuota("team-a", "a", "2"),
+		allocatedTo(claim("a", "mig", "mig-1g", 2), "node-b", "gpu-0-mig-1g-0", "gpu-0-mig-1g-1"),
+		claim("a", "pending", "h100", 1))
+	for i := range 2 {
+		acct, _ := newAccountant(t, objs...)
+		rep, err := acct.Report(ctx(t), "team-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Usage.Used.Units.String() != "2/7 (~0.286)" || rep.Usage.Reserved.Units.String() != "1" || rep.Usage.Claims != 2 {
+			t.Fatalf("run %d: used %s reserved %s claims %d", i, rep.Usage.Used.Units, rep.Usage.Reserved.Units, rep.Usage.Claims)
+		}
+	}
+}
+
+// The catalog snapshot is rebuilt when slices change: a claim priced at the
+// fallback (no device yet) is priced at the device once published.
+func TestInvalidateCatalog(t *testing.T) {
+	future := gpuProfile("mig-3g", gpuaas.ProfileSelector{MigProfile: "3g.40gb"})
+	acct, c := newAccountant(t, append(world(t), future, classOf(t, future), ns("a", nil), teamQuota("team-a", "a", "1"),
+		claim("a", "big", "mig-3g", 1))...)
+	rep, _ := acct.Report(ctx(t), "team-a")
+	if got := rep.Usage.Reserved.Units.String(); got != "1" {
+		t.Fatalf("before MIG is published: reserved %s, want the fallback 1", got)
+	}
+	d := mig1g(0)
+	d.Name = "gpu-1-mig-3g"
+	d.Attributes["profile"], d.Attributes["computeSlices"] = attr("3g.40gb"), intAttr(3)
+	if err := c.Create(ctx(t), resourceSlice("node-c", d)); err != nil {
+		t.Fatal(err)
+	}
+	acct.InvalidateCatalog()
+	rep, _ = acct.Report(ctx(t), "team-a")
+	if got := rep.Usage.Reserved.Units.String(); got != "3/7 (~0.429)" {
+		t.Fatalf("after: reserved %s, want 3/7", got)
+	}
+}

@@ -1,0 +1,257 @@
+package controller
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The webhook serves TLS with a certificate the controller makes itself:
+// a self-signed CA (its PEM becomes the webhook configuration's caBundle)
+// and a serving certificate signed by it for the service's DNS names or the
+// URL's host. cert-manager can replace both (ExternalCerts).
+const (
+	caValidity      = 10 * 365 * 24 * time.Hour
+	servingValidity = 365 * 24 * time.Hour
+	// renewBefore: a certificate expiring sooner is replaced at start.
+	renewBefore = 30 * 24 * time.Hour
+
+	certFile = "tls.crt"
+	keyFile  = "tls.key"
+	caFile   = "ca.crt"
+)
+
+// certBundle is the CA and the serving certificate with its key, in PEM.
+type certBundle struct {
+	CA, Cert, Key []byte
+}
+
+func newCertBundle(dns, ips []string, now time.Time) (*certBundle, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating CA key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "gpuaas-dra-controller-ca"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(caValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing CA certificate: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating serving key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: firstOf(dns, ips)},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(servingValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     dns,
+	}
+	for _, ip := range ips {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caTmpl, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing serving certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encoding serving key: %w", err)
+	}
+	return &certBundle{
+		CA:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		Key:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	}, nil
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return big.NewInt(time.Now().UnixNano())
+	}
+	return n
+}
+
+func firstOf(lists ...[]string) string {
+	for _, l := range lists {
+		if len(l) > 0 {
+			return l[0]
+		}
+	}
+	return "gpuaas-dra-controller"
+}
+
+// usable reports whether the bundle serves these names for at least
+// renewBefore more, and its certificate chains to its CA.
+func (b *certBundle) usable(dns, ips []string, now time.Time) error {
+	block, _ := pem.Decode(b.Cert)
+	if block == nil {
+		return errors.New("no serving certificate")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return fmt.Errorf("parsing serving certificate: %w", err)
+	}
+	if now.Add(renewBefore).After(cert.NotAfter) {
+		return fmt.Errorf("serving certificate expires %s", cert.NotAfter.Format(time.RFC3339))
+	}
+	for _, name := range dns {
+		if !slices.Contains(cert.DNSNames, name) {
+			return fmt.Errorf("serving certificate lacks DNS name %s", name)
+		}
+	}
+	for _, ip := range ips {
+		if !slices.ContainsFunc(cert.IPAddresses, func(a net.IP) bool { return a.Equal(net.ParseIP(ip)) }) {
+			return fmt.Errorf("serving certificate lacks IP %s", ip)
+		}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b.CA) {
+		return errors.New("no CA certificate")
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now}); err != nil {
+		return fmt.Errorf("serving certificate does not chain to the CA: %w", err)
+	}
+	return nil
+}
+
+// write puts tls.crt, tls.key (and ca.crt) into dir, each atomically, so
+// the webhook server's certificate watcher never reads half a file.
+func (b *certBundle) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating cert dir: %w", err)
+	}
+	for name, data := range map[string][]byte{certFile: b.Cert, keyFile: b.Key, caFile: b.CA} {
+		if err := writeAtomic(filepath.Join(dir, name), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("replacing %s: %w", path, err)
+	}
+	return nil
+}
+
+// ensureCerts makes sure CertDir holds a usable serving certificate and
+// returns the CA to inject (nil: leave the caBundle alone).
+func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now time.Time) ([]byte, error) {
+	if w.ExternalCerts {
+		if w.CAFile == "" {
+			return nil, nil
+		}
+		ca, err := os.ReadFile(w.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading webhook CA: %w", err)
+		}
+		return ca, nil
+	}
+	dns, ips := w.dnsNames()
+	var b *certBundle
+	var err error
+	if w.CertSecret != "" {
+		b, err = sharedBundle(ctx, c, w.CertSecret, dns, ips, now)
+	} else {
+		b, err = newCertBundle(dns, ips, now)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := b.write(w.CertDir); err != nil {
+		return nil, err
+	}
+	return b.CA, nil
+}
+
+// sharedBundle reads the bundle from a Secret, or makes one and stores it:
+// replicas then serve with one CA. When two replicas race to create it, the
+// loser reads the winner's.
+func sharedBundle(ctx context.Context, c client.Client, secret string, dns, ips []string, now time.Time) (*certBundle, error) {
+	logger := klog.FromContext(ctx)
+	ns, name, _ := strings.Cut(secret, "/")
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	for range 3 {
+		var s corev1.Secret
+		err := c.Get(ctx, key, &s)
+		switch {
+		case err == nil:
+			b := &certBundle{CA: s.Data[caFile], Cert: s.Data[corev1.TLSCertKey], Key: s.Data[corev1.TLSPrivateKeyKey]}
+			reason := b.usable(dns, ips, now)
+			if reason == nil {
+				return b, nil
+			}
+			logger.Info("Replacing webhook certificate", "secret", secret, "reason", reason.Error())
+			fresh, err := newCertBundle(dns, ips, now)
+			if err != nil {
+				return nil, err
+			}
+			s.Data = fresh.secretData()
+			if err := c.Update(ctx, &s); err == nil {
+				return fresh, nil
+			} else if !apierrors.IsConflict(err) {
+				return nil, fmt.Errorf("updating webhook certificate secret %s: %w", secret, err)
+			}
+		case apierrors.IsNotFound(err):
+			fresh, err := newCertBundle(dns, ips, now)
+			if err != nil {
+				return nil, err
+			}
+			s = corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Type:       corev1.SecretTypeTLS,
+				Data:       fresh.secretData(),
+			}
+			if err := c.Create(ctx, &s); err == nil {
+				return fresh, nil
+			} else if !apierrors.IsAlreadyExists(err) {
+				return nil, fmt.Errorf("creating webhook certificate secret %s: %w", secret, err)
+			}
+		default:
+			return nil, fmt.Errorf("reading webhook certificate secret %s: %w", secret, err)
+		}
+	}
+	return nil, fmt.Errorf("webhook certificate secret %s keeps changing under us", secret)
+}
+
+func (b *certBundle) secretData() map[string][]byte {
+	return map[string][]byte{corev1.TLSCertKey: b.Cert, corev1.TLSPrivateKeyKey: b.Key, caFile: b.CA}
+}

@@ -1,0 +1,146 @@
+package controller
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
+)
+
+func TestCertBundle(t *testing.T) {
+	now := time.Now()
+	b, err := newCertBundle(nil, []string{"127.0.0.1"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.usable(nil, []string{"127.0.0.1"}, now); err != nil {
+		t.Fatalf("fresh bundle unusable: %v", err)
+	}
+	if err := b.usable([]string{"svc.ns.svc"}, nil, now); err == nil || !strings.Contains(err.Error(), "lacks DNS name") {
+		t.Fatalf("bundle for another name accepted: %v", err)
+	}
+	if err := b.usable(nil, []string{"127.0.0.1"}, now.Add(servingValidity-renewBefore/2)); err == nil {
+		t.Fatal("bundle about to expire accepted")
+	}
+	dir := t.TempDir()
+	if err := b.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.LoadX509KeyPair(filepath.Join(dir, certFile), filepath.Join(dir, keyFile)); err != nil {
+		t.Fatalf("written pair does not load: %v", err)
+	}
+	ca, _ := os.ReadFile(filepath.Join(dir, caFile))
+	if !x509.NewCertPool().AppendCertsFromPEM(ca) {
+		t.Fatal("written CA does not parse")
+	}
+}
+
+func TestSharedBundle(t *testing.T) {
+	c := newFakeClient(t)
+	dns := []string{"ctrl.gpuaas.svc"}
+	first, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(first.CA) != string(second.CA) {
+		t.Fatal("second replica made its own CA instead of sharing the first's")
+	}
+	// A certificate close to expiry is replaced, in the secret too.
+	third, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now().Add(servingValidity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s corev1.Secret
+	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: "webhook-tls"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	if string(third.CA) == string(first.CA) || string(s.Data[caFile]) != string(third.CA) {
+		t.Fatal("expiring certificate not replaced in the secret")
+	}
+}
+
+func TestWebhookConfiguration(t *testing.T) {
+	o := &Options{ExemptNamespaces: []string{"gpuaas-system"}, Webhook: WebhookOptions{URL: "https://127.0.0.1:9443"}}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := webhookConfiguration(o, []byte("CA"))
+	if cfg.Name != DefaultWebhookConfigName || len(cfg.Webhooks) != 4 {
+		t.Fatalf("config = %s with %d webhooks", cfg.Name, len(cfg.Webhooks))
+	}
+	claims := cfg.Webhooks[0]
+	if *claims.FailurePolicy != admissionregv1.Fail || *claims.ClientConfig.URL != "https://127.0.0.1:9443"+pathClaim ||
+		string(claims.ClientConfig.CABundle) != "CA" || claims.Rules[0].Operations[0] != admissionregv1.Create {
+		t.Fatalf("claim webhook = %+v", claims)
+	}
+	sel := claims.NamespaceSelector.MatchExpressions
+	if len(sel) != 2 || !strings.Contains(strings.Join(sel[0].Values, ","), "kube-system") ||
+		!strings.Contains(strings.Join(sel[0].Values, ","), "gpuaas-system") || sel[1].Key != "gpuaas.io/quota-exempt" {
+		t.Fatalf("namespace selector = %+v", sel)
+	}
+	if cfg.Webhooks[2].NamespaceSelector != nil {
+		t.Fatal("cluster-scoped webhook has a namespace selector")
+	}
+
+	o = &Options{Webhook: WebhookOptions{ServiceNamespace: "gpuaas", ServiceName: "ctrl"}}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc := webhookConfiguration(o, nil).Webhooks[1].ClientConfig.Service
+	if svc == nil || svc.Name != "ctrl" || *svc.Port != 443 || *svc.Path != pathTemplate {
+		t.Fatalf("service = %+v", svc)
+	}
+	if dns, _ := o.Webhook.dnsNames(); !strings.Contains(strings.Join(dns, ","), "ctrl.gpuaas.svc") {
+		t.Fatalf("DNS names %v", dns)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, w := range []WebhookOptions{
+		{},
+		{URL: "https://127.0.0.1:1", ServiceName: "x", ServiceNamespace: "y"},
+		{ServiceName: "x"},
+		{URL: "http://127.0.0.1:1"},
+		{URL: "https://127.0.0.1:1", CertSecret: "nonamespace"},
+	} {
+		o := Options{Webhook: w}
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v accepted", w)
+		}
+	}
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	registerMetrics()
+	registerMetrics() // a second controller in the process must not panic
+	recordAdmission("t", Admission{Decision: quota.Decision{Allowed: false, Resource: "gpuUnits"}})
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"gpuaas_claim_admissions_total": false, "gpuaas_claim_denials_total": false}
+	for _, f := range families {
+		if _, ok := want[f.GetName()]; ok {
+			want[f.GetName()] = true
+		}
+	}
+	for name, found := range want {
+		if !found {
+			t.Errorf("metric %s not on the controller-runtime registry", name)
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults.
+const (
+	DefaultWebhookConfigName = "gpuaas-dra-controller"
+	DefaultLeaderElectionID  = "gpuaas-dra-controller"
+	DefaultWebhookPort       = 9443
+	defaultResync            = 30 * time.Second
+)
+
+// Options configure Run; cmd/dra-controller fills them from flags.
+type Options struct {
+	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
+	MetricsAddr, HealthAddr string
+
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+
+	Webhook WebhookOptions
+
+	// ExemptNamespaces are left out of the quota webhook by the webhook
+	// configuration's namespaceSelector (so an outage of this controller
+	// never blocks them); namespaces starting with "kube-" and those
+	// labelled gpuaas.io/quota-exempt are exempt as well.
+	ExemptNamespaces []string
+
+	// DenyUnassigned refuses claims for our devices in namespaces that no
+	// TenantQuota covers, instead of letting them through uncharged.
+	DenyUnassigned bool
+
+	// NudgeWaitingPods: when quota frees up, touch the pods whose template
+	// claims were denied so the kube-controller-manager retries them at
+	// once rather than after its back-off (up to ~16 minutes).
+	NudgeWaitingPods bool
+
+	// Resync is how often quota status (and the gpu-unit-seconds billing
+	// counter) is refreshed without any change; default 30s.
+	Resync time.Duration
+}
+
+// WebhookOptions say where the webhook listens and how the apiserver
+// reaches it.
+type WebhookOptions struct {
+	Host    string
+	Port    int
+	CertDir string
+
+	// Exactly one of Service (in-cluster) or URL (tests, demo: the
+	// apiserver on the same host) is the webhook's address.
+	ServiceNamespace, ServiceName string
+	ServicePort                   int32
+	URL                           string
+
+	// CertSecret ("namespace/name") shares the self-signed CA and serving
+	// certificate between replicas; without it each process makes its own,
+	// which suits one replica.
+	CertSecret string
+
+	// ExternalCerts: the certificate files in CertDir come from elsewhere
+	// (cert-manager); the controller neither writes them nor the caBundle,
+	// unless CAFile names the CA to inject.
+	ExternalCerts bool
+	CAFile        string
+
+	// ConfigName is the ValidatingWebhookConfiguration the controller
+	// creates and keeps current.
+	ConfigName string
+	// TimeoutSeconds of each webhook call (1-30); default 5.
+	TimeoutSeconds int32
+	// RemoveOnExit deletes the webhook configuration on shutdown (tests,
+	// demo): a configuration pointing at a stopped controller with
+	// failurePolicy Fail blocks claims.
+	RemoveOnExit bool
+}
+
+// Validate checks and defaults the options.
+func (o *Options) Validate() error {
+	if o.LeaderElectionID == "" {
+		o.LeaderElectionID = DefaultLeaderElectionID
+	}
+	if o.Resync <= 0 {
+		o.Resync = defaultResync
+	}
+	return o.Webhook.validate()
+}
+
+func (w *WebhookOptions) validate() error {
+	if w.ConfigName == "" {
+		w.ConfigName = DefaultWebhookConfigName
+	}
+	if w.Port == 0 {
+		w.Port = DefaultWebhookPort
+	}
+	if w.ServicePort == 0 {
+		w.ServicePort = 443
+	}
+	if w.TimeoutSeconds == 0 {
+		w.TimeoutSeconds = 5
+	}
+	hasService, hasURL := w.ServiceName != "", w.URL != ""
+	switch {
+	case hasService == hasURL:
+		return errors.New("webhook: set exactly one of the service (namespace/name) and the URL")
+	case hasService && w.ServiceNamespace == "":
+		return errors.New("webhook: the service needs a namespace")
+	case hasURL:
+		u, err := url.Parse(w.URL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("webhook: URL %q must be https://host:port", w.URL)
+		}
+	}
+	if w.CertSecret != "" && !strings.Contains(w.CertSecret, "/") {
+		return fmt.Errorf("webhook: cert secret %q must be namespace/name", w.CertSecret)
+	}
+	if w.TimeoutSeconds < 1 || w.TimeoutSeconds > 30 {
+		return fmt.Errorf("webhook: timeout %ds out of 1-30", w.TimeoutSeconds)
+	}
+	return nil
+}
+
+// dnsNames are the names the serving certificate must carry.
+func (w *WebhookOptions) dnsNames() (dns []string, ips []string) {
+	if w.URL != "" {
+		u, _ := url.Parse(w.URL)
+		host := u.Hostname()
+		if isIP(host) {
+			return nil, []string{host}
+		}
+		return []string{host}, nil
+	}
+	svc := w.ServiceName + "." + w.ServiceNamespace
+	return []string{w.ServiceName, svc, svc + ".svc", svc + ".svc.cluster.local"}, nil
+}
+
+func isIP(host string) bool { return net.ParseIP(host) != nil }

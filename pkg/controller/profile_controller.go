@@ -1,0 +1,233 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"reflect"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
+)
+
+// profileReconciler keeps each GpuProfile's DeviceClass as the profile
+// says (hand edits are reverted), removes a disabled profile's class once no
+// claim uses it, and reports matching, allocated and free devices.
+type profileReconciler struct {
+	client client.Client
+	acct   *Accountant
+	resync time.Duration
+}
+
+func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var p gpuaas.GpuProfile
+	if err := r.client.Get(ctx, req.NamespacedName, &p); err != nil {
+		if apierrors.IsNotFound(err) {
+			deleteProfileMetrics(req.Name) // the class goes with it: owner reference
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("reading GpuProfile %s: %w", req.Name, err)
+	}
+	status := p.Status.DeepCopy()
+	status.ObservedGeneration = p.Generation
+	ready, err := r.syncClass(ctx, &p, status)
+	if err != nil {
+		ready = condition(gpuaas.ConditionReady, false, gpuaas.ReasonApplyFailed, err.Error())
+	}
+	ready.ObservedGeneration = p.Generation
+	meta.SetStatusCondition(&status.Conditions, ready)
+	report, rerr := r.acct.ProfileDevices(ctx, deviceclass.Selectors(&p.Spec.Selector))
+	if rerr != nil {
+		return reconcile.Result{}, rerr
+	}
+	status.MatchingDevices, status.AllocatedDevices = int32(report.Matching), int32(report.Allocated)
+	status.FreeDevices = status.MatchingDevices - status.AllocatedDevices
+	setProfileMetrics(p.Name, report)
+	if uerr := r.updateStatus(ctx, &p, status); uerr != nil {
+		return reconcile.Result{}, uerr
+	}
+	return reconcile.Result{RequeueAfter: r.resync}, err
+}
+
+// syncClass brings the DeviceClass in line and returns the Ready condition.
+// An invalid profile leaves an existing class alone: claims already using it
+// keep working while the admin fixes the profile.
+func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) (metav1.Condition, error) {
+	have, err := r.getClass(ctx, p.Name)
+	if err != nil {
+		return metav1.Condition{}, err
+	}
+	status.DeviceClassName = ""
+	if have != nil && !ownedBy(have, p) {
+		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDeviceClassConflict, fmt.Sprintf(
+			"DeviceClass %q exists and was not rendered from this profile; delete it or rename the profile", p.Name)), nil
+	}
+	if have != nil {
+		status.DeviceClassName = have.Name
+	}
+	migs, err := r.acct.PublishedMigProfiles(ctx)
+	if err != nil {
+		return metav1.Condition{}, err
+	}
+	if !p.IsEnabled() {
+		return r.disable(ctx, p, have, status)
+	}
+	want, err := deviceclass.Build(p, migs)
+	if err != nil {
+		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonInvalidSpec, err.Error()), nil
+	}
+	if err := r.apply(ctx, want, have); err != nil {
+		return metav1.Condition{}, err
+	}
+	status.DeviceClassName = want.Name
+	return condition(gpuaas.ConditionReady, true, gpuaas.ReasonDeviceClassReady, fmt.Sprintf("DeviceClass %q is in sync", want.Name)), nil
+}
+
+func (r *profileReconciler) getClass(ctx context.Context, name string) (*resourceapi.DeviceClass, error) {
+	var dc resourceapi.DeviceClass
+	err := r.client.Get(ctx, types.NamespacedName{Name: name}, &dc)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading DeviceClass %s: %w", name, err)
+	}
+	return &dc, nil
+}
+
+func ownedBy(dc *resourceapi.DeviceClass, p *gpuaas.GpuProfile) bool {
+	ref := metav1.GetControllerOf(dc)
+	return ref != nil && ref.Kind == gpuaas.GpuProfileKind && ref.UID == p.UID
+}
+
+// apply creates the class or reverts it to what the profile renders.
+func (r *profileReconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) error {
+	logger := klog.FromContext(ctx)
+	if have == nil {
+		if err := r.client.Create(ctx, want); err != nil {
+			return fmt.Errorf("creating DeviceClass %s: %w", want.Name, err)
+		}
+		logger.Info("Created DeviceClass", "deviceClass", want.Name)
+		return nil
+	}
+	if classInSync(want, have) {
+		return nil
+	}
+	updated := have.DeepCopy()
+	updated.Spec = want.Spec
+	updated.OwnerReferences = want.OwnerReferences
+	updated.Labels = merged(have.Labels, want.Labels)
+	updated.Annotations = merged(without(have.Annotations, deviceclass.DisplayNameAnnotation, deviceclass.DescriptionAnnotation), want.Annotations)
+	if err := r.client.Update(ctx, updated); err != nil {
+		return fmt.Errorf("updating DeviceClass %s: %w", want.Name, err)
+	}
+	logger.Info("Reverted DeviceClass to its profile", "deviceClass", want.Name)
+	return nil
+}
+
+// classInSync compares what the controller owns of a class; opaque
+// parameters compare as JSON values, not bytes.
+func classInSync(want, have *resourceapi.DeviceClass) bool {
+	if !equality.Semantic.DeepEqual(want.Spec.Selectors, have.Spec.Selectors) ||
+		!equality.Semantic.DeepEqual(want.Spec.ExtendedResourceName, have.Spec.ExtendedResourceName) ||
+		!equality.Semantic.DeepEqual(want.OwnerReferences, have.OwnerReferences) ||
+		len(want.Spec.Config) != len(have.Spec.Config) {
+		return false
+	}
+	for i := range want.Spec.Config {
+		w, h := want.Spec.Config[i].Opaque, have.Spec.Config[i].Opaque
+		if (w == nil) != (h == nil) || (w != nil && (w.Driver != h.Driver || !sameJSON(w.Parameters.Raw, h.Parameters.Raw))) {
+			return false
+		}
+	}
+	for k, v := range want.Labels {
+		if have.Labels[k] != v {
+			return false
+		}
+	}
+	for _, k := range []string{deviceclass.DisplayNameAnnotation, deviceclass.DescriptionAnnotation} {
+		if want.Annotations[k] != have.Annotations[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func sameJSON(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return string(a) == string(b)
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+func merged(base, over map[string]string) map[string]string {
+	out := maps.Clone(base)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, over)
+	return out
+}
+
+func without(m map[string]string, keys ...string) map[string]string {
+	out := maps.Clone(m)
+	for _, k := range keys {
+		delete(out, k)
+	}
+	return out
+}
+
+// disable removes the class of a disabled profile once no claim names it;
+// until then pending claims can still be allocated.
+func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, have *resourceapi.DeviceClass, status *gpuaas.GpuProfileStatus) (metav1.Condition, error) {
+	if have == nil {
+		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile disabled; it has no DeviceClass"), nil
+	}
+	var claims resourceapi.ResourceClaimList
+	if err := r.client.List(ctx, &claims, client.MatchingFields{indexClaimClasses: p.Name}); err != nil {
+		return metav1.Condition{}, fmt.Errorf("listing claims of DeviceClass %s: %w", p.Name, err)
+	}
+	if n := len(claims.Items); n > 0 {
+		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDraining, fmt.Sprintf(
+			"profile disabled; DeviceClass %q stays until its %d ResourceClaim(s) are gone (e.g. %s/%s)",
+			p.Name, n, claims.Items[0].Namespace, claims.Items[0].Name)), nil
+	}
+	if err := r.client.Delete(ctx, have, client.Preconditions{UID: &have.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return metav1.Condition{}, fmt.Errorf("deleting DeviceClass %s: %w", p.Name, err)
+	}
+	klog.FromContext(ctx).Info("Deleted DeviceClass of disabled profile", "deviceClass", p.Name)
+	status.DeviceClassName = ""
+	return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile disabled; its DeviceClass was removed"), nil
+}
+
+func (r *profileReconciler) updateStatus(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) error {
+	if equality.Semantic.DeepEqual(&p.Status, status) {
+		return nil
+	}
+	p.Status = *status
+	if err := r.client.Status().Update(ctx, p); err != nil {
+		return fmt.Errorf("updating status of GpuProfile %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+func condition(typ string, ok bool, reason, msg string) metav1.Condition {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}
+}

@@ -1,0 +1,152 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
+)
+
+// quotaReconciler writes a TenantQuota's status from the claims in its
+// namespaces (allocated ones trued up from their allocation), flags invalid
+// specs, namespace conflicts and usage over the limits, and keeps the
+// tenant's metrics and billing counter current.
+type quotaReconciler struct {
+	client  client.Client
+	acct    *Accountant
+	billing *billing
+	resync  time.Duration
+	now     func() time.Time
+}
+
+func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var q gpuaas.TenantQuota
+	if err := r.client.Get(ctx, req.NamespacedName, &q); err != nil {
+		if apierrors.IsNotFound(err) {
+			deleteTenantMetrics(req.Name)
+			r.billing.forget(req.Name, r.now())
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("reading TenantQuota %s: %w", req.Name, err)
+	}
+	rep, err := r.acct.Report(ctx, q.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	r.billing.observe(q.Name, rep.Usage.Used.Units, r.now())
+	status := quotaStatus(&q, rep)
+	setTenantMetrics(&q, rep, borrowed(rep))
+	if !equality.Semantic.DeepEqual(&q.Status, status) {
+		q.Status = *status
+		if err := r.client.Status().Update(ctx, &q); err != nil {
+			return reconcile.Result{}, fmt.Errorf("updating status of TenantQuota %s: %w", q.Name, err)
+		}
+	}
+	return reconcile.Result{RequeueAfter: r.resync}, nil
+}
+
+// quotaStatus renders the status (conditions keep their transition times).
+func quotaStatus(q *gpuaas.TenantQuota, rep TenantReport) *gpuaas.TenantQuotaStatus {
+	status := q.Status.DeepCopy()
+	status.ObservedGeneration = q.Generation
+	status.Namespaces = rep.Namespaces
+	status.Used = usageOf(rep.Usage.Used)
+	status.Reserved = usageOf(rep.Usage.Reserved)
+	status.Borrowed = usageOf(borrowed(rep))
+	status.ClaimsCounted = int32(rep.Usage.Claims)
+	for _, c := range quotaConditions(rep) {
+		c.ObservedGeneration = q.Generation
+		meta.SetStatusCondition(&status.Conditions, c)
+	}
+	return status
+}
+
+func quotaConditions(rep TenantReport) []metav1.Condition {
+	ready := condition(gpuaas.ConditionReady, true, gpuaas.ReasonEnforced, "limits are enforced on new ResourceClaims")
+	if rep.Invalid != "" {
+		ready = condition(gpuaas.ConditionReady, false, gpuaas.ReasonInvalidSpec,
+			"every claim in the quota's namespaces is refused until this is fixed: "+rep.Invalid)
+	}
+	conflict := condition(gpuaas.ConditionNamespaceConflict, false, gpuaas.ReasonNoConflict, "no other TenantQuota claims these namespaces")
+	if len(rep.Conflicts) > 0 {
+		conflict = condition(gpuaas.ConditionNamespaceConflict, true, gpuaas.ReasonConflict, strings.Join(rep.Conflicts, "; "))
+	}
+	over := condition(gpuaas.ConditionOverQuota, false, gpuaas.ReasonWithinLimits, "usage is within the limits")
+	if exceeded := overLimits(rep); len(exceeded) > 0 {
+		over = condition(gpuaas.ConditionOverQuota, true, gpuaas.ReasonExceeded,
+			strings.Join(exceeded, "; ")+"; new claims are refused until usage drops")
+	}
+	return []metav1.Condition{ready, conflict, over}
+}
+
+// borrowed is how far usage exceeds the own limits (units and memory).
+func borrowed(rep TenantReport) quota.Charge {
+	total := rep.Usage.Total()
+	var b quota.Charge
+	if l := rep.Tenant.Limits.Units; l != nil && total.Units.Cmp(*l) > 0 {
+		b.Units = total.Units.Sub(*l)
+	}
+	if l := rep.Tenant.Limits.Memory; l != nil && total.Memory > *l {
+		b.Memory = total.Memory - *l
+	}
+	return b
+}
+
+// overLimits lists resources whose usage is beyond what the tenant may
+// hold even with borrowing: the limit was lowered, or an allocation cost
+// more than the worst case admitted (a device republished with another
+// weight).
+func overLimits(rep TenantReport) []string {
+	t, total := rep.Tenant, rep.Usage.Total()
+	var out []string
+	for class, limit := range t.Limits.Devices {
+		if n := total.Devices[class]; n > limit {
+			out = append(out, fmt.Sprintf("devices of profile %q: %d held, limit %d", class, n, limit))
+		}
+	}
+	if l := t.Limits.Units; l != nil && total.Units.Cmp(*l) > 0 && !mayBorrow(t, t.Borrow.Units, total.Units.Sub(*l)) {
+		out = append(out, fmt.Sprintf("gpuUnits: %s held, limit %s", total.Units, *l))
+	}
+	if l := t.Limits.Memory; l != nil && total.Memory > *l && !mayBorrow(t, unitsPtr(t.Borrow.Memory), quota.WholeUnits(total.Memory-*l)) {
+		out = append(out, fmt.Sprintf("gpuMemory: %s held, limit %s", quota.FormatMemory(total.Memory), quota.FormatMemory(*l)))
+	}
+	return out
+}
+
+func mayBorrow(t quota.Tenant, limit *quota.Units, amount quota.Units) bool {
+	return t.Cohort != "" && (limit == nil || amount.Cmp(*limit) <= 0)
+}
+
+func unitsPtr(n *int64) *quota.Units {
+	if n == nil {
+		return nil
+	}
+	u := quota.WholeUnits(*n)
+	return &u
+}
+
+func usageOf(c quota.Charge) gpuaas.QuotaUsage {
+	units := c.Units.CeilQuantity()
+	u := gpuaas.QuotaUsage{GpuUnits: &units, GpuMemory: resource.NewQuantity(c.Memory, resource.BinarySI)}
+	for class, n := range c.Devices {
+		if n == 0 {
+			continue
+		}
+		if u.Devices == nil {
+			u.Devices = map[string]int64{}
+		}
+		u.Devices[class] = n
+	}
+	return u
+}

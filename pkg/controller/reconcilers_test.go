@@ -1,0 +1,225 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+func reconcileProfile(t *testing.T, c client.Client, name string) *gpuaas.GpuProfile {
+	t.Helper()
+	r := &profileReconciler{client: c, acct: NewAccountant(c, c), resync: time.Minute}
+	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var p gpuaas.GpuProfile
+	if err := c.Get(ctx(t), types.NamespacedName{Name: name}, &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+func readyCondition(t *testing.T, p *gpuaas.GpuProfile) (bool, string, string) {
+	t.Helper()
+	c := meta.FindStatusCondition(p.Status.Conditions, gpuaas.ConditionReady)
+	if c == nil {
+		t.Fatal("no Ready condition")
+	}
+	return c.Status == "True", c.Reason, c.Message
+}
+
+func getClass(t *testing.T, c client.Client, name string) *resourceapi.DeviceClass {
+	t.Helper()
+	var dc resourceapi.DeviceClass
+	err := c.Get(ctx(t), types.NamespacedName{Name: name}, &dc)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &dc
+}
+
+func TestProfileReconcilerCreatesClassAndCounts(t *testing.T) {
+	p := gpuProfile("whole", gpuaas.ProfileSelector{Type: "gpu"})
+	c := newFakeClient(t, append(world(t), p, allocatedTo(claim("a", "x", "whole", 1), "node-a", "gpu-2"))...)
+	got := reconcileProfile(t, c, "whole")
+	if ok, reason, msg := readyCondition(t, got); !ok {
+		t.Fatalf("not ready: %s: %s", reason, msg)
+	}
+	if got.Status.DeviceClassName != "whole" || got.Status.MatchingDevices != 4 || got.Status.AllocatedDevices != 1 || got.Status.FreeDevices != 3 {
+		t.Fatalf("status = %+v", got.Status)
+	}
+	dc := getClass(t, c, "whole")
+	if dc == nil || !ownedBy(dc, p) {
+		t.Fatalf("class = %+v", dc)
+	}
+}
+
+func TestProfileReconcilerRevertsHandEdits(t *testing.T) {
+	c := newFakeClient(t, world(t)...)
+	dc := getClass(t, c, "h100")
+	dc.Spec.Selectors = dc.Spec.Selectors[:1] // "any device of the driver"
+	dc.Labels["team"] = "kept"
+	if err := c.Update(ctx(t), dc); err != nil {
+		t.Fatal(err)
+	}
+	reconcileProfile(t, c, "h100")
+	after := getClass(t, c, "h100")
+	if len(after.Spec.Selectors) != 2 || after.Labels["team"] != "kept" {
+		t.Fatalf("class not reverted (or foreign label lost): %+v %v", after.Spec.Selectors, after.Labels)
+	}
+}
+
+func TestProfileReconcilerInvalidSpecKeepsClass(t *testing.T) {
+	c := newFakeClient(t, world(t)...)
+	var p gpuaas.GpuProfile
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Selector.CEL = "device.attributes["
+	if err := c.Update(ctx(t), &p); err != nil {
+		t.Fatal(err)
+	}
+	got := reconcileProfile(t, c, "h100")
+	if ok, reason, msg := readyCondition(t, got); ok || reason != gpuaas.ReasonInvalidSpec || !strings.Contains(msg, "spec.selector.cel") {
+		t.Fatalf("Ready = %v %s %q", ok, reason, msg)
+	}
+	if getClass(t, c, "h100") == nil {
+		t.Fatal("class of a profile made invalid was removed; claims using it would break")
+	}
+}
+
+func TestProfileReconcilerConflict(t *testing.T) {
+	foreign := &resourceapi.DeviceClass{}
+	foreign.Name = "taken"
+	c := newFakeClient(t, append(world(t), foreign, gpuProfile("taken", gpuaas.ProfileSelector{}))...)
+	got := reconcileProfile(t, c, "taken")
+	if ok, reason, _ := readyCondition(t, got); ok || reason != gpuaas.ReasonDeviceClassConflict {
+		t.Fatalf("Ready = %v %s", ok, reason)
+	}
+	if dc := getClass(t, c, "taken"); len(dc.Spec.Selectors) != 0 {
+		t.Fatal("a class the profile does not own was changed")
+	}
+}
+
+func TestProfileReconcilerDisableDrains(t *testing.T) {
+	c := newFakeClient(t, append(world(t), claim("a", "user", "h100", 1))...)
+	var p gpuaas.GpuProfile
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Enabled = ptr.To(false)
+	if err := c.Update(ctx(t), &p); err != nil {
+		t.Fatal(err)
+	}
+	got := reconcileProfile(t, c, "h100")
+	if _, reason, msg := readyCondition(t, got); reason != gpuaas.ReasonDraining || !strings.Contains(msg, "a/user") {
+		t.Fatalf("Ready reason %s %q, want Draining naming the claim", reason, msg)
+	}
+	if getClass(t, c, "h100") == nil {
+		t.Fatal("class removed while a claim uses it")
+	}
+	if err := c.Delete(ctx(t), claim("a", "user", "h100", 1)); err != nil {
+		t.Fatal(err)
+	}
+	got = reconcileProfile(t, c, "h100")
+	if _, reason, _ := readyCondition(t, got); reason != gpuaas.ReasonDisabled || getClass(t, c, "h100") != nil {
+		t.Fatalf("Ready reason %s, class still there: %v", reason, getClass(t, c, "h100") != nil)
+	}
+}
+
+func reconcileQuota(t *testing.T, c client.Client, name string) *gpuaas.TenantQuota {
+	t.Helper()
+	r := &quotaReconciler{client: c, acct: NewAccountant(c, c), billing: newBilling(), resync: time.Minute, now: time.Now}
+	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var q gpuaas.TenantQuota
+	if err := c.Get(ctx(t), types.NamespacedName{Name: name}, &q); err != nil {
+		t.Fatal(err)
+	}
+	return &q
+}
+
+func quotaCondition(t *testing.T, q *gpuaas.TenantQuota, typ string) (bool, string) {
+	t.Helper()
+	c := meta.FindStatusCondition(q.Status.Conditions, typ)
+	if c == nil {
+		t.Fatalf("no %s condition", typ)
+	}
+	return c.Status == "True", c.Message
+}
+
+func TestQuotaReconcilerStatus(t *testing.T) {
+	c := newFakeClient(t, append(world(t), ns("a", nil),
+		tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("1"), Devices: map[string]int64{"mig-1g": 8}}}),
+		allocatedTo(claim("a", "mig", "mig-1g", 3), "node-b", "gpu-0-mig-1g-0", "gpu-0-mig-1g-1", "gpu-0-mig-1g-2"),
+		claim("a", "waiting", "h100", 1))...)
+	q := reconcileQuota(t, c, "team-a")
+	s := q.Status
+	if s.Used.GpuUnits.String() != "429m" || s.Reserved.GpuUnits.String() != "1" || s.Borrowed.GpuUnits.String() != "429m" ||
+		s.Used.Devices["mig-1g"] != 3 || s.Reserved.Devices["h100"] != 1 || s.ClaimsCounted != 2 ||
+		s.Used.GpuMemory.String() != "30Gi" || len(s.Namespaces) != 1 {
+		t.Fatalf("status = %+v", s)
+	}
+	if ok, _ := quotaCondition(t, q, gpuaas.ConditionReady); !ok {
+		t.Error("not Ready")
+	}
+	if over, _ := quotaCondition(t, q, gpuaas.ConditionOverQuota); over {
+		t.Error("OverQuota although the excess is borrowed within a cohort")
+	}
+}
+
+func TestQuotaReconcilerFlags(t *testing.T) {
+	c := newFakeClient(t, append(world(t), ns("a", nil),
+		tenantQuota("older", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}}),
+		tenantQuota("newer", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}}),
+		allocatedTo(claim("a", "two", "h100", 2), "node-a", "gpu-0", "gpu-1"))...)
+	older, newer := reconcileQuota(t, c, "older"), reconcileQuota(t, c, "newer")
+	if ok, msg := quotaCondition(t, newer, gpuaas.ConditionNamespaceConflict); !ok || !strings.Contains(msg, `namespace a is charged to the older TenantQuota "older"`) {
+		t.Errorf("newer: NamespaceConflict %v %q", ok, msg)
+	}
+	if ok, msg := quotaCondition(t, older, gpuaas.ConditionNamespaceConflict); !ok || !strings.Contains(msg, `also claimed by TenantQuota "newer"`) {
+		t.Errorf("older: NamespaceConflict %v %q", ok, msg)
+	}
+	if ok, msg := quotaCondition(t, older, gpuaas.ConditionOverQuota); !ok || !strings.Contains(msg, "gpuUnits: 2 held, limit 1") {
+		t.Errorf("older: OverQuota %v %q", ok, msg)
+	}
+	if len(newer.Status.Namespaces) != 0 || newer.Status.ClaimsCounted != 0 {
+		t.Errorf("newer counts %v / %d claims", newer.Status.Namespaces, newer.Status.ClaimsCounted)
+	}
+}
+
+func TestQuotaReconcilerInvalid(t *testing.T) {
+	c := newFakeClient(t, append(world(t),
+		tenantQuota("broken", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, BorrowingLimit: &gpuaas.BorrowingLimit{}}))...)
+	q := reconcileQuota(t, c, "broken")
+	if ok, msg := quotaCondition(t, q, gpuaas.ConditionReady); ok || !strings.Contains(msg, "borrowingLimit requires a cohort") {
+		t.Fatalf("Ready %v %q", ok, msg)
+	}
+}
+
+func TestBilling(t *testing.T) {
+	b := newBilling()
+	t0 := time.Unix(0, 0)
+	before := counterValue(t, "billing-test")
+	b.observe("billing-test", quotaUnits(3, 7), t0)
+	b.observe("billing-test", quotaUnits(1, 1), t0.Add(70*time.Second)) // 3/7 unit for 70 s = 30
+	b.forget("billing-test", t0.Add(80*time.Second))                    // 1 unit for 10 s = 10
+	if got := counterValue(t, "billing-test") - before; got < 39.999 || got > 40.001 {
+		t.Fatalf("gpu-unit-seconds = %v, want 40", got)
+	}
+}

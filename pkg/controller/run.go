@@ -1,0 +1,167 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// Scheme knows the built-in types and ours.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("adding built-in types: %w", err)
+	}
+	if err := gpuaas.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("adding gpuaas.io types: %w", err)
+	}
+	return s, nil
+}
+
+// Run runs the controller until ctx ends: certificates, the webhook server
+// and its configuration, the reconcilers (leader only), metrics and health
+// endpoints.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	registerMetrics()
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating client: %w", err)
+	}
+	caBundle, err := ensureCerts(ctx, direct, &opts.Webhook, time.Now())
+	if err != nil {
+		return fmt.Errorf("preparing webhook certificate: %w", err)
+	}
+	mgr, err := newManager(ctx, cfg, scheme, &opts)
+	if err != nil {
+		return err
+	}
+	if err := setup(ctx, mgr, direct, &opts, caBundle); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Starting dra-controller", "webhookPort", opts.Webhook.Port, "leaderElection", opts.LeaderElection)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running manager: %w", err)
+	}
+	return nil
+}
+
+func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options) (manager.Manager, error) {
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme:                        scheme,
+		Logger:                        klog.FromContext(ctx),
+		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress:        opts.HealthAddr,
+		LeaderElection:                opts.LeaderElection,
+		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
+		LeaderElectionID:              opts.LeaderElectionID,
+		LeaderElectionReleaseOnCancel: true,
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: opts.Webhook.Host, Port: opts.Webhook.Port, CertDir: opts.Webhook.CertDir,
+		}),
+		// A controller restarted inside one process (tests) registers
+		// its controllers under the same names again.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	return mgr, nil
+}
+
+// setup wires everything into the manager; direct is an uncached client
+// for the few objects not worth an informer (the webhook configuration).
+func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts *Options, caBundle []byte) error {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &resourceapi.ResourceClaim{}, indexClaimClasses, claimClasses)
+	if err != nil {
+		return fmt.Errorf("indexing ResourceClaims: %w", err)
+	}
+	acct := NewAccountant(mgr.GetCache(), mgr.GetAPIReader())
+	acct.DenyUnassigned = opts.DenyUnassigned
+	nudge := newNudger(mgr.GetClient(), opts.NudgeWaitingPods)
+	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {
+		return err
+	}
+	registerWebhooks(mgr, acct, nudge)
+	if err := setupReconcilers(mgr, acct, opts); err != nil {
+		return err
+	}
+	runnables := []manager.Runnable{nudge, &webhookRegistrar{
+		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
+	}}
+	for _, r := range runnables {
+		if err := mgr.Add(r); err != nil {
+			return fmt.Errorf("adding runnable: %w", err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("adding health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return fmt.Errorf("adding readiness check: %w", err)
+	}
+	return nil
+}
+
+func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger) {
+	dec := admission.NewDecoder(mgr.GetScheme())
+	srv := mgr.GetWebhookServer()
+	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
+		acct: acct, decoder: dec, nudger: nudge, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
+	}})
+	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
+	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})
+	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
+}
+
+func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) error {
+	c := mgr.GetClient()
+	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
+		For(&gpuaas.GpuProfile{}).
+		Watches(&resourceapi.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(sameName)).
+		Watches(&resourceapi.ResourceSlice{}, delayed(statusDelay, allOf(profileNames(c)))).
+		Watches(&resourceapi.ResourceClaim{}, delayed(statusDelay, claimProfiles)).
+		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync})
+	if err != nil {
+		return fmt.Errorf("setting up GpuProfile controller: %w", err)
+	}
+	everyQuota := handler.EnqueueRequestsFromMapFunc(allOf(quotaNames(c)))
+	err = ctrl.NewControllerManagedBy(mgr).Named("tenantquota").
+		For(&gpuaas.TenantQuota{}).
+		// One quota's namespaces decide the others' conflicts.
+		Watches(&gpuaas.TenantQuota{}, everyQuota).
+		Watches(&corev1.Namespace{}, everyQuota).
+		Watches(&resourceapi.ResourceSlice{}, everyQuota).
+		Watches(&resourceapi.DeviceClass{}, everyQuota).
+		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
+		Complete(&quotaReconciler{client: c, acct: acct, billing: newBilling(), resync: opts.Resync, now: time.Now})
+	if err != nil {
+		return fmt.Errorf("setting up TenantQuota controller: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// Webhook paths served by the controller.
+const (
+	pathClaim    = "/validate-resourceclaim"
+	pathTemplate = "/validate-resourceclaimtemplate"
+	pathProfile  = "/validate-gpuprofile"
+	pathQuota    = "/validate-tenantquota"
+)
+
+// defaultExemptNamespaces never pass through the quota webhook: system
+// components must keep working while the controller is down.
+var defaultExemptNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+
+// webhookConfiguration renders the ValidatingWebhookConfiguration. Every
+// webhook fails closed (an unreachable controller refuses claims rather than
+// letting them past quota), so the namespaceSelector keeps system
+// namespaces and those labelled gpuaas.io/quota-exempt out of reach; the
+// handler itself also passes any namespace starting with "kube-", which a
+// label selector cannot express.
+func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.ValidatingWebhookConfiguration {
+	exempt := append(append([]string(nil), defaultExemptNamespaces...), o.ExemptNamespaces...)
+	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: exempt},
+		{Key: gpuaas.QuotaExemptLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
+	}}
+	mk := func(name, path string, rule admissionregv1.RuleWithOperations, namespaced bool) admissionregv1.ValidatingWebhook {
+		wh := admissionregv1.ValidatingWebhook{
+			Name:                    name,
+			ClientConfig:            clientConfig(&o.Webhook, path, caBundle),
+			Rules:                   []admissionregv1.RuleWithOperations{rule},
+			FailurePolicy:           ptr.To(admissionregv1.Fail),
+			MatchPolicy:             ptr.To(admissionregv1.Equivalent),
+			SideEffects:             ptr.To(admissionregv1.SideEffectClassNoneOnDryRun),
+			TimeoutSeconds:          ptr.To(o.Webhook.TimeoutSeconds),
+			AdmissionReviewVersions: []string{"v1"},
+		}
+		if namespaced {
+			wh.NamespaceSelector = nsSelector
+		}
+		return wh
+	}
+	return &admissionregv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   o.Webhook.ConfigName,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
+		},
+		Webhooks: []admissionregv1.ValidatingWebhook{
+			mk("resourceclaims.quota.gpuaas.io", pathClaim,
+				rule("resource.k8s.io", "resourceclaims", admissionregv1.Create), true),
+			mk("resourceclaimtemplates.config.gpuaas.io", pathTemplate,
+				rule("resource.k8s.io", "resourceclaimtemplates", admissionregv1.Create, admissionregv1.Update), true),
+			mk("gpuprofiles.gpuaas.io", pathProfile,
+				rule(gpuaas.GroupName, "gpuprofiles", admissionregv1.Create, admissionregv1.Update), false),
+			mk("tenantquotas.gpuaas.io", pathQuota,
+				rule(gpuaas.GroupName, "tenantquotas", admissionregv1.Create, admissionregv1.Update), false),
+		},
+	}
+}
+
+// rule matches v1 only: with matchPolicy Equivalent the apiserver converts
+// requests made through other versions (v1beta1, v1beta2) to v1 for us.
+func rule(group, resource string, ops ...admissionregv1.OperationType) admissionregv1.RuleWithOperations {
+	version := "v1"
+	if group == gpuaas.GroupName {
+		version = gpuaas.GroupVersion.Version
+	}
+	return admissionregv1.RuleWithOperations{
+		Operations: ops,
+		Rule: admissionregv1.Rule{
+			APIGroups: []string{group}, APIVersions: []string{version}, Resources: []string{resource},
+			Scope: ptr.To(admissionregv1.AllScopes),
+		},
+	}
+}
+
+func clientConfig(w *WebhookOptions, path string, caBundle []byte) admissionregv1.WebhookClientConfig {
+	if w.URL != "" {
+		return admissionregv1.WebhookClientConfig{URL: ptr.To(w.URL + path), CABundle: caBundle}
+	}
+	return admissionregv1.WebhookClientConfig{
+		Service: &admissionregv1.ServiceReference{
+			Namespace: w.ServiceNamespace, Name: w.ServiceName, Path: ptr.To(path), Port: ptr.To(w.ServicePort),
+		},
+		CABundle: caBundle,
+	}
+}
+
+// webhookRegistrar creates or updates the webhook configuration once this
+// process serves the webhook, and (RemoveOnExit) deletes it on shutdown.
+// It runs on every replica: they all serve, and with a shared CA they
+// write the same configuration.
+type webhookRegistrar struct {
+	client   client.Client
+	opts     *Options
+	caBundle []byte
+	started  func(*http.Request) error
+}
+
+func (r *webhookRegistrar) NeedLeaderElection() bool { return false }
+
+func (r *webhookRegistrar) Start(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("webhook-config")
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		return r.started(nil) == nil, nil
+	})
+	if err != nil {
+		return nil // shutting down before the server came up
+	}
+	err = wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Steps: 8, Cap: 10 * time.Second},
+		func(ctx context.Context) (bool, error) {
+			if err := r.apply(ctx); err != nil {
+				logger.Error(err, "Writing webhook configuration failed, retrying")
+				return false, nil
+			}
+			return true, nil
+		})
+	if err != nil {
+		return fmt.Errorf("writing webhook configuration %s: %w", r.opts.Webhook.ConfigName, err)
+	}
+	logger.Info("Webhook configuration ready", "name", r.opts.Webhook.ConfigName)
+	<-ctx.Done()
+	if r.opts.Webhook.RemoveOnExit {
+		// The manager's context is done; removal gets a little time of
+		// its own.
+		r.remove(context.WithoutCancel(ctx), logger)
+	}
+	return nil
+}
+
+func (r *webhookRegistrar) apply(ctx context.Context) error {
+	want := webhookConfiguration(r.opts, r.caBundle)
+	var have admissionregv1.ValidatingWebhookConfiguration
+	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
+	if apierrors.IsNotFound(err) {
+		return r.client.Create(ctx, want)
+	}
+	if err != nil {
+		return err
+	}
+	if r.caBundle == nil {
+		keepCABundles(want, &have) // injected by someone else (cert-manager)
+	}
+	have.Webhooks, have.Labels = want.Webhooks, want.Labels
+	return r.client.Update(ctx, &have)
+}
+
+func keepCABundles(want, have *admissionregv1.ValidatingWebhookConfiguration) {
+	for i := range want.Webhooks {
+		for _, h := range have.Webhooks {
+			if h.Name == want.Webhooks[i].Name {
+				want.Webhooks[i].ClientConfig.CABundle = h.ClientConfig.CABundle
+			}
+		}
+	}
+}
+
+func (r *webhookRegistrar) remove(ctx context.Context, logger klog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	obj := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: r.opts.Webhook.ConfigName}}
+	if err := r.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		logger.Error(err, "Removing webhook configuration failed")
+		return
+	}
+	logger.Info("Webhook configuration removed", "name", r.opts.Webhook.ConfigName)
+}

@@ -1,0 +1,247 @@
+package quota
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// celCache holds compiled selector expressions for every Pricer: classes
+// and claims repeat the same few expressions.
+var celCache = cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
+
+// Pricer prices claims against one snapshot of the published devices and
+// the DeviceClasses. Build a new one when either changes; a Pricer
+// remembers what it worked out per request shape, so pricing the same
+// template's claims again costs a map lookup. Safe for concurrent use.
+type Pricer struct {
+	inv      *Inventory
+	classes  map[string]*resourceapi.DeviceClass
+	profiles map[string]bool
+
+	mu   sync.Mutex
+	memo map[string]*price
+}
+
+// price is what one request shape (class, selectors, capacity) costs.
+type price struct {
+	ours    bool   // the class is one of ours (or matches our devices)
+	matches int    // devices it can get
+	device  Charge // the most one allocated device can cost
+	node    Charge // the most allocationMode All can cost: the largest node
+	guessed bool   // no device matches: device is a guess, see fallback
+}
+
+// NewPricer prices against inv. classes are the DeviceClasses by name;
+// profiles the names of GpuProfiles, whose classes are ours even before
+// they exist or match a device.
+func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, profiles map[string]bool) *Pricer {
+	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[string]*price{}}
+}
+
+// Inventory is the device snapshot the pricer uses.
+func (p *Pricer) Inventory() *Inventory { return p.inv }
+
+// ClaimCost is the worst case a claim may be charged once allocated: for
+// each request, count times the most expensive device its class and
+// selectors can match; for firstAvailable the most expensive alternative,
+// per resource; for allocationMode All what it can match on the largest
+// node; nothing for adminAccess requests.
+func (p *Pricer) ClaimCost(ctx context.Context, spec *resourceapi.ResourceClaimSpec) Charge {
+	var total Charge
+	for i := range spec.Devices.Requests {
+		total = total.Add(p.RequestCost(ctx, &spec.Devices.Requests[i]))
+	}
+	return total
+}
+
+// RequestCost prices one request of a claim (see ClaimCost).
+func (p *Pricer) RequestCost(ctx context.Context, r *resourceapi.DeviceRequest) Charge {
+	if r.Exactly != nil {
+		return p.exactCost(ctx, r.Exactly.DeviceClassName, r.Exactly.Selectors, r.Exactly.Capacity,
+			r.Exactly.AllocationMode, r.Exactly.Count, r.Exactly.AdminAccess)
+	}
+	var worst Charge
+	for _, sub := range r.FirstAvailable {
+		c := p.exactCost(ctx, sub.DeviceClassName, sub.Selectors, sub.Capacity, sub.AllocationMode, sub.Count, nil)
+		worst = worst.Max(c)
+	}
+	return worst
+}
+
+func (p *Pricer) exactCost(ctx context.Context, class string, sel []resourceapi.DeviceSelector,
+	capReq *resourceapi.CapacityRequirements, mode resourceapi.DeviceAllocationMode, count int64, admin *bool) Charge {
+	if ptr.Deref(admin, false) {
+		return Charge{} // admin access watches devices, it does not hold them
+	}
+	pr := p.priceOf(ctx, class, sel, capReq)
+	if !pr.ours {
+		return Charge{}
+	}
+	if mode == resourceapi.DeviceAllocationModeAll {
+		return pr.node
+	}
+	return pr.device.Times(max(count, 1))
+}
+
+func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) *price {
+	key := shapeKey(class, sel, capReq)
+	p.mu.Lock()
+	pr, ok := p.memo[key]
+	p.mu.Unlock()
+	if ok {
+		return pr
+	}
+	pr = p.compute(ctx, class, sel, capReq)
+	p.mu.Lock()
+	p.memo[key] = pr
+	p.mu.Unlock()
+	return pr
+}
+
+func shapeKey(class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) string {
+	var b strings.Builder
+	b.WriteString(class)
+	for _, s := range sel {
+		if s.CEL != nil {
+			b.WriteString("\x00")
+			b.WriteString(s.CEL.Expression)
+		}
+	}
+	if capReq != nil {
+		for name, q := range capReq.Requests {
+			b.WriteString("\x01" + string(name) + "=" + q.String())
+		}
+	}
+	return b.String()
+}
+
+// compute walks the inventory once for a request shape.
+func (p *Pricer) compute(ctx context.Context, class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) *price {
+	exprs := p.selectors(class, sel)
+	pr := &price{}
+	var nodeTotal Charge
+	for _, pool := range p.inv.Pools() {
+		var onNode Charge
+		for _, d := range p.inv.Pool(pool) {
+			c, ok := p.deviceCharge(ctx, d, class, exprs, capReq)
+			if !ok {
+				continue
+			}
+			pr.matches++
+			pr.device = pr.device.Max(c)
+			onNode = onNode.Add(c)
+		}
+		nodeTotal = nodeTotal.Max(onNode)
+	}
+	pr.node = nodeTotal
+	pr.ours = pr.matches > 0 || p.isOurs(class)
+	if pr.matches == 0 && pr.ours {
+		pr.device, pr.guessed = p.fallback(class, capReq), true
+	}
+	return pr
+}
+
+// fallback prices a device of ours when none is published that matches
+// (no node yet, MIG not configured yet): a whole GPU, the most any device is
+// worth, and the memory asked for or else the largest device's memory.
+// The true-up after allocation corrects it.
+func (p *Pricer) fallback(class string, capReq *resourceapi.CapacityRequirements) Charge {
+	mem := p.inv.MaxMemory()
+	if capReq != nil {
+		if q, ok := quantityIn(capReq.Requests, p.inv.Driver(), CapacityMemory); ok {
+			mem = q.Value()
+		}
+	}
+	return Charge{Units: WholeUnits(1), Memory: mem, Devices: map[string]int64{class: 1}}
+}
+
+// isOurs tells a class of this driver that matches nothing right now from
+// someone else's class (a NIC, say), which costs nothing here.
+func (p *Pricer) isOurs(class string) bool {
+	if p.profiles[class] {
+		return true
+	}
+	dc := p.classes[class]
+	if dc == nil {
+		return false
+	}
+	if _, ok := dc.Labels[gpuaas.ProfileLabel]; ok {
+		return true
+	}
+	for _, s := range dc.Spec.Selectors {
+		if s.CEL != nil && strings.Contains(s.CEL.Expression, `"`+p.inv.Driver()+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// selectors are the class's expressions followed by the request's. An
+// unknown class selects nothing: the scheduler cannot allocate it either.
+func (p *Pricer) selectors(class string, sel []resourceapi.DeviceSelector) []string {
+	dc := p.classes[class]
+	if dc == nil {
+		return nil
+	}
+	var exprs []string
+	for _, s := range append(append([]resourceapi.DeviceSelector(nil), dc.Spec.Selectors...), sel...) {
+		if s.CEL != nil {
+			exprs = append(exprs, s.CEL.Expression)
+		}
+	}
+	return exprs
+}
+
+// deviceCharge is what one allocation of d for the request costs, and
+// whether d is a candidate at all.
+func (p *Pricer) deviceCharge(ctx context.Context, d *Device, class string, exprs []string, capReq *resourceapi.CapacityRequirements) (Charge, bool) {
+	if p.classes[class] == nil || !Matches(ctx, d, exprs) {
+		return Charge{}, false
+	}
+	mem, ok := consumedMemory(d, p.inv.Driver(), capReq)
+	if !ok {
+		return Charge{}, false
+	}
+	devices := map[string]int64{class: 1}
+	if ptr.Deref(d.Basic.AllowMultipleAllocations, false) {
+		return Charge{Units: shareUnits(mem, d.Memory), Memory: mem, Devices: devices}, true
+	}
+	return Charge{Units: d.Units, Memory: d.Memory, Devices: devices}, true
+}
+
+// Matches evaluates DRA CEL selector expressions against a device with the
+// same compiler the scheduler uses. An expression that fails to compile or
+// to evaluate does not match, as the scheduler would not allocate the
+// device either.
+func Matches(ctx context.Context, d *Device, exprs []string) bool {
+	for _, expr := range exprs {
+		res := celCache.GetOrCompile(expr)
+		if res.Error != nil {
+			return false
+		}
+		ok, _, err := res.DeviceMatches(ctx, cel.Device{
+			Driver:                   d.ID.Driver,
+			AllowMultipleAllocations: d.Basic.AllowMultipleAllocations,
+			Attributes:               d.Basic.Attributes,
+			Capacity:                 d.Basic.Capacity,
+		})
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// memoryOf reads a consumed-capacity entry of an allocation result.
+func memoryOf(m map[resourceapi.QualifiedName]resource.Quantity, driver string) (int64, bool) {
+	q, ok := quantityIn(m, driver, CapacityMemory)
+	return q.Value(), ok
+}

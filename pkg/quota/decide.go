@@ -1,0 +1,199 @@
+package quota
+
+import (
+	"fmt"
+	"maps"
+	"math/big"
+	"slices"
+	"strings"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// Resource names as they appear in TenantQuota and in denial reasons.
+const (
+	ResourceGpuUnits  = "gpuUnits"
+	ResourceGpuMemory = "gpuMemory"
+)
+
+// Limits of a tenant; nil means not enforced.
+type Limits struct {
+	Units   *Units
+	Memory  *int64
+	Devices map[string]int64
+}
+
+// Tenant is what admission needs of a TenantQuota.
+type Tenant struct {
+	Name   string
+	Cohort string
+	Limits Limits
+	// Borrow caps borrowing beyond Limits (Units and Memory only); nil
+	// means up to what the cohort has idle.
+	Borrow Limits
+}
+
+// TenantFromQuota converts a TenantQuota. Quantities convert exactly.
+func TenantFromQuota(q *gpuaas.TenantQuota) Tenant {
+	t := Tenant{Name: q.Name, Cohort: q.Spec.Cohort}
+	t.Limits.Devices = q.Spec.Limits.Devices
+	if u := q.Spec.Limits.GpuUnits; u != nil {
+		t.Limits.Units = ptrTo(UnitsFromQuantity(*u))
+	}
+	if m := q.Spec.Limits.GpuMemory; m != nil {
+		t.Limits.Memory = ptrTo(m.Value())
+	}
+	if b := q.Spec.BorrowingLimit; b != nil {
+		if b.GpuUnits != nil {
+			t.Borrow.Units = ptrTo(UnitsFromQuantity(*b.GpuUnits))
+		}
+		if b.GpuMemory != nil {
+			t.Borrow.Memory = ptrTo(b.GpuMemory.Value())
+		}
+	}
+	return t
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// Peer is another member of the tenant's cohort and what it holds now
+// (Used+Reserved).
+type Peer struct {
+	Tenant Tenant
+	Total  Charge
+}
+
+// Decision is the outcome of admission.
+type Decision struct {
+	Allowed bool
+	// Resource is the first resource that was exceeded ("gpuUnits",
+	// "gpuMemory", "devices/<profile>").
+	Resource string
+	// Reason explains a denial: tenant, resource, used, reserved,
+	// requested and limit, and why borrowing did not help.
+	Reason string
+	// Borrows is true when the claim fits only with quota borrowed from
+	// the cohort.
+	Borrows bool
+}
+
+// Decide admits a claim costing req for tenant t, which holds usage, in a
+// cohort with peers (t itself excluded). Device limits per profile are
+// strict; gpuUnits and gpuMemory beyond the limit may be borrowed from the
+// cohort: up to t's borrowing limit, and only while the cohort as a whole
+// stays within the sum of its members' limits.
+func Decide(t Tenant, usage Usage, req Charge, peers []Peer) Decision {
+	var violations []string
+	d := Decision{Allowed: true}
+	fail := func(resource, reason string) {
+		if d.Allowed {
+			d.Allowed, d.Resource = false, resource
+		}
+		violations = append(violations, reason)
+	}
+	for _, class := range slices.Sorted(maps.Keys(req.Devices)) {
+		limit, ok := t.Limits.Devices[class]
+		if !ok || req.Devices[class] <= 0 {
+			continue
+		}
+		used, reserved := usage.Used.Devices[class], usage.Reserved.Devices[class]
+		if used+reserved+req.Devices[class] > limit {
+			fail("devices/"+class, fmt.Sprintf("devices of profile %q: used %d, reserved %d, requested %d, limit %d",
+				class, used, reserved, req.Devices[class], limit))
+		}
+	}
+	for _, dim := range dimensions {
+		ok, borrows, reason := dim.check(t, usage, req, peers)
+		d.Borrows = d.Borrows || (ok && borrows)
+		if !ok {
+			fail(dim.name, reason)
+		}
+	}
+	if !d.Allowed {
+		d.Reason = fmt.Sprintf("TenantQuota %q exceeded: %s", t.Name, strings.Join(violations, "; "))
+	}
+	return d
+}
+
+// dimension is gpuUnits or gpuMemory, the two resources that can be
+// borrowed; memory is handled as a whole number of units of bytes.
+type dimension struct {
+	name   string
+	get    func(Charge) Units
+	limit  func(Limits) *Units
+	format func(Units) string
+}
+
+var dimensions = []dimension{
+	{
+		name:   ResourceGpuUnits,
+		get:    func(c Charge) Units { return c.Units },
+		limit:  func(l Limits) *Units { return l.Units },
+		format: Units.String,
+	},
+	{
+		name: ResourceGpuMemory,
+		get:  func(c Charge) Units { return WholeUnits(c.Memory) },
+		limit: func(l Limits) *Units {
+			if l.Memory == nil {
+				return nil
+			}
+			return ptrTo(WholeUnits(*l.Memory))
+		},
+		format: func(u Units) string { return FormatMemory(unitsInt(u)) },
+	},
+}
+
+func unitsInt(u Units) int64 {
+	return new(big.Int).Quo(u.rat().Num(), u.rat().Denom()).Int64()
+}
+
+// check admits one resource: within the own limit, or by borrowing.
+func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok, borrows bool, reason string) {
+	limit := dim.limit(t.Limits)
+	want := dim.get(req)
+	if limit == nil || want.Sign() <= 0 {
+		return true, false, ""
+	}
+	used, reserved := dim.get(usage.Used), dim.get(usage.Reserved)
+	after := used.Add(reserved).Add(want)
+	if after.Cmp(*limit) <= 0 {
+		return true, false, ""
+	}
+	f := dim.format
+	reason = fmt.Sprintf("%s: used %s, reserved %s, requested %s, limit %s",
+		dim.name, f(used), f(reserved), f(want), f(*limit))
+	if t.Cohort == "" {
+		return false, false, reason
+	}
+	borrow := after.Sub(*limit)
+	if cap := dim.limit(t.Borrow); cap != nil && borrow.Cmp(*cap) > 0 {
+		return false, false, reason + fmt.Sprintf(" (borrowing %s from cohort %q would exceed the borrowing limit %s)",
+			f(borrow), t.Cohort, f(*cap))
+	}
+	idle := dim.cohortIdle(t, usage, peers)
+	if want.Cmp(idle) > 0 {
+		// Own headroom is part of the cohort's idle quota but not lent.
+		headroom := MaxUnits(limit.Sub(used.Add(reserved)), Units{})
+		lendable := MaxUnits(idle.Sub(headroom), Units{})
+		return false, false, reason + fmt.Sprintf(" (cohort %q has %s idle to lend, %s needed)",
+			t.Cohort, f(lendable), f(want.Sub(headroom)))
+	}
+	return true, true, ""
+}
+
+// cohortIdle is the sum of the limits minus the sum of the usage of every
+// cohort member that has a limit on this resource (a member without one
+// neither lends nor counts).
+func (dim dimension) cohortIdle(t Tenant, usage Usage, peers []Peer) Units {
+	idle := dim.limit(t.Limits).Sub(dim.get(usage.Total()))
+	for _, p := range peers {
+		if p.Tenant.Cohort != t.Cohort || p.Tenant.Name == t.Name {
+			continue
+		}
+		if l := dim.limit(p.Tenant.Limits); l != nil {
+			idle = idle.Add(*l).Sub(dim.get(p.Total))
+		}
+	}
+	return idle
+}
