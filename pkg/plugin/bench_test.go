@@ -3,9 +3,11 @@ package plugin
 import (
 	"fmt"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
@@ -21,12 +23,17 @@ func BenchmarkPrepareUnprepare(b *testing.B) {
 // benchPrepareUnprepare runs prepare+unprepare of one claim on device and
 // reports the p99 latency next to the mean (ns/op).
 func benchPrepareUnprepare(b *testing.B, e *testEnv, device string) {
+	benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim { return newClaim(uid).device("gpu", device).build() })
+}
+
+// benchClaims prepares and unprepares one claim per iteration.
+func benchClaims(b *testing.B, e *testEnv, claim func(uid string) *resourceapi.ResourceClaim) {
 	var lat []time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
 		uid := fmt.Sprintf("claim-%d", i)
-		if _, err := e.state.Prepare(e.ctx, newClaim(uid).device("gpu", device).build()); err != nil {
+		if _, err := e.state.Prepare(e.ctx, claim(uid)); err != nil {
 			b.Fatal(err)
 		}
 		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
@@ -52,6 +59,9 @@ func BenchmarkPrepareWithPrepared(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			// Let the filesystem finish writing the setup back first: the
+			// claims were prepared earlier, not during the measurement.
+			syscall.Sync()
 			benchPrepareUnprepare(b, e, "gpu-7")
 		})
 	}
