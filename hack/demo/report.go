@@ -28,14 +28,15 @@ func (d *demo) describeNode(ctx context.Context) error {
 	}
 	models := map[string]int{}
 	for _, dev := range devices {
-		models[fmt.Sprintf("%s, %s", attribute(dev, "productName"), capacity(dev, "memory"))]++
+		models[fmt.Sprintf("%s %s", attribute(dev, "type"), capacity(dev, "memory"))]++
 	}
 	var parts []string
 	for model, n := range models {
 		parts = append(parts, fmt.Sprintf("%d x %s", n, model))
 	}
 	sort.Strings(parts)
-	d.out.printf("  %d devices published: %s\n  CDI specs go to %s\n", len(devices), strings.Join(parts, "; "), d.node.CDIRoot)
+	d.out.printf("  %d devices of %s published: %s\n  CDI specs go to %s\n", len(devices), attribute(devices[0], "productName"),
+		strings.Join(parts, ", "), d.node.CDIRoot)
 	return nil
 }
 

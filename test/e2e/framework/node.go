@@ -169,8 +169,9 @@ func (n *Node) waitForPlugin(ctx context.Context, after time.Time) error {
 	return nil
 }
 
-// WaitForDevices waits until the node's ResourceSlices of our driver list
-// at least min devices and returns them.
+// WaitForDevices waits until the node's pool is completely published (all
+// slices of its newest generation) with at least min devices, and returns
+// them.
 func (n *Node) WaitForDevices(ctx context.Context, min int) ([]resourceapi.Device, error) {
 	var devices []resourceapi.Device
 	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
@@ -179,10 +180,18 @@ func (n *Node) WaitForDevices(ctx context.Context, min int) ([]resourceapi.Devic
 			return false, err
 		}
 		devices = devices[:0]
+		var gen, count int64
 		for _, s := range slices {
-			devices = append(devices, s.Spec.Devices...)
+			gen = max(gen, s.Spec.Pool.Generation)
 		}
-		return len(devices) >= min, nil
+		for _, s := range slices {
+			if s.Spec.Pool.Generation == gen {
+				devices = append(devices, s.Spec.Devices...)
+				count = s.Spec.Pool.ResourceSliceCount
+			}
+		}
+		complete := int64(countGeneration(slices, gen)) == count
+		return complete && len(devices) >= min, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s publishes %d devices, want at least %d (plugin log %s): %w", n.Name, len(devices), min, n.Plugin.LogPath, err)
@@ -277,4 +286,14 @@ func nodeReady(node *v1.Node) bool {
 // BuildPlugin compiles ./cmd/dra-kubelet-plugin of the repository into dir.
 func BuildPlugin(ctx context.Context, dir string) (string, error) {
 	return Build(ctx, dir, "cmd/dra-kubelet-plugin")
+}
+
+func countGeneration(slices []resourceapi.ResourceSlice, gen int64) int {
+	n := 0
+	for _, s := range slices {
+		if s.Spec.Pool.Generation == gen {
+			n++
+		}
+	}
+	return n
 }
