@@ -7,8 +7,8 @@ package main
 
 import (
 	"context"
-	goflag "flag"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -48,8 +48,8 @@ func parseFlags() *flags {
 	o, w := &f.opts, &f.opts.Webhook
 	fs := pflag.CommandLine
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Kubeconfig file; empty means in-cluster configuration. [$KUBECONFIG]")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; \"0\" disables it. [$METRICS_ADDR]")
-	fs.StringVar(&o.HealthAddr, "health-addr", env("HEALTH_ADDR", ":8081"), "Address of /healthz and /readyz; \"0\" disables them. [$HEALTH_ADDR]")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; \"0\" disables it. [$METRICS_ADDR]")
+	fs.StringVar(&o.HealthAddr, "health-addr", cli.Env("HEALTH_ADDR", ":8081"), "Address of /healthz and /readyz; \"0\" disables them. [$HEALTH_ADDR]")
 	fs.BoolVar(&o.LeaderElection, "leader-elect", false, "Elect a leader among replicas; only the leader reconciles, every replica serves the webhook.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader-election Lease; empty means the namespace the controller runs in. [$POD_NAMESPACE]")
 	fs.StringVar(&o.LeaderElectionID, "leader-elect-id", controller.DefaultLeaderElectionID, "Name of the leader-election Lease.")
@@ -68,24 +68,8 @@ func parseFlags() *flags {
 	fs.BoolVar(&o.DenyUnassigned, "deny-unassigned", false, "Refuse claims for GPUs in namespaces no TenantQuota covers.")
 	fs.BoolVar(&o.NudgeWaitingPods, "nudge-waiting-pods", true, "When quota frees up, annotate pods whose claims were denied so the kube-controller-manager retries them at once.")
 	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
-	gofs := goflag.NewFlagSet("klog", goflag.ExitOnError)
-	klog.InitFlags(gofs)
-	// Only the verbosity flags: the controller logs to stderr, as pods should.
-	fs.AddGoFlag(gofs.Lookup("v"))
-	fs.AddGoFlag(gofs.Lookup("vmodule"))
-	pflag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).\n\nFlags (environment variables in brackets):\n")
-		fs.PrintDefaults()
-	}
-	pflag.Parse()
+	cli.Parse(fs, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).")
 	return f
-}
-
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
 }
 
 func run(ctx context.Context, f *flags) error {

@@ -6,8 +6,8 @@ package main
 import (
 	"context"
 	"errors"
-	goflag "flag"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
 	"net/http"
 	"os"
 	"os/signal"
@@ -52,34 +52,18 @@ func parseFlags() flags {
 	fs := pflag.CommandLine
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node; also the name of its device pool. [$NODE_NAME]")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Kubeconfig file; empty means in-cluster configuration. [$KUBECONFIG]")
-	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", env("DRA_PLUGIN_DATA_DIR", "/var/lib/kubelet/plugins/gpu.gpuaas.io"), "Directory for the DRA socket (dra.sock) and the checkpoint of prepared claims. [$DRA_PLUGIN_DATA_DIR]")
-	fs.StringVar(&f.registrarDir, "registrar-dir", env("DRA_REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. [$DRA_REGISTRAR_DIR]")
-	fs.StringVar(&f.cdiRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory where per-claim CDI specs are written. [$CDI_ROOT]")
-	fs.StringVar(&f.driverRoot, "driver-root", env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
+	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", cli.Env("DRA_PLUGIN_DATA_DIR", "/var/lib/kubelet/plugins/gpu.gpuaas.io"), "Directory for the DRA socket (dra.sock) and the checkpoint of prepared claims. [$DRA_PLUGIN_DATA_DIR]")
+	fs.StringVar(&f.registrarDir, "registrar-dir", cli.Env("DRA_REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. [$DRA_REGISTRAR_DIR]")
+	fs.StringVar(&f.cdiRoot, "cdi-root", cli.Env("CDI_ROOT", "/var/run/cdi"), "Directory where per-claim CDI specs are written. [$CDI_ROOT]")
+	fs.StringVar(&f.driverRoot, "driver-root", cli.Env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), "Host path of nvidia-cdi-hook, run by the container runtime to update the container's ldcache and symlinks; empty leaves NVIDIA's CDI hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]")
-	fs.StringVar(&f.nvml, "nvml", env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
-	fs.StringVar(&f.metricsAddr, "metrics-addr", env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
-	fs.StringVar(&f.healthAddr, "healthcheck-addr", env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
+	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
+	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
+	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
-	gofs := goflag.NewFlagSet("klog", goflag.ExitOnError)
-	klog.InitFlags(gofs)
-	// Only the verbosity flags: the plugin logs to stderr, as pods should.
-	fs.AddGoFlag(gofs.Lookup("v"))
-	fs.AddGoFlag(gofs.Lookup("vmodule"))
-	pflag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.\n\nFlags (environment variables in brackets):\n")
-		fs.PrintDefaults()
-	}
-	pflag.Parse()
+	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
-}
-
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
 }
 
 func run(ctx context.Context, f flags) error {

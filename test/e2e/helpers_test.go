@@ -37,22 +37,7 @@ func createGPUPod(t *testing.T, ctx context.Context, namespace, name string, cou
 			Config: opaqueConfig(t, params),
 		}}},
 	}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating ResourceClaimTemplate: %v", err)
-	}
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: v1.PodSpec{
-			Containers: []v1.Container{{
-				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
-				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
-			}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &name}},
-		},
-	}
-	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating pod: %v", err)
-	}
+	createTemplatePod(t, ctx, tmpl)
 }
 
 func opaqueConfig(t *testing.T, params map[string]any) []resourceapi.DeviceClaimConfiguration {
@@ -171,4 +156,32 @@ func waitForClaimGone(ctx context.Context, namespace, name string) error {
 		return fmt.Errorf("claim %s/%s not deleted: %w", namespace, name, err)
 	}
 	return nil
+}
+
+// createTemplatePod creates a claim template and a pod of the same name
+// whose one container uses the claim made from it.
+func createTemplatePod(t testing.TB, ctx context.Context, tmpl *resourceapi.ResourceClaimTemplate) {
+	t.Helper()
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating ResourceClaimTemplate: %v", err)
+	}
+	createPod(t, ctx, tmpl.Namespace, tmpl.Name, tmpl.Name)
+}
+
+// createPod creates a pod with one container using a claim from template.
+func createPod(t testing.TB, ctx context.Context, namespace, name, template string) {
+	t.Helper()
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: v1.PodSpec{
+			Containers: []v1.Container{{
+				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
+				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
+			}},
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}},
+		},
+	}
+	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating pod: %v", err)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -62,22 +61,7 @@ func createSelectedPod(t *testing.T, ctx context.Context, namespace, name, class
 	t.Helper()
 	tmpl := templateFor(name, namespace, class)
 	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating ResourceClaimTemplate: %v", err)
-	}
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: v1.PodSpec{
-			Containers: []v1.Container{{
-				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
-				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
-			}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &name}},
-		},
-	}
-	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating pod: %v", err)
-	}
+	createTemplatePod(t, ctx, tmpl)
 }
 
 // templateFor is a claim template asking for one device of a class.

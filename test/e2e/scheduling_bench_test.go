@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -66,11 +65,13 @@ func scheduleBatch(b *testing.B, ns, class string, pods int) time.Duration {
 	ctx := framework.Context(b, 3*time.Minute)
 	b.StopTimer()
 	tmpl := fmt.Sprintf("one-%d", time.Now().UnixNano())
-	createTemplate(b, ctx, ns, tmpl, class)
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor(tmpl, ns, class), metav1.CreateOptions{}); err != nil {
+		b.Fatalf("creating ResourceClaimTemplate: %v", err)
+	}
 	b.StartTimer()
 	start := time.Now()
 	for i := range pods {
-		createPodWithTemplate(b, ctx, ns, fmt.Sprintf("%s-%d", tmpl, i), tmpl)
+		createPod(b, ctx, ns, fmt.Sprintf("%s-%d", tmpl, i), tmpl)
 	}
 	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		list, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -98,29 +99,4 @@ func scheduleBatch(b *testing.B, ns, class string, pods int) time.Duration {
 	}
 	b.StartTimer()
 	return elapsed
-}
-
-func createTemplate(b *testing.B, ctx context.Context, ns, name, class string) {
-	b.Helper()
-	tmpl := templateFor(name, ns, class)
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		b.Fatalf("creating ResourceClaimTemplate: %v", err)
-	}
-}
-
-func createPodWithTemplate(b *testing.B, ctx context.Context, ns, name, tmpl string) {
-	b.Helper()
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1.PodSpec{
-			Containers: []v1.Container{{
-				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
-				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
-			}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}},
-		},
-	}
-	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		b.Fatalf("creating pod: %v", err)
-	}
 }

@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -96,20 +94,5 @@ func createSharePod(t *testing.T, ctx context.Context, namespace, name, memory s
 	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{
 		Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)},
 	}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating ResourceClaimTemplate: %v", err)
-	}
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: v1.PodSpec{
-			Containers: []v1.Container{{
-				Name: "ctr", Image: "registry.k8s.io/pause:3.10",
-				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
-			}},
-			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &name}},
-		},
-	}
-	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating pod: %v", err)
-	}
+	createTemplatePod(t, ctx, tmpl)
 }
