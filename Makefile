@@ -13,7 +13,10 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench k8s-bins generate fmt vet clean
+.PHONY: all build test unit lint e2e demo bench k8s-bins generate helm image fmt vet clean
+
+IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
+VERSION ?= 0.1.0
 
 CONTROLLER_GEN_VERSION := v0.23.0
 
@@ -45,8 +48,16 @@ $(GOLANGCI_LINT):
 k8s-bins:
 	hack/build-k8s-bins.sh
 
-## e2e: tests against a real control plane; never skipped here
-e2e: k8s-bins
+## helm: Helm v3.22.0 from the Go module proxy into _output/bin (cached)
+helm:
+	hack/build-helm.sh
+
+## image: one image with both binaries (needs a Docker engine with BuildKit)
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+## e2e: tests against a real control plane (and the Helm chart); never skipped here
+e2e: k8s-bins helm
 	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
@@ -61,6 +72,7 @@ bench:
 generate:
 	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) \
 		object paths=./api/gpuaas/... crd paths=./api/gpuaas/... output:crd:artifacts:config=config/crd
+	cp config/crd/*.yaml deployments/helm/gpuaas-dra/crds/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -47,6 +47,8 @@ func (cp *ControlPlane) apiserver(port, etcdPort int, saKey, saPub, tokens strin
 			"--token-auth-file", tokens,
 			// Real authorization, so RBAC rules of the chart can be tested.
 			"--authorization-mode", "Node,RBAC",
+			// As on real clusters: the kubelet plugin's DaemonSet is privileged.
+			"--allow-privileged=true",
 			"--service-cluster-ip-range", "10.96.0.0/16",
 			"--v", "1",
 		},

@@ -1,0 +1,53 @@
+{{/* Name of the chart, overridable. */}}
+{{- define "gpuaas-dra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified name every object starts with. */}}
+{{- define "gpuaas-dra.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuaas-dra.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuaas-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "gpuaas-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuaas-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuaas-dra.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "gpuaas-dra.pluginName" -}}
+{{ include "gpuaas-dra.fullname" . | trunc 50 | trimSuffix "-" }}-kubelet-plugin
+{{- end -}}
+
+{{- define "gpuaas-dra.controllerName" -}}
+{{ include "gpuaas-dra.fullname" . | trunc 52 | trimSuffix "-" }}-controller
+{{- end -}}
+
+{{/* The webhook's serving-certificate Secret, written by the controller. */}}
+{{- define "gpuaas-dra.webhookSecret" -}}
+{{ include "gpuaas-dra.controllerName" . }}-webhook-tls
+{{- end -}}
+
+{{/* The webhook configuration the controller maintains (cluster-scoped). */}}
+{{- define "gpuaas-dra.webhookConfig" -}}
+{{ include "gpuaas-dra.fullname" . }}-quota
+{{- end -}}
