@@ -22,6 +22,16 @@ var togglesWithoutReset = map[nvml.DeviceArchitecture]bool{
 	nvml.DEVICE_ARCH_RUBIN:     true,
 }
 
+// TogglesWithoutReset reports whether the GPU can switch MIG mode at once
+// (Hopper and newer); otherwise only the admin changes it.
+func TogglesWithoutReset(dev nvml.Device) (bool, error) {
+	arch, ret := dev.GetArchitecture()
+	if ret != nvml.SUCCESS {
+		return false, fmt.Errorf("getting architecture: %w", ret)
+	}
+	return togglesWithoutReset[arch], nil
+}
+
 // EnableMigMode turns MIG mode on where that needs no reset (Hopper and
 // newer). A GPU already in MIG mode is left as is. On Ampere it returns
 // ErrNeedsAdmin. If the driver leaves the change pending a reset, the change

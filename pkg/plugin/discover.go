@@ -100,16 +100,19 @@ func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
 // addDynamic offers every (profile, placement) plus the whole GPU, all
 // consuming the GPU's counters, in a slice of their own.
 func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.GpuMode) error {
-	_, profiles, err := migProfiles(lib, gpu)
+	dev, profiles, err := migProfiles(lib, gpu)
 	if err != nil {
 		return err
 	}
-	ampereLike := gpu.Architecture == "Ampere"
-	if ampereLike && !gpu.MigEnabled {
-		return errors.New("dynamic MIG on Ampere needs MIG mode enabled by the admin (a mode change needs a GPU reset)")
+	toggles, err := mig.TogglesWithoutReset(dev)
+	if err != nil {
+		return err
 	}
-	if ampereLike && !mode.MigModeEnabledByAdmin {
-		return errors.New("dynamic MIG on Ampere: set migModeEnabledByAdmin to confirm MIG mode is managed by the admin")
+	if !toggles && !gpu.MigEnabled {
+		return errors.New("dynamic MIG on this GPU needs MIG mode enabled by the admin (a mode change needs a GPU reset)")
+	}
+	if !toggles && !mode.MigModeEnabledByAdmin {
+		return errors.New("dynamic MIG on this GPU: set migModeEnabledByAdmin to confirm MIG mode is managed by the admin")
 	}
 	layout, err := mig.BuildDynamic(parentOf(gpu, lib.System()), profiles)
 	if err != nil {
@@ -117,7 +120,7 @@ func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode config
 	}
 	inv.ownSlice[len(inv.Devices)] = true
 	inv.CounterSets = append(inv.CounterSets, layout.CounterSet)
-	if !ampereLike {
+	if toggles {
 		// Hopper and newer switch MIG off for a whole-GPU claim at once.
 		whole := WholeGPUDevice(gpu, lib.System())
 		whole.Mode = configapi.MigDynamic
