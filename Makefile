@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench k8s-bins generate helm image fmt vet clean
+.PHONY: all build test unit lint e2e demo bench k8s-bins node-bins generate helm image fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -44,9 +44,13 @@ $(GOLANGCI_LINT):
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(TOOLS)/golangci-lint $@
 
-## k8s-bins: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (cached)
+## k8s-bins: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet (cached)
 k8s-bins:
 	hack/build-k8s-bins.sh
+
+## node-bins: containerd, its runc shim, ctr and runc for the real node, plus the CNI plugins (cached)
+node-bins:
+	hack/build-node-bins.sh
 
 ## helm: Helm v3.22.0 from the Go module proxy into _output/bin (cached)
 helm:
@@ -56,8 +60,9 @@ helm:
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
-## e2e: tests against a real control plane (and the Helm chart); never skipped here
-e2e: k8s-bins helm
+## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
+## the Helm chart, and simulated nodes; never skipped here
+e2e: k8s-bins node-bins helm
 	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
