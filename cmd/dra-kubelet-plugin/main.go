@@ -7,7 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -16,6 +16,8 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
+	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,10 +113,12 @@ func run(ctx context.Context, f flags) error {
 }
 
 // serveAuxiliary starts the metrics and health endpoints; they stop with
-// the process.
+// the process. On the host network during a rolling update the old pod
+// still holds the ports: they are taken over when it leaves.
 func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, driver *plugin.Driver) error {
 	if f.healthAddr != "" {
-		if _, err := plugin.StartHealth(ctx, f.healthAddr, f.pluginDataDir, driver); err != nil {
+		health := plugin.NewHealth(driver)
+		if err := listen.WhenFree(ctx, "health", f.healthAddr, func(l net.Listener) { health.Serve(ctx, l) }); err != nil {
 			return err
 		}
 	}
@@ -123,13 +127,14 @@ func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, driv
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Addr: f.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped")
-		}
-	}()
-	return nil
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return listen.WhenFree(ctx, "metrics", f.metricsAddr, func(l net.Listener) {
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				klog.FromContext(ctx).Error(err, "Metrics server stopped")
+			}
+		}()
+	})
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

@@ -45,6 +45,9 @@ type Driver struct {
 	helper  *kubeletplugin.Helper
 	inv     Inventory
 	metrics *Metrics
+	// socket is the DRA gRPC socket the kubelet calls, which the health
+	// check calls too.
+	socket string
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -62,7 +65,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
-	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics}
+	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics,
+		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing})
@@ -80,12 +84,26 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	return d, nil
 }
 
+// SocketName is the file name of the DRA socket in the plugin data
+// directory. Under a rolling update every plugin pod needs its own socket,
+// so the pod UID is part of the name. The helper would derive the same name
+// itself; naming it here means the health check calls the socket that is
+// really served, whatever the mode (a probe of "dra.sock" under POD_UID
+// failed forever and the kubelet killed the plugin every 40 s).
+func SocketName(podUID types.UID) string {
+	if podUID == "" {
+		return "dra.sock"
+	}
+	return "dra-" + string(podUID) + ".sock"
+}
+
 func helperOptions(opts Options) []kubeletplugin.Option {
 	o := []kubeletplugin.Option{
 		kubeletplugin.DriverName(configapi.DriverName),
 		kubeletplugin.KubeClient(opts.KubeClient),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
+		kubeletplugin.PluginSocket(SocketName(opts.PodUID)),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 	}
 	if opts.PodUID != "" {
@@ -108,6 +126,9 @@ func (d *Driver) Stop() {
 
 // Helper exposes the kubelet plugin helper, for health checks.
 func (d *Driver) Helper() *kubeletplugin.Helper { return d.helper }
+
+// SocketPath is the DRA gRPC socket the kubelet calls.
+func (d *Driver) SocketPath() string { return d.socket }
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {

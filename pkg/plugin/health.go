@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"path/filepath"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,21 +25,21 @@ type Health struct {
 	server *grpc.Server
 }
 
-// StartHealth serves the health protocol on addr (host:port).
-func StartHealth(ctx context.Context, addr, pluginDataDir string, driver *Driver) (*Health, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listening for health checks on %s: %w", addr, err)
-	}
-	h := &Health{driver: driver, socket: filepath.Join(pluginDataDir, "dra.sock"), server: grpc.NewServer()}
+// NewHealth returns the health service of a started driver.
+func NewHealth(driver *Driver) *Health {
+	h := &Health{driver: driver, socket: driver.SocketPath(), server: grpc.NewServer()}
 	grpc_health_v1.RegisterHealthServer(h.server, h)
+	return h
+}
+
+// Serve answers health checks on lis until Stop.
+func (h *Health) Serve(ctx context.Context, lis net.Listener) {
+	klog.FromContext(ctx).Info("Serving gRPC health checks", "address", lis.Addr().String())
 	go func() {
 		if err := h.server.Serve(lis); err != nil {
 			klog.FromContext(ctx).Error(err, "Health server stopped")
 		}
 	}()
-	klog.FromContext(ctx).Info("Serving gRPC health checks", "address", lis.Addr().String())
-	return h, nil
 }
 
 // Stop stops the health server.
