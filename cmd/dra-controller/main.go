@@ -63,6 +63,7 @@ func parseFlags() *flags {
 	fs.BoolVar(&w.ExternalCerts, "webhook-external-certs", false, "The certificate in --webhook-cert-dir comes from elsewhere (cert-manager); do not write it.")
 	fs.StringVar(&w.CAFile, "webhook-ca-file", "", "With --webhook-external-certs: CA to inject as caBundle; empty leaves the caBundle to its injector.")
 	fs.StringVar(&w.ConfigName, "webhook-config-name", controller.DefaultWebhookConfigName, "Name of the ValidatingWebhookConfiguration the controller maintains.")
+	fs.BoolVar(&w.ConfigOwnedByChart, "webhook-config-owned-by-chart", false, "The ValidatingWebhookConfiguration --webhook-config-name is installed by the Helm chart: only inject the CA bundle into it, never create or delete it.")
 	fs.BoolVar(&w.RemoveOnExit, "webhook-remove-on-exit", false, "Delete the webhook configuration on shutdown (demo, tests): with failurePolicy Fail a stopped controller otherwise blocks claims.")
 	fs.StringSliceVar(&o.ExemptNamespaces, "exempt-namespaces", nil, "Namespaces besides kube-system, kube-public and kube-node-lease whose claims skip the quota webhook.")
 	fs.BoolVar(&o.DenyUnassigned, "deny-unassigned", false, "Refuse claims for GPUs in namespaces no TenantQuota covers.")

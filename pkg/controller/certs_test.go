@@ -95,6 +95,13 @@ func TestWebhookConfiguration(t *testing.T) {
 	if cfg.Webhooks[2].NamespaceSelector != nil {
 		t.Fatal("cluster-scoped webhook has a namespace selector")
 	}
+	// The catalog and quota validators fail open: a controller not ready yet
+	// must not refuse the release's own GpuProfiles at helm install.
+	for _, wh := range cfg.Webhooks[2:] {
+		if *wh.FailurePolicy != admissionregv1.Ignore {
+			t.Errorf("webhook %s fails %s, want Ignore", wh.Name, *wh.FailurePolicy)
+		}
+	}
 
 	o = &Options{Webhook: WebhookOptions{ServiceNamespace: "gpuaas", ServiceName: "ctrl"}}
 	if err := o.Validate(); err != nil {

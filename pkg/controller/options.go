@@ -81,6 +81,11 @@ type WebhookOptions struct {
 	// demo): a configuration pointing at a stopped controller with
 	// failurePolicy Fail blocks claims.
 	RemoveOnExit bool
+	// ConfigOwnedByChart: the Helm chart installs (and uninstall removes)
+	// the webhook configuration; the controller only injects its CA
+	// bundle and never creates or deletes it, so nothing it wrote outlives
+	// the release.
+	ConfigOwnedByChart bool
 }
 
 // Validate checks and defaults the options.
@@ -121,6 +126,9 @@ func (w *WebhookOptions) validate() error {
 	}
 	if w.CertSecret != "" && !strings.Contains(w.CertSecret, "/") {
 		return fmt.Errorf("webhook: cert secret %q must be namespace/name", w.CertSecret)
+	}
+	if w.ConfigOwnedByChart && w.RemoveOnExit {
+		return errors.New("webhook: a configuration owned by the chart is removed by helm uninstall, not on exit")
 	}
 	if w.TimeoutSeconds < 1 || w.TimeoutSeconds > 30 {
 		return fmt.Errorf("webhook: timeout %ds out of 1-30", w.TimeoutSeconds)

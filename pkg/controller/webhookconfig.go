@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -30,6 +31,13 @@ const (
 // components must keep working while the controller is down.
 var defaultExemptNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
+// WebhookConfiguration is the configuration the controller writes for o,
+// without a CA bundle. The Helm chart renders the same webhooks itself (it
+// owns them); a test of the chart compares the two.
+func WebhookConfiguration(o *Options) *admissionregv1.ValidatingWebhookConfiguration {
+	return webhookConfiguration(o, nil)
+}
+
 // webhookConfiguration renders the ValidatingWebhookConfiguration. Every
 // webhook fails closed (an unreachable controller refuses claims rather than
 // letting them past quota), so the namespaceSelector keeps system
@@ -47,7 +55,7 @@ func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.Validatin
 			Name:                    name,
 			ClientConfig:            clientConfig(&o.Webhook, path, caBundle),
 			Rules:                   []admissionregv1.RuleWithOperations{rule},
-			FailurePolicy:           ptr.To(admissionregv1.Fail),
+			FailurePolicy:           ptr.To(failurePolicy(namespaced)),
 			MatchPolicy:             ptr.To(admissionregv1.Equivalent),
 			SideEffects:             ptr.To(admissionregv1.SideEffectClassNoneOnDryRun),
 			TimeoutSeconds:          ptr.To(o.Webhook.TimeoutSeconds),
@@ -74,6 +82,20 @@ func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.Validatin
 				rule(gpuaas.GroupName, "tenantquotas", admissionregv1.Create, admissionregv1.Update), false),
 		},
 	}
+}
+
+// failurePolicy fails closed for claims (an unreachable controller must not
+// let claims past quota) and open for our own catalog and quota objects:
+// the controller validates those again when it reconciles them and reports
+// the result in their status, and failing closed there made `helm install`
+// fail whenever the controller registered its webhook before its pod was
+// ready (the release's own GpuProfiles were refused: "no endpoints
+// available"), and left a reinstall refused after an uninstall.
+func failurePolicy(claimWebhook bool) admissionregv1.FailurePolicyType {
+	if claimWebhook {
+		return admissionregv1.Fail
+	}
+	return admissionregv1.Ignore
 }
 
 // rule matches v1 only: with matchPolicy Equivalent the apiserver converts
@@ -147,6 +169,9 @@ func (r *webhookRegistrar) Start(ctx context.Context) error {
 }
 
 func (r *webhookRegistrar) apply(ctx context.Context) error {
+	if r.opts.Webhook.ConfigOwnedByChart {
+		return r.injectCABundle(ctx)
+	}
 	want := webhookConfiguration(r.opts, r.caBundle)
 	var have admissionregv1.ValidatingWebhookConfiguration
 	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
@@ -160,6 +185,30 @@ func (r *webhookRegistrar) apply(ctx context.Context) error {
 		keepCABundles(want, &have) // injected by someone else (cert-manager)
 	}
 	have.Webhooks, have.Labels = want.Webhooks, want.Labels
+	return r.client.Update(ctx, &have)
+}
+
+// injectCABundle writes the CA into every webhook of the configuration the
+// chart installed. It waits (the caller retries) while the configuration
+// does not exist: creating it here would leave it behind after helm
+// uninstall.
+func (r *webhookRegistrar) injectCABundle(ctx context.Context) error {
+	if r.caBundle == nil {
+		return nil // injected by someone else (cert-manager)
+	}
+	var have admissionregv1.ValidatingWebhookConfiguration
+	if err := r.client.Get(ctx, client.ObjectKey{Name: r.opts.Webhook.ConfigName}, &have); err != nil {
+		return fmt.Errorf("getting the chart's webhook configuration: %w", err)
+	}
+	changed := false
+	for i := range have.Webhooks {
+		if !bytes.Equal(have.Webhooks[i].ClientConfig.CABundle, r.caBundle) {
+			have.Webhooks[i].ClientConfig.CABundle, changed = r.caBundle, true
+		}
+	}
+	if !changed {
+		return nil
+	}
 	return r.client.Update(ctx, &have)
 }
 

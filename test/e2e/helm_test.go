@@ -12,6 +12,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -22,16 +23,19 @@ import (
 	"testing"
 	"time"
 
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	gpuv1alpha1 "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -514,3 +518,35 @@ var (
 			Resource: "validatingadmissionpolicybindings"},
 	}
 )
+
+// TestHelmWebhookConfigMatchesController checks that the webhook
+// configuration the chart owns is the one the controller would write:
+// same webhooks, rules, failure policies, selectors and service.
+func TestHelmWebhookConfigMatchesController(t *testing.T) {
+	helmBin(t) // one skip line when helm is not built
+	const release, ns = "gpuaas", "gpuaas-system"
+	_, objs := renderChart(t, release, ns, "--set", "controller.exemptNamespaces={monitoring}")
+	var chart *admissionregv1.ValidatingWebhookConfiguration
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingWebhookConfiguration" {
+			chart = &admissionregv1.ValidatingWebhookConfiguration{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, chart); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if chart == nil {
+		t.Fatal("the chart renders no ValidatingWebhookConfiguration")
+	}
+	opts := &controller.Options{ExemptNamespaces: []string{"monitoring"}, Webhook: controller.WebhookOptions{
+		ServiceNamespace: ns, ServiceName: release + "-gpuaas-dra-controller-webhook", ConfigOwnedByChart: true}}
+	if err := opts.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := controller.WebhookConfiguration(opts)
+	got, _ := json.MarshalIndent(chart.Webhooks, "", " ")
+	exp, _ := json.MarshalIndent(want.Webhooks, "", " ")
+	if string(got) != string(exp) {
+		t.Errorf("chart webhooks differ from the controller's:\nchart:\n%s\ncontroller:\n%s", got, exp)
+	}
+}

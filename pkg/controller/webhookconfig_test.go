@@ -1,0 +1,75 @@
+package controller
+
+import (
+	"context"
+	"testing"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+func chartOwnedOptions(t *testing.T) *Options {
+	t.Helper()
+	o := &Options{Webhook: WebhookOptions{ServiceNamespace: "gpuaas", ServiceName: "ctrl", ConfigOwnedByChart: true}}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// With the chart owning the configuration, the controller never creates it:
+// one it created outlived helm uninstall and refused every claim.
+func TestChartOwnedWebhookConfigIsNeverCreated(t *testing.T) {
+	c := newFakeClient(t)
+	r := &webhookRegistrar{client: c, opts: chartOwnedOptions(t), caBundle: []byte("CA")}
+	if err := r.apply(context.Background()); err == nil {
+		t.Fatal("apply succeeded without the chart's configuration")
+	}
+	var got admissionregv1.ValidatingWebhookConfiguration
+	err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, &got)
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("the controller created the configuration (get: %v)", err)
+	}
+}
+
+// The controller injects its CA into every webhook of the chart's
+// configuration and changes nothing else.
+func TestChartOwnedWebhookConfigGetsCABundle(t *testing.T) {
+	chart := &admissionregv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultWebhookConfigName, Labels: map[string]string{"app.kubernetes.io/managed-by": "Helm"}},
+		Webhooks: []admissionregv1.ValidatingWebhook{
+			{Name: "a.gpuaas.io", FailurePolicy: ptr.To(admissionregv1.Fail), TimeoutSeconds: ptr.To[int32](7)},
+			{Name: "b.gpuaas.io", FailurePolicy: ptr.To(admissionregv1.Ignore), ClientConfig: admissionregv1.WebhookClientConfig{CABundle: []byte("OLD")}},
+		},
+	}
+	c := newFakeClient(t, chart)
+	r := &webhookRegistrar{client: c, opts: chartOwnedOptions(t), caBundle: []byte("CA")}
+	if err := r.apply(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var got admissionregv1.ValidatingWebhookConfiguration
+	if err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Webhooks) != 2 || got.Labels["app.kubernetes.io/managed-by"] != "Helm" {
+		t.Fatalf("configuration changed beyond the CA: %+v", got)
+	}
+	for _, wh := range got.Webhooks {
+		if string(wh.ClientConfig.CABundle) != "CA" {
+			t.Errorf("webhook %s caBundle %q, want CA", wh.Name, wh.ClientConfig.CABundle)
+		}
+	}
+	if *got.Webhooks[0].TimeoutSeconds != 7 || *got.Webhooks[1].FailurePolicy != admissionregv1.Ignore {
+		t.Errorf("the chart's settings were overwritten: %+v", got.Webhooks)
+	}
+}
+
+func TestChartOwnedWebhookConfigIsNotRemovedOnExit(t *testing.T) {
+	o := &Options{Webhook: WebhookOptions{ServiceNamespace: "gpuaas", ServiceName: "ctrl", ConfigOwnedByChart: true, RemoveOnExit: true}}
+	if err := o.Validate(); err == nil {
+		t.Fatal("Validate accepted remove-on-exit for a chart-owned configuration")
+	}
+}
