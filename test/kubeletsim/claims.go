@@ -116,11 +116,19 @@ func (c *claimInfo) request() *drapb.Claim {
 
 // CDIDeviceIDs returns the CDI device IDs all drivers returned, sorted and
 // without duplicates.
-func (c *claimInfo) CDIDeviceIDs() []string {
+func (c *claimInfo) CDIDeviceIDs() []string { return c.cdiDeviceIDsFor("") }
+
+// cdiDeviceIDsFor is CDIDeviceIDs for the devices of one request ("" for
+// all). It filters as the kubelet does, on the request names the driver
+// returned (not on the allocation), so a driver that reports them wrong
+// shows here too; a device reported without any serves every request.
+func (c *claimInfo) cdiDeviceIDsFor(request string) []string {
 	ids := sets.New[string]()
 	for _, devices := range c.Devices {
 		for _, d := range devices {
-			ids.Insert(d.CdiDeviceIds...)
+			if request == "" || len(d.RequestNames) == 0 || slices.Contains(d.RequestNames, request) {
+				ids.Insert(d.CdiDeviceIds...)
+			}
 		}
 	}
 	return sets.List(ids)

@@ -26,6 +26,9 @@ type fakePlugin struct {
 
 	mu         sync.Mutex
 	prepareErr string
+	// requests names, per claim UID, the requests of the devices prepared
+	// for the claim, one device each; default one device for "gpu".
+	requests   map[string][]string
 	prepared   [][]*drapb.Claim
 	unprepared [][]*drapb.Claim
 	statuses   []*registerapi.RegistrationStatus
@@ -88,12 +91,36 @@ func (p *fakePlugin) NodePrepareResources(_ context.Context, req *drapb.NodePrep
 			resp.Claims[c.Uid] = &drapb.NodePrepareResourceResponse{Error: p.prepareErr}
 			continue
 		}
-		resp.Claims[c.Uid] = &drapb.NodePrepareResourceResponse{Devices: []*drapb.Device{{
-			RequestNames: []string{"gpu"}, PoolName: "node-1", DeviceName: "gpu-0",
-			CdiDeviceIds: []string{fmt.Sprintf("k8s.%s/claim=%s-gpu-0", p.driver, c.Uid)},
-		}}}
+		resp.Claims[c.Uid] = &drapb.NodePrepareResourceResponse{Devices: p.devices(c.Uid)}
 	}
 	return resp, nil
+}
+
+// devices returns device i, CDI ID k8s.<driver>/claim=<uid>-gpu-<i>, for
+// the i-th request of the claim.
+func (p *fakePlugin) devices(uid string) []*drapb.Device {
+	requests, ok := p.requests[uid]
+	if !ok {
+		requests = []string{"gpu"}
+	}
+	var out []*drapb.Device
+	for i, r := range requests {
+		out = append(out, &drapb.Device{
+			RequestNames: []string{r}, PoolName: "node-1", DeviceName: fmt.Sprintf("gpu-%d", i),
+			CdiDeviceIds: []string{fmt.Sprintf("k8s.%s/claim=%s-gpu-%d", p.driver, uid, i)},
+		})
+	}
+	return out
+}
+
+// setRequests makes the plugin prepare one device per request for the claim.
+func (p *fakePlugin) setRequests(uid string, requests ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.requests == nil {
+		p.requests = map[string][]string{}
+	}
+	p.requests[uid] = requests
 }
 
 func (p *fakePlugin) NodeUnprepareResources(_ context.Context, req *drapb.NodeUnprepareResourcesRequest) (*drapb.NodeUnprepareResourcesResponse, error) {

@@ -52,14 +52,21 @@ func (s *Simulator) syncPod(ctx context.Context, key string) error {
 // reports it Running. A failed prepare leaves a Warning event, as the
 // kubelet does on every failed sync, and is retried with backoff.
 func (s *Simulator) startPod(ctx context.Context, pod *v1.Pod) error {
+	logger := klog.FromContext(ctx)
+	if waiting := awaitedExtendedResources(pod, s.cfg.Capacity); len(waiting) > 0 {
+		// No retry needed: the scheduler sets the claim in the pod status,
+		// and that update syncs the pod again.
+		logger.V(2).Info("Pod waits for its extended-resource claim", "resources", waiting)
+		return nil
+	}
 	s.track(pod)
 	cdi, err := s.prepare(ctx, pod)
 	if err != nil {
 		s.recorder.Eventf(pod, v1.EventTypeWarning, ReasonFailedPrepare, "Failed to prepare dynamic resources: %v", err)
 		return err
 	}
-	if len(cdi) > 0 {
-		klog.FromContext(ctx).Info("Prepared resource claims", "cdiDevices", cdi)
+	if len(cdi.claims) > 0 {
+		logger.Info("Prepared resource claims", "cdiDevices", cdi.claims, "containerCDIDevices", cdi.containers)
 		if pod, err = s.annotateCDI(ctx, pod, cdi); err != nil {
 			return err
 		}
@@ -72,19 +79,23 @@ func (s *Simulator) startPod(ctx context.Context, pod *v1.Pod) error {
 	s.mu.Lock()
 	s.started[pod.UID] = true
 	s.mu.Unlock()
-	klog.FromContext(ctx).V(2).Info("Pod running")
+	logger.V(2).Info("Pod running")
 	return nil
 }
 
-// annotateCDI stores the CDI device IDs per claim name on the pod.
-func (s *Simulator) annotateCDI(ctx context.Context, pod *v1.Pod, cdi map[string][]string) (*v1.Pod, error) {
-	value, err := json.Marshal(cdi)
+// annotateCDI stores the CDI device IDs per claim name and per container on
+// the pod.
+func (s *Simulator) annotateCDI(ctx context.Context, pod *v1.Pod, cdi podCDI) (*v1.Pod, error) {
+	byClaim, err := json.Marshal(cdi.claims)
 	if err != nil {
-		return nil, fmt.Errorf("encoding CDI devices: %w", err)
+		return nil, fmt.Errorf("encoding CDI devices per claim: %w", err)
 	}
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{CDIDevicesAnnotation: string(value)}},
-	})
+	byContainer, err := json.Marshal(cdi.containers)
+	if err != nil {
+		return nil, fmt.Errorf("encoding CDI devices per container: %w", err)
+	}
+	annotations := map[string]string{CDIDevicesAnnotation: string(byClaim), CDIContainerDevicesAnnotation: string(byContainer)}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	if err != nil {
 		return nil, fmt.Errorf("encoding annotation patch: %w", err)
 	}

@@ -17,67 +17,101 @@ import (
 // pod (it must be allocated and reserved for the pod), check every driver
 // is registered before touching anything, record the pod in the claim cache,
 // then call NodePrepareResources once per driver for the claims not yet
-// prepared. It returns the CDI device IDs per ResourceClaim name.
-func (s *Simulator) prepare(ctx context.Context, pod *v1.Pod) (map[string][]string, error) {
-	fresh, err := s.podClaims(ctx, pod)
+// prepared. It returns the CDI device IDs per claim and per container.
+func (s *Simulator) prepare(ctx context.Context, pod *v1.Pod) (podCDI, error) {
+	refs, err := claimRefs(pod)
 	if err != nil {
-		return nil, err
+		return podCDI{}, err
+	}
+	fresh, err := s.podClaims(ctx, pod, refs)
+	if err != nil {
+		return podCDI{}, err
 	}
 	infos, todo, err := s.attach(pod.UID, fresh)
 	if err != nil {
-		return nil, err
+		return podCDI{}, err
 	}
 	batches := groupByDriver(todo, resourceapi.SkipNodeOperationNodePrepareResources)
 	for _, driver := range sortedKeys(batches) {
 		if err := s.callPrepare(ctx, driver, batches[driver], todo); err != nil {
-			return nil, err
+			return podCDI{}, err
 		}
 	}
 	s.claims.mu.Lock()
 	defer s.claims.mu.Unlock()
-	cdi := map[string][]string{}
 	for _, info := range todo {
 		info.Prepared = true
 	}
-	for _, info := range infos {
-		if ids := info.CDIDeviceIDs(); len(ids) > 0 {
-			cdi[info.Name] = ids
-		}
-	}
-	return cdi, nil
+	return podCDI{claims: claimCDI(infos), containers: containerCDI(pod, refs, infos)}, nil
 }
 
-// podClaims fetches the pod's claims from the API server (not a cache: the
-// allocation must be current) and validates them as the kubelet does.
-func (s *Simulator) podClaims(ctx context.Context, pod *v1.Pod) ([]*claimInfo, error) {
-	var out []*claimInfo
+// claimRef is one claim of a pod, as the kubelet lists them.
+type claimRef struct {
+	// podClaim is the pod.spec.resourceClaims entry the claim comes from;
+	// empty for the extended-resource claim, which has none.
+	podClaim string
+	name     string
+	// checkOwner: the claim was generated for the pod, so the pod must be
+	// its controller.
+	checkOwner bool
+	extended   bool
+}
+
+// claimRefs lists the claims of pod.spec.resourceClaims that exist, then the
+// one the scheduler created for the pod's extended resources (KEP-5004),
+// which the pod spec does not list: the kubelet prepares it like the others.
+func claimRefs(pod *v1.Pod) ([]claimRef, error) {
+	var refs []claimRef
 	for i := range pod.Spec.ResourceClaims {
-		name, mustCheckOwner, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i])
+		podClaim := &pod.Spec.ResourceClaims[i]
+		name, mustCheckOwner, err := resourceclaim.Name(pod, podClaim)
 		if err != nil {
 			return nil, err
 		}
 		if name == nil {
 			continue // no claim was generated for this entry; nothing to do
 		}
-		claim, err := s.cfg.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+		refs = append(refs, claimRef{podClaim: podClaim.Name, name: *name, checkOwner: mustCheckOwner})
+	}
+	if ref, ok := extendedClaimRef(pod); ok {
+		refs = append(refs, ref)
+	}
+	return refs, nil
+}
+
+// podClaims fetches the pod's claims from the API server (not a cache: the
+// allocation must be current) and validates them as the kubelet does. The
+// result is in the order of refs.
+func (s *Simulator) podClaims(ctx context.Context, pod *v1.Pod, refs []claimRef) ([]*claimInfo, error) {
+	out := make([]*claimInfo, 0, len(refs))
+	for _, ref := range refs {
+		info, err := s.podClaim(ctx, pod, ref)
 		if err != nil {
-			return nil, fmt.Errorf("fetch ResourceClaim %s: %w", *name, err)
-		}
-		if err := s.checkClaim(pod, claim, mustCheckOwner); err != nil {
 			return nil, err
-		}
-		info, err := newClaimInfo(claim)
-		if err != nil {
-			return nil, fmt.Errorf("ResourceClaim %s: %w", claim.Name, err)
-		}
-		for _, driver := range info.driversFor(resourceapi.SkipNodeOperationNodePrepareResources) {
-			if _, err := s.plugins.get(driver); err != nil {
-				return nil, err
-			}
 		}
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+func (s *Simulator) podClaim(ctx context.Context, pod *v1.Pod, ref claimRef) (*claimInfo, error) {
+	claim, err := s.cfg.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("fetch ResourceClaim %s: %w", ref.name, err)
+	}
+	if err := s.checkClaim(pod, claim, ref.checkOwner); err != nil {
+		return nil, err
+	}
+	info, err := newClaimInfo(claim)
+	if err != nil {
+		return nil, fmt.Errorf("ResourceClaim %s: %w", claim.Name, err)
+	}
+	for _, driver := range info.driversFor(resourceapi.SkipNodeOperationNodePrepareResources) {
+		if _, err := s.plugins.get(driver); err != nil {
+			return nil, err
+		}
+	}
+	return info, nil
 }
 
 func (s *Simulator) checkClaim(pod *v1.Pod, claim *resourceapi.ResourceClaim, mustCheckOwner bool) error {
@@ -93,7 +127,7 @@ func (s *Simulator) checkClaim(pod *v1.Pod, claim *resourceapi.ResourceClaim, mu
 }
 
 // attach adds the pod to the cache entries of its claims; it returns all of
-// them and those that still need a prepare call.
+// them, in the order of fresh, and those that still need a prepare call.
 func (s *Simulator) attach(pod types.UID, fresh []*claimInfo) (all, todo []*claimInfo, err error) {
 	s.claims.mu.Lock()
 	defer s.claims.mu.Unlock()

@@ -34,9 +34,17 @@ import (
 const DefaultRegistryDir = "/var/lib/kubelet/plugins_registry"
 
 // CDIDevicesAnnotation is set on a pod before it is reported Running: a JSON
-// object mapping each of the pod's ResourceClaim names to the CDI device IDs
-// the drivers returned for it (what a container runtime would inject).
+// object mapping each of the pod's ResourceClaim names (its extended-resource
+// claim included) to the CDI device IDs the drivers returned for it.
 const CDIDevicesAnnotation = "kubeletsim.gpuaas.io/cdi-devices"
+
+// CDIContainerDevicesAnnotation is set with CDIDevicesAnnotation: a JSON
+// object mapping each container that gets devices to their CDI device IDs,
+// what a container runtime would inject. As in the kubelet, a container
+// gets those of the claims (or claim requests) it names in resources.claims
+// and those of the extended-resource claim's requests that
+// status.extendedResourceClaimStatus maps to it.
+const CDIContainerDevicesAnnotation = "kubeletsim.gpuaas.io/container-cdi-devices"
 
 // Config describes the simulated node.
 type Config struct {
