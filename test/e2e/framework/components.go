@@ -49,6 +49,10 @@ func (cp *ControlPlane) apiserver(port, etcdPort int, saKey, saPub, tokens strin
 			"--authorization-mode", "Node,RBAC",
 			// As on real clusters: the kubelet plugin's DaemonSet is privileged.
 			"--allow-privileged=true",
+			// Webhooks and aggregated APIs are called at their endpoints, not
+			// their ClusterIP: nothing routes ClusterIPs here (no kube-proxy),
+			// and the real node's controller serves on the host network.
+			"--enable-aggregator-routing=true",
 			"--service-cluster-ip-range", "10.96.0.0/16",
 			"--v", "1",
 		},

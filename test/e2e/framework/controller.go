@@ -108,6 +108,12 @@ func (cp *ControlPlane) ApplyFile(ctx context.Context, file, defaultNamespace st
 	if err != nil {
 		return nil, nil, err
 	}
+	return cp.ApplyObjects(ctx, file, objs, defaultNamespace)
+}
+
+// ApplyObjects is ApplyFile for objects read (and perhaps changed) by the
+// caller; file only names them in errors.
+func (cp *ControlPlane) ApplyObjects(ctx context.Context, file string, objs []*unstructured.Unstructured, defaultNamespace string) ([]*unstructured.Unstructured, []Denial, error) {
 	var applied []*unstructured.Unstructured
 	var denials []Denial
 	for _, obj := range objs {

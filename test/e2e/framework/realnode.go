@@ -1,0 +1,222 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// realNodeStartTimeout bounds starting containerd and the kubelet and the
+// node becoming schedulable; on a loaded 2-core machine the kubelet takes
+// up to a minute.
+const realNodeStartTimeout = 3 * time.Minute
+
+// GPUPresentLabel selects the nodes the chart's plugin DaemonSet runs on.
+const GPUPresentLabel = "nvidia.com/gpu.present"
+
+// RealNodeBinaries are what a real node needs in the control plane's bin
+// dir besides it (make k8s-bins node-bins).
+var RealNodeBinaries = []string{"kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc"}
+
+// RealNodeOptions describe a real node.
+type RealNodeOptions struct {
+	Name string
+	// GPUs is the number of device nodes of the simulated driver root; 8
+	// matches the mock NVML machines.
+	GPUs int
+	// Images are OCI tarballs imported into containerd before the kubelet
+	// starts (the sandbox image among them).
+	Images []string
+	// Labels are the Node's labels; GPUPresentLabel is always set.
+	Labels map[string]string
+	// Verbosity is the kubelet's -v; default 2.
+	Verbosity int
+}
+
+// RealNode is a node of real components on this machine: containerd (with
+// runc and the CRI's CDI support) and the kubelet, as child processes, with
+// their directories under Dir. The GPUs are simulated: the plugin runs with
+// a mock NVML, and DriverRoot holds the device nodes a driver would create.
+type RealNode struct {
+	Name string
+	Dir  string
+	// KubeletDir is the kubelet's --root-dir (the chart's kubeletDir).
+	KubeletDir string
+	// CDIRoot is where containerd reads CDI specs (the chart's cdiRoot).
+	CDIRoot string
+	// DriverRoot is the simulated driver root (the chart's driverRoot).
+	DriverRoot string
+	// PodLogsDir holds the containers' logs.
+	PodLogsDir       string
+	ContainerdSocket string
+	// CgroupRoot is the kubelet's cgroup root: every container of the node
+	// runs below it.
+	CgroupRoot string
+	Containerd *Process
+	Kubelet    *Process
+
+	cp *ControlPlane
+}
+
+// MissingRealNodeBinaries lists the real-node binaries absent from dir.
+func MissingRealNodeBinaries(dir string) []string {
+	var missing []string
+	for _, b := range RealNodeBinaries {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			missing = append(missing, b)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(CNIBinDir, "loopback")); err != nil {
+		missing = append(missing, CNIBinDir+"/loopback")
+	}
+	return missing
+}
+
+// StartRealNode starts containerd, imports the images, starts the kubelet
+// and waits until the node is schedulable. On error everything started is
+// stopped again.
+func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions) (*RealNode, error) {
+	if missing := MissingRealNodeBinaries(cp.BinDir); len(missing) > 0 {
+		return nil, fmt.Errorf("real-node binaries %v not found (make k8s-bins node-bins)", missing)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("a real node needs root (containerd, runc, mknod)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, realNodeStartTimeout)
+	defer cancel()
+	n, err := cp.newRealNode(opts)
+	if err != nil {
+		return nil, err
+	}
+	begin := time.Now()
+	if err := n.start(ctx, opts); err != nil {
+		return nil, errors.Join(err, n.Stop(context.WithoutCancel(ctx)))
+	}
+	cp.logf("real node %s ready in %.1fs (containerd + kubelet, dir %s)", n.Name, time.Since(begin).Seconds(), n.Dir)
+	return n, nil
+}
+
+func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
+	if err := n.startContainerd(ctx); err != nil {
+		return err
+	}
+	for _, img := range opts.Images {
+		if err := n.ImportImage(ctx, img); err != nil {
+			return err
+		}
+	}
+	if err := n.startKubelet(ctx, opts); err != nil {
+		return err
+	}
+	if err := n.cp.WaitForNodeSchedulable(ctx, n.Name); err != nil {
+		return fmt.Errorf("%w; kubelet log %s:\n%s", err, n.Kubelet.LogPath, n.Kubelet.Tail(20))
+	}
+	return nil
+}
+
+func (cp *ControlPlane) newRealNode(opts RealNodeOptions) (*RealNode, error) {
+	if opts.GPUs == 0 {
+		opts.GPUs = 8
+	}
+	// Numbered, short directories: the sockets below must stay under 108 bytes.
+	dir := filepath.Join(cp.Dir, "rn", fmt.Sprint(cp.nodeCount.Add(1)))
+	n := &RealNode{
+		Name:             opts.Name,
+		Dir:              dir,
+		KubeletDir:       filepath.Join(dir, "kubelet"),
+		CDIRoot:          filepath.Join(dir, "cdi"),
+		DriverRoot:       filepath.Join(dir, "driver"),
+		PodLogsDir:       filepath.Join(dir, "pod-logs"),
+		ContainerdSocket: filepath.Join(dir, "containerd.sock"),
+		CgroupRoot:       "/" + filepath.Base(cp.Dir) + "-node" + filepath.Base(dir),
+		cp:               cp,
+	}
+	for _, d := range []string{n.KubeletDir, n.CDIRoot, n.PodLogsDir, filepath.Join(n.KubeletDir, "plugins_registry")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	if err := MakeDriverRoot(n.DriverRoot, opts.GPUs); err != nil {
+		return nil, err
+	}
+	if err := makeSharedMount(dir); err != nil {
+		return nil, err
+	}
+	if err := makeCgroup(n.CgroupRoot); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *RealNode) startKubelet(ctx context.Context, opts RealNodeOptions) error {
+	ports, err := FreePorts(2)
+	if err != nil {
+		return err
+	}
+	cfg, err := n.writeKubeletConfig(ports[0], ports[1])
+	if err != nil {
+		return err
+	}
+	labels := map[string]string{GPUPresentLabel: "true"}
+	for k, v := range opts.Labels {
+		labels[k] = v
+	}
+	verbosity := opts.Verbosity
+	if verbosity == 0 {
+		verbosity = 2
+	}
+	n.Kubelet = NewProcess("kubelet-"+n.Name, filepath.Join(n.cp.BinDir, "kubelet"),
+		filepath.Join(n.cp.LogDir, "kubelet-"+n.Name+".log"), n.kubeletArgs(cfg, labels, verbosity)...)
+	if err := n.Kubelet.Start(); err != nil {
+		return err
+	}
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[1])
+	return waitHealthy(ctx, n.Kubelet, healthz, "")
+}
+
+// Stop ends the node: the kubelet first (so nothing restarts containers),
+// then every process below the node's cgroup root (the containers), then
+// containerd and its shims; it unmounts what the kubelet and containerd
+// mounted under Dir and deletes the Node object and its ResourceSlices.
+// Delete pods first when their claims should be unprepared.
+func (n *RealNode) Stop(ctx context.Context) error {
+	var errs []error
+	if n.Kubelet != nil {
+		errs = append(errs, n.Kubelet.Stop())
+	}
+	errs = append(errs, killCgroup(n.CgroupRoot))
+	if n.Containerd != nil {
+		errs = append(errs, n.Containerd.Stop())
+	}
+	errs = append(errs, killShims(n.ContainerdSocket), unmountUnder(n.Dir), removeCgroup(n.CgroupRoot))
+	err := n.cp.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("deleting node %s: %w", n.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// WaitForPodLog waits until the container's log contains want and returns
+// the whole log.
+func (n *RealNode) WaitForPodLog(ctx context.Context, namespace, pod, container, want string) (string, error) {
+	var log string
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		p, err := n.cp.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		log, err = ReadContainerLog(n.PodLogsDir, p, container)
+		return err == nil && containsLine(log, want), nil
+	})
+	if err != nil {
+		return log, fmt.Errorf("log of %s/%s container %s has no line %q (so far:\n%s): %w", namespace, pod, container, want, log, err)
+	}
+	return log, nil
+}

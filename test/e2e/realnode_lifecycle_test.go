@@ -1,0 +1,229 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// testDemoSpecsOnRealNode applies every demo spec, with each pod's image
+// replaced by the gpuinfo workload, and checks what every container saw.
+// The specs stay applied together until the step ends, as in `make demo`.
+func testDemoSpecsOnRealNode(t *testing.T, n *realNode) {
+	specs := filepath.Join(repoRoot, "demo", "specs")
+	files, err := framework.YAMLFiles(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range files {
+		rel, _ := filepath.Rel(specs, file)
+		if !t.Run(rel, func(sub *testing.T) { runSpecOnRealNode(sub, t, n, file) }) {
+			return
+		}
+	}
+}
+
+func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) {
+	ctx := framework.Context(t, 3*time.Minute)
+	objs, err := framework.ReadObjects(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Pod" {
+			useWorkloadImage(t, o)
+		}
+	}
+	defaultNS := ""
+	if needsNamespace(objs) {
+		defaultNS = cp.CreateNamespace(parent, "real-spec")
+	}
+	applied, denials, err := cp.ApplyObjects(ctx, file, objs, defaultNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range denials {
+		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
+	}
+	for _, obj := range applied {
+		if obj.GetKind() == "Namespace" {
+			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
+		}
+	}
+	for _, obj := range applied {
+		if obj.GetKind() != "Pod" {
+			continue
+		}
+		pod := runningPod(t, ctx, obj.GetNamespace(), obj.GetName())
+		for _, c := range pod.Spec.Containers {
+			checkContainerSawClaims(t, ctx, n, pod, c.Name)
+		}
+	}
+}
+
+// useWorkloadImage makes a demo pod run gpuinfo on the host network: the
+// demo's pause image prints nothing, and the node has no pod network.
+func useWorkloadImage(t *testing.T, pod *unstructured.Unstructured) {
+	t.Helper()
+	containers, _, err := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range containers {
+		c := containers[i].(map[string]any)
+		c["image"] = framework.WorkloadImage
+		c["imagePullPolicy"] = string(v1.PullNever)
+		delete(c, "command")
+		delete(c, "args")
+	}
+	if err := unstructured.SetNestedSlice(pod.Object, containers, "spec", "containers"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(pod.Object, true, "spec", "hostNetwork"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(pod.Object, int64(5), "spec", "terminationGracePeriodSeconds"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testUpgradeRollsPlugin prepares a claim with the installed plugin pod,
+// upgrades the release (a changed pod template rolls the DaemonSet with
+// maxSurge: the new pod starts next to the old one under POD_UID), and
+// checks that the new pod unprepares what the old one prepared.
+func testUpgradeRollsPlugin(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	old := waitForPluginPod(t, ctx, "")
+	checkLivenessHeld(t, ctx, old)
+	old = waitForPluginPod(t, ctx, "")
+	for _, st := range old.Status.ContainerStatuses {
+		if st.RestartCount != 0 {
+			t.Errorf("plugin container %s restarted %d times (liveness probe?); last state %+v", st.Name, st.RestartCount, st.LastTerminationState)
+		}
+	}
+	ns := cp.CreateNamespace(t, "real-upgrade")
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
+		}},
+	}
+	claim, err := cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := workloadPod(ns, "before-upgrade")
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("kept")}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pod = createAndRun(t, ctx, pod)
+	for _, path := range []string{n.cdiSpecPath(claim.UID), n.checkpointPath(claim.UID)} {
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("old plugin pod did not prepare claim: %v", err)
+		}
+	}
+	n.values = strings.Replace(n.values, "logVerbosity: 4", "logVerbosity: 5", 1)
+	helmOnCluster(t, "upgrade", releaseName, chartPath, "--namespace", releaseNamespace,
+		"-f", writeValues(t, "values.yaml", n.values))
+	fresh := waitForPluginPod(t, ctx, old.UID)
+	t.Logf("plugin rolled from %s to %s", old.Name, fresh.Name)
+	deletePodAndWait(t, ctx, pod)
+	for _, path := range []string{n.cdiSpecPath(claim.UID), n.checkpointPath(claim.UID)} {
+		if err := waitGone(ctx, path); err != nil {
+			t.Errorf("the new plugin pod did not unprepare the old one's claim: %s still there: %v", path, err)
+		}
+	}
+}
+
+// livenessWindow is longer than the chart's probe takes to kill a plugin
+// whose health check fails: first probe after 10 s, then every 10 s, three
+// failures in a row.
+const livenessWindow = 45 * time.Second
+
+// checkLivenessHeld waits until the plugin container has run for longer
+// than a failing liveness probe would let it (the probe once checked a
+// socket that does not exist under POD_UID), for the caller to check it
+// was never restarted.
+func checkLivenessHeld(t *testing.T, ctx context.Context, pod *v1.Pod) {
+	t.Helper()
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.State.Running == nil {
+			t.Fatalf("plugin container %s not running: %+v", st.Name, st.State)
+		}
+		if left := time.Until(st.State.Running.StartedAt.Add(livenessWindow)); left > 0 {
+			t.Logf("waiting %s for the plugin's liveness probe to have had its chances", left.Round(time.Second))
+			select {
+			case <-time.After(left):
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// testUninstall removes the release and checks that nothing of ours is
+// left: no pods, no webhook configuration that could block claims, no
+// ResourceSlices, no CDI specs; and that claims can still be created.
+func testUninstall(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 4*time.Minute)
+	helmOnCluster(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m")
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("pods of the release still there: %v", err)
+	}
+	hooks, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks.Items {
+		if strings.Contains(h.Name, releaseName) {
+			t.Errorf("webhook configuration %s left behind", h.Name)
+		}
+	}
+	// Another driver's claim (and ours) must still be admitted.
+	ns := cp.CreateNamespace(t, "after-uninstall")
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "other-driver", Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
+		}},
+	}
+	if _, err := cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Errorf("creating a claim after uninstall: %v", err)
+	}
+	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + framework.DriverName})
+		return err == nil && len(list.Items) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("ResourceSlices of %s still published after uninstall: %v", n.Name, err)
+	}
+	specs, _ := filepath.Glob(filepath.Join(n.CDIRoot, "k8s."+framework.DriverName+"-*"))
+	if len(specs) > 0 {
+		t.Errorf("CDI specs left behind: %v", specs)
+	}
+}

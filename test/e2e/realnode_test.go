@@ -1,0 +1,648 @@
+package e2e
+
+// Tests on a real node: the kubelet, containerd and runc of this machine run
+// what `helm install` of the chart deploys (the plugin DaemonSet, the
+// controller Deployment, under the chart's RBAC), and pods whose containers
+// print what our CDI specs gave them. The GPUs are simulated (mock NVML and
+// a driver root of mknod'ed device nodes); everything else is what a user
+// runs.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+const (
+	releaseName      = "gpuaas"
+	releaseNamespace = "gpuaas-system"
+	realNodeName     = "real-gpu-node"
+	// extendedResource is what device-plugin-era pods ask for; a DeviceClass
+	// maps it to our whole GPUs (KEP-5004).
+	extendedResource = "nvidia.com/gpu"
+)
+
+// realNode is the suite's real node with the chart installed, shared by the
+// subtests of TestRealNode in order.
+type realNode struct {
+	*framework.RealNode
+	values string // the values of the installed release
+}
+
+// pluginDataDir is the plugin's data directory as the chart mounts it.
+func (n *realNode) pluginDataDir() string {
+	return filepath.Join(n.KubeletDir, "plugins", framework.DriverName)
+}
+
+func (n *realNode) cdiSpecPath(claim types.UID) string {
+	return filepath.Join(n.CDIRoot, fmt.Sprintf("k8s.%s-claim_%s.json", framework.DriverName, claim))
+}
+
+func (n *realNode) checkpointPath(claim types.UID) string {
+	return filepath.Join(n.pluginDataDir(), "claims", string(claim)+".json")
+}
+
+// TestRealNode installs the chart on a real node and runs claims through
+// it: a template claim, an extended-resource request, every demo spec, an
+// upgrade that rolls the plugin, and an uninstall that must leave nothing.
+func TestRealNode(t *testing.T) {
+	requireRealNode(t)
+	node := startRealNode(t)
+	steps := []struct {
+		name string
+		run  func(*testing.T, *realNode)
+	}{
+		{"Install", testInstall},
+		{"TemplateClaim", testTemplateClaimContainer},
+		{"ExtendedResource", testExtendedResourceContainer},
+		{"DemoSpecs", testDemoSpecsOnRealNode},
+		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
+		{"Uninstall", testUninstall},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, func(t *testing.T) { s.run(t, node) }) {
+			t.Fatalf("%s failed; later steps build on it", s.name)
+		}
+	}
+}
+
+// requireRealNode skips (fails under E2E_REQUIRED=1) where a real node
+// cannot run: not root, or the binaries not built.
+func requireRealNode(t *testing.T) {
+	t.Helper()
+	reason := ""
+	if os.Geteuid() != 0 {
+		reason = "a real node needs root"
+	} else if missing := framework.MissingRealNodeBinaries(cp.BinDir); len(missing) > 0 {
+		reason = fmt.Sprintf("real-node binaries %v missing (make k8s-bins node-bins)", missing)
+	}
+	if reason == "" {
+		return
+	}
+	if framework.Required() {
+		t.Fatalf("%s (E2E_REQUIRED=1)", reason)
+	}
+	t.Skip(reason)
+}
+
+func startRealNode(t *testing.T) *realNode {
+	t.Helper()
+	ctx := framework.Context(t, 10*time.Minute)
+	images, err := framework.BuildNodeImages(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn, err := cp.StartRealNode(ctx, framework.RealNodeOptions{Name: realNodeName, Images: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kubelet log %s:\n%s", rn.Kubelet.LogPath, rn.Kubelet.Tail(30))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := rn.Stop(ctx); err != nil {
+			t.Errorf("stopping the real node: %v", err)
+		}
+	})
+	return &realNode{RealNode: rn}
+}
+
+// chartValues are the values of the real node's release: the locally built
+// image, the node's directories, a mock NVML with demo/node-config.yaml's
+// GPU modes, and both components on the host network (the node has no pod
+// network) reaching the API server at its address (no kube-proxy).
+func chartValues(t *testing.T, n *realNode, verbosity int) string {
+	t.Helper()
+	ports, err := framework.FreePorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiHost, apiPort, _ := strings.Cut(strings.TrimPrefix(cp.Config.Host, "https://"), ":")
+	return fmt.Sprintf(`
+logVerbosity: %d
+image:
+  repository: %s
+  tag: %s
+  pullPolicy: Never
+extraEnv:
+- {name: KUBERNETES_SERVICE_HOST, value: %q}
+- {name: KUBERNETES_SERVICE_PORT, value: %q}
+kubeletPlugin:
+  kubeletDir: %s
+  cdiRoot: %s
+  driverRoot: %s
+  nvmlBackend: mock:dgxh100
+  hostNetwork: true
+  metricsPort: %d
+  healthcheckPort: %d
+  nodeConfig:
+    gpus:
+    - indexes: [4]
+      timeSlicing: {replicas: 4, interval: Default}
+    - indexes: [5]
+      shared:
+        memory: {min: 1Gi, step: 1Gi, default: 1Gi}
+    - indexes: [6, 7]
+      mig: dynamic
+controller:
+  # One replica: on the host network of a single node two would collide on
+  # their ports.
+  replicas: 1
+  hostNetwork: true
+  metricsPort: %d
+  healthPort: %d
+  webhookPort: %d
+# The suite applies demo/specs/00-catalog itself (null deletes a default).
+gpuProfiles: {gpu: null, mig-1g: null}
+`, verbosity, framework.DriverImageRepository, framework.DriverImageTag, apiHost, apiPort,
+		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], ports[2], ports[3], ports[4])
+}
+
+// helmOnCluster runs helm against the e2e control plane.
+func helmOnCluster(t *testing.T, args ...string) {
+	t.Helper()
+	args = append(args, "--kubeconfig", cp.Kubeconfig)
+	if out, err := runHelm(t, args...); err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func testInstall(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	n.values = chartValues(t, n, 4)
+	helmOnCluster(t, "install", releaseName, chartPath, "--namespace", releaseNamespace, "--create-namespace",
+		"-f", writeValues(t, "values.yaml", n.values))
+	plugin := waitForPluginPod(t, ctx, "")
+	t.Logf("plugin pod %s running on %s", plugin.Name, plugin.Spec.NodeName)
+	devices := waitForRealDevices(t, ctx, n)
+	t.Logf("the plugin pod published %d devices", len(devices))
+	waitForControllerReady(t, ctx)
+}
+
+// waitForPluginPod waits for the one running plugin pod on the node that
+// is not old (after a rollout: the new one) and whose container is ready.
+func waitForPluginPod(t *testing.T, ctx context.Context, old types.UID) *v1.Pod {
+	t.Helper()
+	var pod *v1.Pod
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := componentPods(ctx, "kubelet-plugin")
+		if err != nil {
+			return false, err
+		}
+		pod = nil
+		for i := range pods {
+			p := &pods[i]
+			if p.UID != old && p.DeletionTimestamp == nil && podReady(p) {
+				pod = p
+			}
+		}
+		return pod != nil && len(pods) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("no single ready plugin pod on %s: %v", realNodeName, err)
+	}
+	return pod
+}
+
+func componentPods(ctx context.Context, component string) ([]v1.Pod, error) {
+	list, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=" + component})
+	if err != nil {
+		return nil, fmt.Errorf("listing %s pods: %w", component, err)
+	}
+	return list.Items, nil
+}
+
+func podReady(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func waitForControllerReady(t *testing.T, ctx context.Context) {
+	t.Helper()
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := componentPods(ctx, "controller")
+		if err != nil || len(pods) == 0 {
+			return false, err
+		}
+		for i := range pods {
+			if !podReady(&pods[i]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("controller pods not ready: %v", err)
+	}
+}
+
+// waitForRealDevices waits for the node's complete pool.
+func waitForRealDevices(t *testing.T, ctx context.Context, n *realNode) []resourceapi.Device {
+	t.Helper()
+	var devices []resourceapi.Device
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		devices, err = poolDevices(ctx, n.Name)
+		return len(devices) >= 8, err
+	})
+	if err != nil {
+		t.Fatalf("node %s publishes %d devices: %v", n.Name, len(devices), err)
+	}
+	return devices
+}
+
+// poolDevices returns the devices of the newest complete generation of a
+// node's pool, nil while it is incomplete.
+func poolDevices(ctx context.Context, node string) ([]resourceapi.Device, error) {
+	list, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
+	if err != nil {
+		return nil, fmt.Errorf("listing slices: %w", err)
+	}
+	var gen, want int64
+	for _, s := range list.Items {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var devices []resourceapi.Device
+	var have int64
+	for _, s := range list.Items {
+		if s.Spec.Driver == framework.DriverName && s.Spec.Pool.Generation == gen {
+			devices = append(devices, s.Spec.Devices...)
+			want, have = s.Spec.Pool.ResourceSliceCount, have+1
+		}
+	}
+	if have == 0 || have != want {
+		return nil, nil
+	}
+	return devices, nil
+}
+
+// deviceUUIDs maps device name to its uuid and index attributes.
+func deviceAttrs(devices []resourceapi.Device) map[string]resourceapi.Device {
+	m := make(map[string]resourceapi.Device, len(devices))
+	for _, d := range devices {
+		m[d.Name] = d
+	}
+	return m
+}
+
+func stringAttr(d resourceapi.Device, name string) string {
+	if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+func intAttr(d resourceapi.Device, name string) (int64, bool) {
+	if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.IntValue != nil {
+		return *a.IntValue, true
+	}
+	return 0, false
+}
+
+// workloadPod is a pod running the gpuinfo workload on the real node.
+func workloadPod(namespace, name string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: v1.PodSpec{
+			NodeName:                      "",
+			HostNetwork:                   true,
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			Containers: []v1.Container{{
+				Name: "ctr", Image: framework.WorkloadImage, ImagePullPolicy: v1.PullNever,
+			}},
+		},
+	}
+}
+
+func testTemplateClaimContainer(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := cp.CreateNamespace(t, "real-template")
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
+		}}},
+	}
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := workloadPod(ns, "template")
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pod = createAndRun(t, ctx, pod)
+	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+}
+
+func testExtendedResourceContainer(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 3*time.Minute)
+	class := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-extended.gpuaas.io"},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`}}},
+			ExtendedResourceName: ptr.To(extendedResource),
+		},
+	}
+	if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
+	ns := cp.CreateNamespace(t, "real-extended")
+	pod := workloadPod(ns, "extended")
+	qty := resource.MustParse("1")
+	pod.Spec.Containers[0].Resources.Limits = v1.ResourceList{extendedResource: qty}
+	pod = createAndRun(t, ctx, pod)
+	if pod.Status.ExtendedResourceClaimStatus == nil {
+		t.Fatalf("pod %s has no extendedResourceClaimStatus: the scheduler did not satisfy %s through DRA", pod.Name, extendedResource)
+	}
+	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+}
+
+// createAndRun creates a pod and waits until it runs.
+func createAndRun(t *testing.T, ctx context.Context, pod *v1.Pod) *v1.Pod {
+	t.Helper()
+	if _, err := cp.Client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating pod %s: %v", pod.Name, err)
+	}
+	return runningPod(t, ctx, pod.Namespace, pod.Name)
+}
+
+// allClaims returns a pod's claims: those of spec.resourceClaims and its
+// extended-resource claim.
+func allClaims(t *testing.T, ctx context.Context, pod *v1.Pod) []*resourceapi.ResourceClaim {
+	t.Helper()
+	claims := podClaims(t, ctx, pod)
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+		c, err := cp.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, st.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("extended-resource claim of %s: %v", pod.Name, err)
+		}
+		claims = append(claims, c)
+	}
+	return claims
+}
+
+// containerDevices returns the devices allocated to one container of a pod:
+// those of the claims (and requests) it names, and of the requests its
+// extended resources map to.
+// usedDevice is one allocated device a container uses, and its claim.
+type usedDevice struct {
+	claim  *resourceapi.ResourceClaim
+	result resourceapi.DeviceRequestAllocationResult
+}
+
+func containerDevices(t *testing.T, ctx context.Context, pod *v1.Pod, container string) []usedDevice {
+	t.Helper()
+	var ctr *v1.Container
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == container {
+			ctr = &pod.Spec.Containers[i]
+		}
+	}
+	if ctr == nil {
+		t.Fatalf("pod %s has no container %s", pod.Name, container)
+	}
+	var out []usedDevice
+	for _, claim := range allClaims(t, ctx, pod) {
+		if claim.Status.Allocation == nil {
+			t.Fatalf("claim %s of pod %s not allocated", claim.Name, pod.Name)
+		}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			if usesRequest(pod, ctr, claim, r.Request) {
+				out = append(out, usedDevice{claim: claim, result: r})
+			}
+		}
+	}
+	return out
+}
+
+// usesRequest reports whether a container uses a request of a claim.
+func usesRequest(pod *v1.Pod, ctr *v1.Container, claim *resourceapi.ResourceClaim, request string) bool {
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil && st.ResourceClaimName == claim.Name {
+		for _, m := range st.RequestMappings {
+			if m.ContainerName == ctr.Name && m.RequestName == request {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range ctr.Resources.Claims {
+		for i := range pod.Spec.ResourceClaims {
+			pc := &pod.Spec.ResourceClaims[i]
+			if pc.Name != c.Name || claimNameOf(pod, pc) != claim.Name {
+				continue
+			}
+			// "request" may name a subrequest's parent (firstAvailable).
+			if c.Request == "" || c.Request == request || strings.HasPrefix(request, c.Request+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func claimNameOf(pod *v1.Pod, pc *v1.PodResourceClaim) string {
+	if pc.ResourceClaimName != nil {
+		return *pc.ResourceClaimName
+	}
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.Name == pc.Name && s.ResourceClaimName != nil {
+			return *s.ResourceClaimName
+		}
+	}
+	return ""
+}
+
+// checkContainerSawClaims reads what the container printed and checks it
+// saw exactly its claims: NVIDIA_VISIBLE_DEVICES as the plugin wrote it in
+// the CDI specs of the claims the container uses (each spec naming its
+// claim's devices, the UUIDs of dynamic MIG devices created at prepare
+// included), the /dev/nvidiaN of its own devices' GPUs, nvidiactl, and no
+// other GPU's node.
+func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod *v1.Pod, container string) {
+	t.Helper()
+	log, err := n.WaitForPodLog(ctx, pod.Namespace, pod.Name, container, "gpuinfo done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := poolDevices(ctx, n.Name)
+	if err != nil || devices == nil {
+		t.Fatalf("reading the node's devices: %v", err)
+	}
+	attrs := deviceAttrs(devices)
+	wantUUIDs, wantNodes := map[string]bool{}, map[string]bool{"/dev/nvidiactl": true}
+	for _, u := range containerDevices(t, ctx, pod, container) {
+		for uuid := range specUUIDs(t, n, u.claim) {
+			wantUUIDs[uuid] = true
+		}
+		d, ok := attrs[u.result.Device]
+		if !ok {
+			t.Fatalf("allocated device %s not in the node's slices", u.result.Device)
+		}
+		if uuid := stringAttr(d, "uuid"); uuid != "" && !wantUUIDs[uuid] {
+			t.Errorf("the CDI spec of claim %s does not name device %s (%s)", u.claim.Name, d.Name, uuid)
+		}
+		wantNodes[fmt.Sprintf("/dev/nvidia%d", gpuIndex(t, devices, d))] = true
+	}
+	gotUUIDs, gotNodes := parseGPUInfo(log)
+	if !mapsEqual(gotUUIDs, wantUUIDs) {
+		t.Errorf("pod %s container %s: NVIDIA_VISIBLE_DEVICES has %v, want %v\n%s", pod.Name, container, keysOf(gotUUIDs), keysOf(wantUUIDs), log)
+	}
+	for node := range wantNodes {
+		if !gotNodes[node] {
+			t.Errorf("pod %s container %s: no %s\n%s", pod.Name, container, node, log)
+		}
+	}
+	for node := range gotNodes {
+		if isGPUNode(node) && !wantNodes[node] {
+			t.Errorf("pod %s container %s sees %s, which is not its GPU\n%s", pod.Name, container, node, log)
+		}
+	}
+	t.Logf("pod %s container %s saw %v and %v", pod.Name, container, keysOf(gotUUIDs), keysOf(gotNodes))
+}
+
+// gpuIndex is the index of the GPU a device lives on: its own index
+// attribute, or its parent GPU's (MIG devices).
+func gpuIndex(t *testing.T, devices []resourceapi.Device, d resourceapi.Device) int64 {
+	t.Helper()
+	if idx, ok := intAttr(d, "index"); ok {
+		return idx
+	}
+	parent := stringAttr(d, "parentUUID")
+	for _, g := range devices {
+		if stringAttr(g, "type") == "gpu" && stringAttr(g, "uuid") == parent {
+			if idx, ok := intAttr(g, "index"); ok {
+				return idx
+			}
+		}
+	}
+	t.Fatalf("device %s has no index and no parent GPU with one", d.Name)
+	return -1
+}
+
+// specUUIDs reads NVIDIA_VISIBLE_DEVICES from the CDI spec the plugin wrote
+// for a claim.
+func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[string]bool {
+	t.Helper()
+	var spec struct {
+		ContainerEdits struct {
+			Env []string `json:"env"`
+		} `json:"containerEdits"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, n.cdiSpecPath(claim.UID))), &spec); err != nil {
+		t.Fatalf("CDI spec of claim %s: %v", claim.Name, err)
+	}
+	uuids := map[string]bool{}
+	for _, e := range spec.ContainerEdits.Env {
+		if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
+			for _, u := range strings.Split(v, ",") {
+				uuids[u] = true
+			}
+		}
+	}
+	if len(uuids) == 0 {
+		t.Fatalf("CDI spec of claim %s sets no NVIDIA_VISIBLE_DEVICES", claim.Name)
+	}
+	return uuids
+}
+
+// parseGPUInfo reads gpuinfo's report: the UUIDs of NVIDIA_VISIBLE_DEVICES
+// and the device nodes.
+func parseGPUInfo(log string) (uuids, nodes map[string]bool) {
+	uuids, nodes = map[string]bool{}, map[string]bool{}
+	for _, line := range strings.Split(log, "\n") {
+		if v, ok := strings.CutPrefix(line, "env NVIDIA_VISIBLE_DEVICES="); ok {
+			for _, u := range strings.Split(v, ",") {
+				if u != "" {
+					uuids[u] = true
+				}
+			}
+		}
+		if rest, ok := strings.CutPrefix(line, "dev "); ok {
+			nodes[strings.Fields(rest)[0]] = true
+		}
+	}
+	return uuids, nodes
+}
+
+// isGPUNode reports whether a path is /dev/nvidia<N>.
+func isGPUNode(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/dev/nvidia")
+	if !ok || rest == "" {
+		return false
+	}
+	return strings.Trim(rest, "0123456789") == ""
+}
+
+func mapsEqual(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func keysOf(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitGone waits until path no longer exists.
+func waitGone(ctx context.Context, path string) error {
+	return wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(path)
+		return errors.Is(err, os.ErrNotExist), nil
+	})
+}
+
+// deletePodAndWait deletes a pod and waits until it is gone.
+func deletePodAndWait(t *testing.T, ctx context.Context, pod *v1.Pod) {
+	t.Helper()
+	err := cp.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s not gone: %v", pod.Name, err)
+	}
+}
