@@ -73,6 +73,7 @@ func TestRealNode(t *testing.T) {
 		{"Install", testInstall},
 		{"TemplateClaim", testTemplateClaimContainer},
 		{"ExtendedResource", testExtendedResourceContainer},
+		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
 		{"Uninstall", testUninstall},
@@ -361,20 +362,7 @@ func testTemplateClaimContainer(t *testing.T, n *realNode) {
 
 func testExtendedResourceContainer(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 3*time.Minute)
-	class := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpu-extended.gpuaas.io"},
-		Spec: resourceapi.DeviceClassSpec{
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`}}},
-			ExtendedResourceName: ptr.To(extendedResource),
-		},
-	}
-	if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
-	})
+	extendedResourceClass(t, ctx)
 	ns := cp.CreateNamespace(t, "real-extended")
 	pod := workloadPod(ns, "extended")
 	qty := resource.MustParse("1")
