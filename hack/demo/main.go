@@ -1,7 +1,11 @@
 // Command demo is what `make demo` runs: a real Kubernetes control plane on
-// 127.0.0.1, one simulated GPU node (the dra-kubelet-plugin binary with a
-// mock 8 x H100 NVML, and the kubelet simulator), every spec under
+// 127.0.0.1, one GPU node with a mock 8 x H100 NVML, every spec under
 // demo/specs applied in order, and a short account of what each pod got.
+// The node is real where this machine can run one (root, the node binaries
+// built): containerd, runc and the kubelet, with the Helm chart installed
+// on it, and containers that print what they saw. Otherwise it is
+// simulated: the dra-kubelet-plugin binary and the kubelet simulator, with
+// the dra-controller binary beside them; one line says why.
 // Everything is stopped at the end, or on Ctrl-C; with --keep the cluster
 // stays up until Ctrl-C.
 package main
@@ -31,6 +35,7 @@ type options struct {
 	nodeName     string
 	nvml         string
 	nodeConfig   string
+	nodeMode     string
 	timeout      time.Duration
 }
 
@@ -51,8 +56,13 @@ func parseFlags() options {
 	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
 	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered)")
 	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
+	flag.StringVar(&o.nodeMode, "node", "auto", "real (containerd + kubelet + the Helm chart), sim (kubelet simulator), or auto: real where the machine can run one")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the pods")
 	flag.Parse()
+	if o.nodeMode != "auto" && o.nodeMode != "real" && o.nodeMode != "sim" {
+		fmt.Fprintf(os.Stderr, "--node=%q: want auto, real or sim\n", o.nodeMode)
+		os.Exit(2)
+	}
 	return o
 }
 
@@ -88,11 +98,14 @@ func (p printer) printf(format string, args ...any) { _, _ = fmt.Fprintf(p.w, fo
 
 // demo holds what was started, so stop can undo it whatever step failed.
 type demo struct {
-	opts       options
-	out        printer
-	cp         *framework.ControlPlane
-	node       *framework.Node
-	controller *framework.Process
+	opts        options
+	out         printer
+	cp          *framework.ControlPlane
+	node        gpuNode
+	nodeCDIRoot string
+	sim         *framework.Node
+	real        *framework.RealNode
+	controller  *framework.Process
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -108,7 +121,7 @@ func (d *demo) run(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := report(ctx, d.out, d.cp, d.node, pods); err != nil {
+	if err := d.report(ctx, pods); err != nil {
 		return err
 	}
 	if d.opts.keep {
@@ -131,9 +144,38 @@ func (d *demo) startCluster(ctx context.Context) error {
 		return err
 	}
 	d.out.printf("  ready in %.1fs; logs in %s\n", time.Since(begin).Seconds(), d.cp.LogDir)
+	switch why := realNodeUnavailable(d.cp); {
+	case d.opts.nodeMode == "real":
+		return d.startRealNode(ctx)
+	case d.opts.nodeMode == "sim":
+	case why != "":
+		d.out.printf("No real node here (%s); using the kubelet simulator.\n", why)
+	default:
+		err := d.startRealNode(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		d.out.printf("The real node did not start (%v); using the kubelet simulator.\n", firstLine(err))
+		if d.real != nil {
+			_ = d.stopRealNode(ctx)
+			d.real = nil
+		}
+	}
+	return d.startSimNode(ctx)
+}
+
+func firstLine(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return msg
+}
+
+// startSimNode runs the plugin binary with the kubelet simulator, and the
+// controller binary.
+func (d *demo) startSimNode(ctx context.Context) error {
 	if err := framework.LogToFile(filepath.Join(d.cp.LogDir, "kubeletsim.log"), 4); err != nil {
 		return err
 	}
+	var err error
 	if d.opts.pluginBinary == "" {
 		d.out.printf("Building dra-kubelet-plugin ...\n")
 		if d.opts.pluginBinary, err = framework.BuildPlugin(ctx, d.cp.Dir); err != nil {
@@ -144,13 +186,14 @@ func (d *demo) startCluster(ctx context.Context) error {
 		return err
 	}
 	d.out.printf("Starting node %s (plugin with --nvml=%s, kubelet simulator) ...\n", d.opts.nodeName, d.opts.nvml)
-	d.node, err = d.cp.StartNode(ctx, framework.NodeOptions{
+	d.sim, err = d.cp.StartNode(ctx, framework.NodeOptions{
 		Name: d.opts.nodeName, PluginBinary: d.opts.pluginBinary, NVML: d.opts.nvml,
 		NodeConfig: d.opts.nodeConfig,
 	})
 	if err != nil {
 		return err
 	}
+	d.node, d.nodeCDIRoot = d.sim, d.sim.CDIRoot
 	return d.describeNode(ctx)
 }
 
@@ -177,7 +220,16 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 	var all []*unstructured.Unstructured
 	var denials []framework.Denial
 	for _, file := range files {
-		objs, denied, err := d.cp.ApplyFile(ctx, file, "default")
+		objs, err := framework.ReadObjects(file)
+		if err != nil {
+			return nil, err
+		}
+		if d.real != nil {
+			if err := useWorkload(objs); err != nil {
+				return nil, err
+			}
+		}
+		objs, denied, err := d.cp.ApplyObjects(ctx, file, objs, "default")
 		if err != nil {
 			return nil, err
 		}
@@ -201,10 +253,13 @@ func (d *demo) stop(ctx context.Context) error {
 	}
 	d.out.printf("Stopping ...\n")
 	var errs []error
-	if d.node != nil {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		errs = append(errs, d.node.Stop(ctx))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if d.sim != nil {
+		errs = append(errs, d.sim.Stop(ctx))
+	}
+	if d.real != nil {
+		errs = append(errs, d.stopRealNode(ctx))
 	}
 	if d.controller != nil {
 		errs = append(errs, d.controller.Stop())
@@ -227,6 +282,19 @@ func (d *demo) startController(ctx context.Context) error {
 	}
 	d.controller, err = d.cp.StartController(ctx, bin)
 	return err
+}
+
+// useWorkload makes the specs' pods run the gpuinfo workload on the real
+// node, which prints what each container got.
+func useWorkload(objs []*unstructured.Unstructured) error {
+	for _, o := range objs {
+		if o.GetKind() == "Pod" {
+			if err := framework.UseWorkloadImage(o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // webhookReason keeps what the webhook said, without client-side framing.

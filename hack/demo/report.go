@@ -36,7 +36,7 @@ func (d *demo) describeNode(ctx context.Context) error {
 	}
 	sort.Strings(parts)
 	d.out.printf("  %d devices of %s published: %s\n  CDI specs go to %s\n", len(devices), attribute(devices[0], "productName"),
-		strings.Join(parts, ", "), d.node.CDIRoot)
+		strings.Join(parts, ", "), d.nodeCDIRoot)
 	return nil
 }
 
@@ -95,41 +95,49 @@ func (d *demo) waitForPods(ctx context.Context, objs []*unstructured.Unstructure
 }
 
 // report prints, per pod, its claims, the devices allocated to them, the
-// CDI devices the node got from the plugin and the CDI spec files.
-func report(ctx context.Context, out printer, cp *framework.ControlPlane, node *framework.Node, pods []*v1.Pod) error {
+// CDI devices the node got from the plugin, the CDI spec files and, on the
+// real node, what each container saw.
+func (d *demo) report(ctx context.Context, pods []*v1.Pod) error {
 	allocated := map[string]bool{}
 	for _, pod := range pods {
-		out.printf("\n%s/%s: %s\n", pod.Namespace, pod.Name, podState(ctx, cp, pod))
+		d.out.printf("\n%s/%s: %s\n", pod.Namespace, pod.Name, podState(ctx, d.cp, pod))
 		for i := range pod.Spec.ResourceClaims {
-			if err := reportClaim(ctx, out, cp, node, pod, &pod.Spec.ResourceClaims[i], allocated); err != nil {
+			pc := &pod.Spec.ResourceClaims[i]
+			name, _, err := resourceclaim.Name(pod, pc)
+			if err != nil || name == nil {
+				d.out.printf("  claim %s: not created yet\n", pc.Name)
+				continue
+			}
+			if err := d.reportClaim(ctx, pod, "claim "+pc.Name, *name, containersUsing(pod, pc.Name), allocated); err != nil {
 				return err
 			}
 		}
+		if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+			if err := d.reportClaim(ctx, pod, "extended resources", st.ResourceClaimName, "its limits", allocated); err != nil {
+				return err
+			}
+		}
+		d.reportContainers(pod)
 	}
-	devices, err := node.WaitForDevices(ctx, 1)
+	devices, err := d.node.WaitForDevices(ctx, 1)
 	if err != nil {
 		return err
 	}
-	out.printf("\n%d of %d devices of %s allocated.\n", len(allocated), len(devices), node.Name)
+	d.out.printf("\n%d of %d devices of %s allocated.\n", len(allocated), len(devices), d.opts.nodeName)
 	return nil
 }
 
-func reportClaim(ctx context.Context, out printer, cp *framework.ControlPlane, node *framework.Node,
-	pod *v1.Pod, podClaim *v1.PodResourceClaim, allocated map[string]bool) error {
-	name, _, err := resourceclaim.Name(pod, podClaim)
-	if err != nil || name == nil {
-		out.printf("  claim %s: not created yet\n", podClaim.Name)
-		return nil
-	}
-	claim, err := cp.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+func (d *demo) reportClaim(ctx context.Context, pod *v1.Pod, what, name, users string, allocated map[string]bool) error {
+	out := d.out
+	claim, err := d.cp.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("getting claim %s/%s: %w", pod.Namespace, *name, err)
+		return fmt.Errorf("getting claim %s/%s: %w", pod.Namespace, name, err)
 	}
 	shared := ""
 	if len(claim.Status.ReservedFor) > 1 {
 		shared = fmt.Sprintf(" (shared by %d pods)", len(claim.Status.ReservedFor))
 	}
-	out.printf("  claim %s -> ResourceClaim %s%s, used by %s\n", podClaim.Name, claim.Name, shared, containersUsing(pod, podClaim.Name))
+	out.printf("  %s -> ResourceClaim %s%s, used by %s\n", what, claim.Name, shared, users)
 	if claim.Status.Allocation == nil {
 		out.printf("    not allocated\n")
 		return nil
@@ -141,7 +149,7 @@ func reportClaim(ctx context.Context, out printer, cp *framework.ControlPlane, n
 	for _, id := range cdiDevices(pod)[claim.Name] {
 		out.printf("    cdi    %s\n", id)
 	}
-	spec := node.CDISpecPath(claim.UID)
+	spec := d.node.CDISpecPath(claim.UID)
 	if _, err := os.Stat(spec); err == nil {
 		out.printf("    spec   %s\n", filepath.Base(spec))
 	}

@@ -3,6 +3,8 @@ package plugin
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -66,7 +68,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics,
-		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PodUID))}
+		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing})
@@ -84,17 +86,28 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	return d, nil
 }
 
+// maxSocketPath is the longest path a Unix socket can be bound at on Linux
+// (sun_path is 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
 // SocketName is the file name of the DRA socket in the plugin data
-// directory. Under a rolling update every plugin pod needs its own socket,
-// so the pod UID is part of the name. The helper would derive the same name
-// itself; naming it here means the health check calls the socket that is
-// really served, whatever the mode (a probe of "dra.sock" under POD_UID
-// failed forever and the kubelet killed the plugin every 40 s).
-func SocketName(podUID types.UID) string {
+// directory dir. Under a rolling update every plugin pod needs its own
+// socket, so the pod UID is part of the name, and the health check must
+// call that socket, not "dra.sock" (it did, failed forever, and the kubelet
+// killed the plugin every 40 s). Where the kubelet's root dir is long
+// (/var/snap/microk8s/common/var/lib/kubelet, or a test's temp dir) the
+// UID would push the path past what bind() accepts; a hash of the UID
+// keeps the name unique and short.
+func SocketName(dir string, podUID types.UID) string {
 	if podUID == "" {
 		return "dra.sock"
 	}
-	return "dra-" + string(podUID) + ".sock"
+	name := "dra-" + string(podUID) + ".sock"
+	if len(filepath.Join(dir, name)) <= maxSocketPath {
+		return name
+	}
+	sum := sha256.Sum256([]byte(podUID))
+	return "dra-" + base64.RawURLEncoding.EncodeToString(sum[:9]) + ".sock"
 }
 
 func helperOptions(opts Options) []kubeletplugin.Option {
@@ -103,7 +116,7 @@ func helperOptions(opts Options) []kubeletplugin.Option {
 		kubeletplugin.KubeClient(opts.KubeClient),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
-		kubeletplugin.PluginSocket(SocketName(opts.PodUID)),
+		kubeletplugin.PluginSocket(SocketName(opts.PluginDataDir, opts.PodUID)),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 	}
 	if opts.PodUID != "" {

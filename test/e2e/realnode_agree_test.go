@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
@@ -79,24 +81,28 @@ func pinnedPod(namespace, name, node string) *v1.Pod {
 	return pod
 }
 
-// extendedResourceClass creates the DeviceClass that maps the extended
-// resource to our whole GPUs, for the test's duration.
+// extendedResourceClass applies the demo's DeviceClass that maps the
+// extended resource to our whole GPUs.
 func extendedResourceClass(t *testing.T, ctx context.Context) {
 	t.Helper()
-	class := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpu-extended.gpuaas.io"},
-		Spec: resourceapi.DeviceClassSpec{
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`}}},
-			ExtendedResourceName: ptr.To(extendedResource),
-		},
-	}
-	if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+	objs, err := framework.ReadObjects(filepath.Join(repoRoot, "demo", "extended-resource", "extended-resource.yaml"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
-	})
+	for _, o := range objs {
+		if o.GetKind() != "DeviceClass" {
+			continue
+		}
+		class, _, _ := unstructured.NestedString(o.Object, "spec", "extendedResourceName")
+		if class != extendedResource {
+			t.Fatalf("the demo's DeviceClass %s maps %q, want %s", o.GetName(), class, extendedResource)
+		}
+		if _, err := cp.ApplyObject(ctx, o, ""); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatal("the extended-resource demo spec has no DeviceClass")
 }
 
 // roles names each allocated device of a pod's claims by its request and

@@ -11,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
@@ -35,7 +34,10 @@ func testDemoSpecsOnRealNode(t *testing.T, n *realNode) {
 	}
 }
 
-func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) {
+// runSpecOnRealNode applies one spec file (pods running gpuinfo), checks
+// what every container saw and returns the running pods. Namespaces the
+// file declares are deleted when parent ends.
+func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod {
 	ctx := framework.Context(t, 3*time.Minute)
 	objs, err := framework.ReadObjects(file)
 	if err != nil {
@@ -43,7 +45,9 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) {
 	}
 	for _, o := range objs {
 		if o.GetKind() == "Pod" {
-			useWorkloadImage(t, o)
+			if err := framework.UseWorkloadImage(o); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	defaultNS := ""
@@ -62,6 +66,7 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) {
 			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
 		}
 	}
+	var pods []*v1.Pod
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {
 			continue
@@ -70,33 +75,9 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) {
 		for _, c := range pod.Spec.Containers {
 			checkContainerSawClaims(t, ctx, n, pod, c.Name)
 		}
+		pods = append(pods, pod)
 	}
-}
-
-// useWorkloadImage makes a demo pod run gpuinfo on the host network: the
-// demo's pause image prints nothing, and the node has no pod network.
-func useWorkloadImage(t *testing.T, pod *unstructured.Unstructured) {
-	t.Helper()
-	containers, _, err := unstructured.NestedSlice(pod.Object, "spec", "containers")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range containers {
-		c := containers[i].(map[string]any)
-		c["image"] = framework.WorkloadImage
-		c["imagePullPolicy"] = string(v1.PullNever)
-		delete(c, "command")
-		delete(c, "args")
-	}
-	if err := unstructured.SetNestedSlice(pod.Object, containers, "spec", "containers"); err != nil {
-		t.Fatal(err)
-	}
-	if err := unstructured.SetNestedField(pod.Object, true, "spec", "hostNetwork"); err != nil {
-		t.Fatal(err)
-	}
-	if err := unstructured.SetNestedField(pod.Object, int64(5), "spec", "terminationGracePeriodSeconds"); err != nil {
-		t.Fatal(err)
-	}
+	return pods
 }
 
 // testUpgradeRollsPlugin prepares a claim with the installed plugin pod,
@@ -128,18 +109,21 @@ func testUpgradeRollsPlugin(t *testing.T, n *realNode) {
 	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("kept")}}
 	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
 	pod = createAndRun(t, ctx, pod)
-	for _, path := range []string{n.cdiSpecPath(claim.UID), n.checkpointPath(claim.UID)} {
+	for _, path := range []string{n.CDISpecPath(claim.UID), n.CheckpointPath(claim.UID)} {
 		if _, err := os.Stat(path); err != nil {
 			t.Fatalf("old plugin pod did not prepare claim: %v", err)
 		}
 	}
 	n.values = strings.Replace(n.values, "logVerbosity: 4", "logVerbosity: 5", 1)
-	helmOnCluster(t, "upgrade", releaseName, chartPath, "--namespace", releaseNamespace,
-		"-f", writeValues(t, "values.yaml", n.values))
+	file, err := n.WriteValues("values-upgrade.yaml", n.values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	helmOnCluster(t, "upgrade", releaseName, chartPath, "--namespace", releaseNamespace, "-f", file)
 	fresh := waitForPluginPod(t, ctx, old.UID)
 	t.Logf("plugin rolled from %s to %s", old.Name, fresh.Name)
 	deletePodAndWait(t, ctx, pod)
-	for _, path := range []string{n.cdiSpecPath(claim.UID), n.checkpointPath(claim.UID)} {
+	for _, path := range []string{n.CDISpecPath(claim.UID), n.CheckpointPath(claim.UID)} {
 		if err := waitGone(ctx, path); err != nil {
 			t.Errorf("the new plugin pod did not unprepare the old one's claim: %s still there: %v", path, err)
 		}

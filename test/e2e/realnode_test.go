@@ -22,7 +22,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -45,19 +44,6 @@ const (
 type realNode struct {
 	*framework.RealNode
 	values string // the values of the installed release
-}
-
-// pluginDataDir is the plugin's data directory as the chart mounts it.
-func (n *realNode) pluginDataDir() string {
-	return filepath.Join(n.KubeletDir, "plugins", framework.DriverName)
-}
-
-func (n *realNode) cdiSpecPath(claim types.UID) string {
-	return filepath.Join(n.CDIRoot, fmt.Sprintf("k8s.%s-claim_%s.json", framework.DriverName, claim))
-}
-
-func (n *realNode) checkpointPath(claim types.UID) string {
-	return filepath.Join(n.pluginDataDir(), "claims", string(claim)+".json")
 }
 
 // TestRealNode installs the chart on a real node and runs claims through
@@ -128,182 +114,44 @@ func startRealNode(t *testing.T) *realNode {
 	return &realNode{RealNode: rn}
 }
 
-// chartValues are the values of the real node's release: the locally built
-// image, the node's directories, a mock NVML with demo/node-config.yaml's
-// GPU modes, and both components on the host network (the node has no pod
-// network) reaching the API server at its address (no kube-proxy).
-func chartValues(t *testing.T, n *realNode, verbosity int) string {
-	t.Helper()
-	ports, err := framework.FreePorts(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiHost, apiPort, _ := strings.Cut(strings.TrimPrefix(cp.Config.Host, "https://"), ":")
-	return fmt.Sprintf(`
-logVerbosity: %d
-image:
-  repository: %s
-  tag: %s
-  pullPolicy: Never
-extraEnv:
-- {name: KUBERNETES_SERVICE_HOST, value: %q}
-- {name: KUBERNETES_SERVICE_PORT, value: %q}
-kubeletPlugin:
-  kubeletDir: %s
-  cdiRoot: %s
-  driverRoot: %s
-  nvmlBackend: mock:dgxh100
-  hostNetwork: true
-  metricsPort: %d
-  healthcheckPort: %d
-  nodeConfig:
-    gpus:
-    - indexes: [4]
-      timeSlicing: {replicas: 4, interval: Default}
-    - indexes: [5]
-      shared:
-        memory: {min: 1Gi, step: 1Gi, default: 1Gi}
-    - indexes: [6, 7]
-      mig: dynamic
-controller:
-  # One replica: on the host network of a single node two would collide on
-  # their ports.
-  replicas: 1
-  hostNetwork: true
-  metricsPort: %d
-  healthPort: %d
-  webhookPort: %d
-# The suite applies demo/specs/00-catalog itself (null deletes a default).
-gpuProfiles: {gpu: null, mig-1g: null}
-`, verbosity, framework.DriverImageRepository, framework.DriverImageTag, apiHost, apiPort,
-		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], ports[2], ports[3], ports[4])
-}
-
 // helmOnCluster runs helm against the e2e control plane.
 func helmOnCluster(t *testing.T, args ...string) {
 	t.Helper()
-	args = append(args, "--kubeconfig", cp.Kubeconfig)
-	if out, err := runHelm(t, args...); err != nil {
-		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	if _, err := cp.Helm(framework.Context(t, 3*time.Minute), helmBin(t), args...); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func testInstall(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
-	n.values = chartValues(t, n, 4)
-	helmOnCluster(t, "install", releaseName, chartPath, "--namespace", releaseNamespace, "--create-namespace",
-		"-f", writeValues(t, "values.yaml", n.values))
+	values, err := n.ChartValues(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.values = values
+	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
+		t.Fatal(err)
+	}
 	plugin := waitForPluginPod(t, ctx, "")
-	t.Logf("plugin pod %s running on %s", plugin.Name, plugin.Spec.NodeName)
-	devices := waitForRealDevices(t, ctx, n)
-	t.Logf("the plugin pod published %d devices", len(devices))
-	waitForControllerReady(t, ctx)
+	devices, err := n.WaitForDevices(ctx, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("plugin pod %s on %s published %d devices", plugin.Name, plugin.Spec.NodeName, len(devices))
 }
 
-// waitForPluginPod waits for the one running plugin pod on the node that
-// is not old (after a rollout: the new one) and whose container is ready.
+// waitForPluginPod waits for the one ready plugin pod on the node that is
+// not old (after a rollout: the new one).
 func waitForPluginPod(t *testing.T, ctx context.Context, old types.UID) *v1.Pod {
 	t.Helper()
-	var pod *v1.Pod
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pods, err := componentPods(ctx, "kubelet-plugin")
-		if err != nil {
-			return false, err
-		}
-		pod = nil
-		for i := range pods {
-			p := &pods[i]
-			if p.UID != old && p.DeletionTimestamp == nil && podReady(p) {
-				pod = p
-			}
-		}
-		return pod != nil && len(pods) == 1, nil
-	})
+	pod, err := cp.WaitForPluginPod(ctx, releaseNamespace, old)
 	if err != nil {
-		t.Fatalf("no single ready plugin pod on %s: %v", realNodeName, err)
+		t.Fatal(err)
 	}
 	return pod
 }
 
-func componentPods(ctx context.Context, component string) ([]v1.Pod, error) {
-	list, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/component=" + component})
-	if err != nil {
-		return nil, fmt.Errorf("listing %s pods: %w", component, err)
-	}
-	return list.Items, nil
-}
-
-func podReady(p *v1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == v1.PodReady {
-			return c.Status == v1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func waitForControllerReady(t *testing.T, ctx context.Context) {
-	t.Helper()
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pods, err := componentPods(ctx, "controller")
-		if err != nil || len(pods) == 0 {
-			return false, err
-		}
-		for i := range pods {
-			if !podReady(&pods[i]) {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("controller pods not ready: %v", err)
-	}
-}
-
-// waitForRealDevices waits for the node's complete pool.
-func waitForRealDevices(t *testing.T, ctx context.Context, n *realNode) []resourceapi.Device {
-	t.Helper()
-	var devices []resourceapi.Device
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		var err error
-		devices, err = poolDevices(ctx, n.Name)
-		return len(devices) >= 8, err
-	})
-	if err != nil {
-		t.Fatalf("node %s publishes %d devices: %v", n.Name, len(devices), err)
-	}
-	return devices
-}
-
-// poolDevices returns the devices of the newest complete generation of a
-// node's pool, nil while it is incomplete.
-func poolDevices(ctx context.Context, node string) ([]resourceapi.Device, error) {
-	list, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
-	if err != nil {
-		return nil, fmt.Errorf("listing slices: %w", err)
-	}
-	var gen, want int64
-	for _, s := range list.Items {
-		gen = max(gen, s.Spec.Pool.Generation)
-	}
-	var devices []resourceapi.Device
-	var have int64
-	for _, s := range list.Items {
-		if s.Spec.Driver == framework.DriverName && s.Spec.Pool.Generation == gen {
-			devices = append(devices, s.Spec.Devices...)
-			want, have = s.Spec.Pool.ResourceSliceCount, have+1
-		}
-	}
-	if have == 0 || have != want {
-		return nil, nil
-	}
-	return devices, nil
-}
-
-// deviceUUIDs maps device name to its uuid and index attributes.
+// deviceAttrs maps device names to devices.
 func deviceAttrs(devices []resourceapi.Device) map[string]resourceapi.Device {
 	m := make(map[string]resourceapi.Device, len(devices))
 	for _, d := range devices {
@@ -360,18 +208,19 @@ func testTemplateClaimContainer(t *testing.T, n *realNode) {
 	checkContainerSawClaims(t, ctx, n, pod, "ctr")
 }
 
+// testExtendedResourceContainer runs demo/extended-resource: a pod asking
+// for nvidia.com/gpu: 1, which a DeviceClass maps to our whole GPUs. The
+// scheduler allocates a claim for it and the real kubelet must prepare it
+// (the simulator once ran such pods without preparing anything).
 func testExtendedResourceContainer(t *testing.T, n *realNode) {
-	ctx := framework.Context(t, 3*time.Minute)
-	extendedResourceClass(t, ctx)
-	ns := cp.CreateNamespace(t, "real-extended")
-	pod := workloadPod(ns, "extended")
-	qty := resource.MustParse("1")
-	pod.Spec.Containers[0].Resources.Limits = v1.ResourceList{extendedResource: qty}
-	pod = createAndRun(t, ctx, pod)
-	if pod.Status.ExtendedResourceClaimStatus == nil {
-		t.Fatalf("pod %s has no extendedResourceClaimStatus: the scheduler did not satisfy %s through DRA", pod.Name, extendedResource)
+	file := filepath.Join(repoRoot, "demo", "extended-resource", "extended-resource.yaml")
+	pods := runSpecOnRealNode(t, t, n, file)
+	if len(pods) != 1 {
+		t.Fatalf("%s runs %d pods, want 1", file, len(pods))
 	}
-	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	if pods[0].Status.ExtendedResourceClaimStatus == nil {
+		t.Fatalf("pod %s has no extendedResourceClaimStatus: %s was not satisfied through DRA", pods[0].Name, extendedResource)
+	}
 }
 
 // createAndRun creates a pod and waits until it runs.
@@ -481,7 +330,7 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 	if err != nil {
 		t.Fatal(err)
 	}
-	devices, err := poolDevices(ctx, n.Name)
+	devices, err := cp.PoolDevices(ctx, n.Name)
 	if err != nil || devices == nil {
 		t.Fatalf("reading the node's devices: %v", err)
 	}
@@ -545,7 +394,7 @@ func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[
 			Env []string `json:"env"`
 		} `json:"containerEdits"`
 	}
-	if err := json.Unmarshal([]byte(readFile(t, n.cdiSpecPath(claim.UID))), &spec); err != nil {
+	if err := json.Unmarshal([]byte(readFile(t, n.CDISpecPath(claim.UID))), &spec); err != nil {
 		t.Fatalf("CDI spec of claim %s: %v", claim.Name, err)
 	}
 	uuids := map[string]bool{}

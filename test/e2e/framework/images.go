@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage"
 )
 
@@ -67,4 +69,31 @@ func BuildNodeImages(ctx context.Context, dir string) ([]string, error) {
 		tarballs = append(tarballs, tarball)
 	}
 	return tarballs, nil
+}
+
+// UseWorkloadImage makes a pod (read from a demo spec) run the gpuinfo
+// workload on the host network: the demo's pause image prints nothing, and
+// the real node has no pod network.
+func UseWorkloadImage(pod *unstructured.Unstructured) error {
+	containers, _, err := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
+	}
+	for i := range containers {
+		c, ok := containers[i].(map[string]any)
+		if !ok {
+			return fmt.Errorf("pod %s: container %d is not an object", pod.GetName(), i)
+		}
+		c["image"] = WorkloadImage
+		c["imagePullPolicy"] = "Never"
+		delete(c, "command")
+		delete(c, "args")
+	}
+	if err := unstructured.SetNestedSlice(pod.Object, containers, "spec", "containers"); err != nil {
+		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
+	}
+	if err := unstructured.SetNestedField(pod.Object, true, "spec", "hostNetwork"); err != nil {
+		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
+	}
+	return unstructured.SetNestedField(pod.Object, int64(5), "spec", "terminationGracePeriodSeconds")
 }

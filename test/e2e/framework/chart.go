@@ -1,0 +1,243 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// ChartPath is the Helm chart, relative to the repository root.
+const ChartPath = "deployments/helm/gpuaas-dra"
+
+// Helm runs helm against the control plane, in the repository root, with
+// its configuration and cache in a temporary directory (never the user's).
+func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	home, err := os.MkdirTemp("", "helm-home-")
+	if err != nil {
+		return "", fmt.Errorf("creating helm home: %w", err)
+	}
+	defer func() { _ = os.RemoveAll(home) }()
+	cmd := exec.CommandContext(ctx, helmBinary, append(args, "--kubeconfig", cp.Kubeconfig)...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home, "HELM_DATA_HOME="+home)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// ChartValues are the chart values for this node: the locally built image,
+// the node's directories, a mock NVML with the GPU modes of
+// demo/node-config.yaml, and both components on the host network (the
+// node has no pod network) reaching the API server at its own address (no
+// kube-proxy routes the kubernetes Service). The catalog is left out: the
+// demo specs bring their own DeviceClasses.
+func (n *RealNode) ChartValues(verbosity int) (string, error) {
+	ports, err := FreePorts(5)
+	if err != nil {
+		return "", err
+	}
+	apiHost, apiPort, _ := strings.Cut(strings.TrimPrefix(n.cp.Config.Host, "https://"), ":")
+	return fmt.Sprintf(`
+logVerbosity: %d
+image:
+  repository: %s
+  tag: %s
+  pullPolicy: Never
+extraEnv:
+- {name: KUBERNETES_SERVICE_HOST, value: %q}
+- {name: KUBERNETES_SERVICE_PORT, value: %q}
+kubeletPlugin:
+  kubeletDir: %s
+  cdiRoot: %s
+  driverRoot: %s
+  nvmlBackend: mock:dgxh100
+  hostNetwork: true
+  metricsPort: %d
+  healthcheckPort: %d
+  nodeConfig:
+    gpus:
+    - indexes: [4]
+      timeSlicing: {replicas: 4, interval: Default}
+    - indexes: [5]
+      shared:
+        memory: {min: 1Gi, step: 1Gi, default: 1Gi}
+    - indexes: [6, 7]
+      mig: dynamic
+controller:
+  # One replica: on the host network of a single node two would collide on
+  # their ports.
+  replicas: 1
+  hostNetwork: true
+  metricsPort: %d
+  healthPort: %d
+  webhookPort: %d
+# null deletes a default entry of the catalog.
+gpuProfiles: {gpu: null, mig-1g: null}
+`, verbosity, DriverImageRepository, DriverImageTag, apiHost, apiPort,
+		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], ports[2], ports[3], ports[4]), nil
+}
+
+// WriteValues writes chart values to a file in the node's directory.
+func (n *RealNode) WriteValues(name, values string) (string, error) {
+	path := filepath.Join(n.Dir, name)
+	if err := os.WriteFile(path, []byte(values), 0o600); err != nil {
+		return "", fmt.Errorf("writing chart values: %w", err)
+	}
+	return path, nil
+}
+
+// ComponentPods lists the pods of one of the chart's components
+// ("kubelet-plugin", "controller") in namespace.
+func (cp *ControlPlane) ComponentPods(ctx context.Context, namespace, component string) ([]v1.Pod, error) {
+	list, err := cp.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=" + component})
+	if err != nil {
+		return nil, fmt.Errorf("listing %s pods: %w", component, err)
+	}
+	return list.Items, nil
+}
+
+// WaitForPluginPod waits until the node runs exactly one plugin pod, ready
+// and not old (after a rollout: the new one), and returns it.
+func (cp *ControlPlane) WaitForPluginPod(ctx context.Context, namespace string, old types.UID) (*v1.Pod, error) {
+	var pod *v1.Pod
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.ComponentPods(ctx, namespace, "kubelet-plugin")
+		if err != nil {
+			return false, err
+		}
+		pod = nil
+		for i := range pods {
+			if p := &pods[i]; p.UID != old && p.DeletionTimestamp == nil && PodReady(p) {
+				pod = p
+			}
+		}
+		return pod != nil && len(pods) == 1, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("no single ready plugin pod: %w", err)
+	}
+	return pod, nil
+}
+
+// WaitForControllerReady waits until every controller pod is ready.
+func (cp *ControlPlane) WaitForControllerReady(ctx context.Context, namespace string) error {
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.ComponentPods(ctx, namespace, "controller")
+		if err != nil || len(pods) == 0 {
+			return false, err
+		}
+		for i := range pods {
+			if !PodReady(&pods[i]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("controller pods not ready: %w", err)
+	}
+	return nil
+}
+
+// PodReady reports the pod's Ready condition.
+func PodReady(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// installTimeout bounds InstallChart.
+const installTimeout = 5 * time.Minute
+
+// InstallChart installs the chart as release into namespace with values and
+// waits for the plugin pod, the node's devices and the controller.
+func (n *RealNode) InstallChart(ctx context.Context, helmBinary, release, namespace, values string) error {
+	ctx, cancel := context.WithTimeout(ctx, installTimeout)
+	defer cancel()
+	file, err := n.WriteValues("values-install.yaml", values)
+	if err != nil {
+		return err
+	}
+	if _, err := n.cp.Helm(ctx, helmBinary, "install", release, ChartPath, "--namespace", namespace,
+		"--create-namespace", "-f", file); err != nil {
+		return err
+	}
+	if _, err := n.cp.WaitForPluginPod(ctx, namespace, ""); err != nil {
+		return fmt.Errorf("%w (plugin pod logs under %s)", err, n.PodLogsDir)
+	}
+	if _, err := n.WaitForDevices(ctx, 1); err != nil {
+		return err
+	}
+	return n.cp.WaitForControllerReady(ctx, namespace)
+}
+
+// WaitForDevices waits for the node's complete pool with at least min
+// devices and returns them.
+func (n *RealNode) WaitForDevices(ctx context.Context, min int) ([]resourceapi.Device, error) {
+	var devices []resourceapi.Device
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		devices, err = n.cp.PoolDevices(ctx, n.Name)
+		return len(devices) >= min, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s publishes %d devices, want %d: %w", n.Name, len(devices), min, err)
+	}
+	return devices, nil
+}
+
+// PoolDevices returns the devices of the newest complete generation of a
+// node's pool of our driver, nil while it is incomplete.
+func (cp *ControlPlane) PoolDevices(ctx context.Context, node string) ([]resourceapi.Device, error) {
+	list, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node})
+	if err != nil {
+		return nil, fmt.Errorf("listing slices: %w", err)
+	}
+	var gen, want, have int64
+	for _, s := range list.Items {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var devices []resourceapi.Device
+	for _, s := range list.Items {
+		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation == gen {
+			devices = append(devices, s.Spec.Devices...)
+			want, have = s.Spec.Pool.ResourceSliceCount, have+1
+		}
+	}
+	if have == 0 || have != want {
+		return nil, nil
+	}
+	return devices, nil
+}
+
+// CDISpecPath is where the plugin writes the CDI spec of a claim.
+func (n *RealNode) CDISpecPath(claimUID types.UID) string {
+	return filepath.Join(n.CDIRoot, fmt.Sprintf("k8s.%s-claim_%s.json", DriverName, claimUID))
+}
+
+// CheckpointPath is the plugin's checkpoint record of a prepared claim, in
+// the plugin data directory the chart mounts.
+func (n *RealNode) CheckpointPath(claimUID types.UID) string {
+	return filepath.Join(n.KubeletDir, "plugins", DriverName, "claims", string(claimUID)+".json")
+}
