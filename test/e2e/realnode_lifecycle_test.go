@@ -50,22 +50,7 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod
 			}
 		}
 	}
-	defaultNS := ""
-	if needsNamespace(objs) {
-		defaultNS = cp.CreateNamespace(parent, "real-spec")
-	}
-	applied, denials, err := cp.ApplyObjects(ctx, file, objs, defaultNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range denials {
-		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
-	}
-	for _, obj := range applied {
-		if obj.GetKind() == "Namespace" {
-			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
-		}
-	}
+	applied := applySpec(t, parent, file, objs, "real-spec")
 	var pods []*v1.Pod
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {

@@ -41,22 +41,7 @@ func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defaultNS := ""
-	if needsNamespace(objs) {
-		defaultNS = cp.CreateNamespace(t, "spec")
-	}
-	applied, denials, err := cp.ApplyFile(ctx, file, defaultNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range denials {
-		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
-	}
-	for _, obj := range applied {
-		if obj.GetKind() == "Namespace" {
-			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
-		}
-	}
+	applied := applySpec(t, parent, file, objs, "spec")
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {
 			continue
@@ -71,6 +56,31 @@ func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
 		}
 		t.Logf("pod %s/%s running, CDI devices %v", pod.Namespace, pod.Name, cdiDevices(t, pod))
 	}
+}
+
+// applySpec applies a spec file's objects (read, perhaps changed, by the
+// caller) into the namespaces they declare, or a fresh one named after
+// prefix for objects without one, logs the denials the file expects, and
+// deletes the declared namespaces when parent ends.
+func applySpec(t, parent *testing.T, file string, objs []*unstructured.Unstructured, prefix string) []*unstructured.Unstructured {
+	t.Helper()
+	defaultNS := ""
+	if needsNamespace(objs) {
+		defaultNS = cp.CreateNamespace(parent, prefix)
+	}
+	applied, denials, err := cp.ApplyObjects(framework.Context(t, time.Minute), file, objs, defaultNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range denials {
+		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
+	}
+	for _, obj := range applied {
+		if obj.GetKind() == "Namespace" {
+			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
+		}
+	}
+	return applied
 }
 
 // needsNamespace reports whether a file has namespaced objects (we only

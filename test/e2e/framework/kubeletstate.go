@@ -48,8 +48,11 @@ func (n *RealNode) PreparedClaims() (map[string][]KubeletDevice, error) {
 		}
 		return nil
 	})
-	if err != nil || path == "" {
-		return nil, fmt.Errorf("no DRA checkpoint of the kubelet in %s (%v)", n.KubeletDir, err)
+	if err != nil {
+		return nil, fmt.Errorf("looking for the kubelet's DRA checkpoint: %w", err)
+	}
+	if path == "" {
+		return nil, fmt.Errorf("no DRA checkpoint of the kubelet in %s", n.KubeletDir)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

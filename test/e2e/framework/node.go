@@ -175,23 +175,9 @@ func (n *Node) waitForPlugin(ctx context.Context, after time.Time) error {
 func (n *Node) WaitForDevices(ctx context.Context, min int) ([]resourceapi.Device, error) {
 	var devices []resourceapi.Device
 	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
-		slices, err := n.ResourceSlices(ctx)
-		if err != nil {
-			return false, err
-		}
-		devices = devices[:0]
-		var gen, count int64
-		for _, s := range slices {
-			gen = max(gen, s.Spec.Pool.Generation)
-		}
-		for _, s := range slices {
-			if s.Spec.Pool.Generation == gen {
-				devices = append(devices, s.Spec.Devices...)
-				count = s.Spec.Pool.ResourceSliceCount
-			}
-		}
-		complete := int64(countGeneration(slices, gen)) == count
-		return complete && len(devices) >= min, nil
+		var err error
+		devices, err = n.cp.PoolDevices(ctx, n.Name)
+		return len(devices) >= min, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s publishes %d devices, want at least %d (plugin log %s): %w", n.Name, len(devices), min, n.Plugin.LogPath, err)
@@ -286,14 +272,4 @@ func nodeReady(node *v1.Node) bool {
 // BuildPlugin compiles ./cmd/dra-kubelet-plugin of the repository into dir.
 func BuildPlugin(ctx context.Context, dir string) (string, error) {
 	return Build(ctx, dir, "cmd/dra-kubelet-plugin")
-}
-
-func countGeneration(slices []resourceapi.ResourceSlice, gen int64) int {
-	n := 0
-	for _, s := range slices {
-		if s.Spec.Pool.Generation == gen {
-			n++
-		}
-	}
-	return n
 }

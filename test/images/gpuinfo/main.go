@@ -166,7 +166,7 @@ func deviceLine(devDir, p string) (line string, ok bool, err error) {
 	if err != nil {
 		return "", false, fmt.Errorf("device %s: %w", p, err)
 	}
-	major, minor := splitDev(uint64(st.Rdev))
+	major, minor := splitDev(st.Rdev)
 	name := path.Join("/dev", filepath.ToSlash(rel))
 	return fmt.Sprintf("dev %s %s %d:%d", name, kind, major, minor), true, nil
 }

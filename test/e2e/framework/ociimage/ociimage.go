@@ -148,7 +148,7 @@ func WriteTar(img Image, out string) error {
 	if err != nil {
 		return fmt.Errorf("create temporary layer file: %w", err)
 	}
-	defer os.Remove(layerFile.Name())
+	defer func() { _ = os.Remove(layerFile.Name()) }()
 	layer, diffID, err := writeLayer(layerFile, img.Files)
 	if closeErr := layerFile.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("close layer file: %w", closeErr)
@@ -336,7 +336,7 @@ func writeEntry(tw *tar.Writer, e layerEntry) error {
 	if err != nil {
 		return fmt.Errorf("layer file %s: %w", e.file.Path, err)
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }()
 	info, err := src.Stat()
 	if err != nil {
 		return fmt.Errorf("layer file %s: %w", e.file.Path, err)
@@ -369,8 +369,8 @@ func writeLayout(out string, blobs []blob) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+			_ = f.Close()
+			_ = os.Remove(f.Name())
 		}
 	}()
 	tw := tar.NewWriter(f)
@@ -425,7 +425,7 @@ func writeBlob(tw *tar.Writer, name string, b blob) error {
 		if err != nil {
 			return fmt.Errorf("image tar %s: %w", name, err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		src = f
 	}
 	if _, err := io.CopyN(tw, src, b.size); err != nil {

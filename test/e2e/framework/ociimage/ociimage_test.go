@@ -9,6 +9,7 @@ import (
 	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -126,7 +127,7 @@ func checkLayer(t *testing.T, layerTar []byte) {
 	tr := tar.NewReader(bytes.NewReader(layerTar))
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -202,7 +203,7 @@ func TestStaticBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			t.Error("binary has a PT_INTERP program header: it is dynamically linked")
@@ -246,7 +247,7 @@ func readTar(t *testing.T, data []byte) map[string][]byte {
 	tr := tar.NewReader(bytes.NewReader(data))
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return entries
 		}
 		if err != nil {
