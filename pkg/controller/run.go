@@ -111,9 +111,10 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := setupReconcilers(mgr, acct, opts); err != nil {
 		return err
 	}
-	runnables := []manager.Runnable{nudge, &webhookRegistrar{
+	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
-	}}
+	}
+	runnables := []manager.Runnable{nudge, registrar}
 	for _, r := range runnables {
 		if err := mgr.Add(r); err != nil {
 			return fmt.Errorf("adding runnable: %w", err)
@@ -123,6 +124,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		return fmt.Errorf("adding health check: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return fmt.Errorf("adding readiness check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhook-config", registrar.Configured); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
 	return nil

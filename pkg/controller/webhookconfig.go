@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
@@ -135,6 +136,21 @@ type webhookRegistrar struct {
 	opts     *Options
 	caBundle []byte
 	started  func(*http.Request) error
+	// configured is set once the configuration carries our CA: before
+	// that the apiserver cannot verify our certificate and claims fail.
+	configured atomic.Bool
+}
+
+// Configured is a readiness check: a replica is ready only once the
+// webhook configuration trusts its certificate. Without it, helm install
+// reported the controller ready while the chart's configuration had no CA
+// yet, and the first claims failed "certificate signed by unknown
+// authority".
+func (r *webhookRegistrar) Configured(*http.Request) error {
+	if !r.configured.Load() {
+		return fmt.Errorf("webhook configuration %s not written yet", r.opts.Webhook.ConfigName)
+	}
+	return nil
 }
 
 func (r *webhookRegistrar) NeedLeaderElection() bool { return false }
@@ -158,6 +174,7 @@ func (r *webhookRegistrar) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("writing webhook configuration %s: %w", r.opts.Webhook.ConfigName, err)
 	}
+	r.configured.Store(true)
 	logger.Info("Webhook configuration ready", "name", r.opts.Webhook.ConfigName)
 	<-ctx.Done()
 	if r.opts.Webhook.RemoveOnExit {

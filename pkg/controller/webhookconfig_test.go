@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"net/http"
 	"testing"
+	"time"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -72,4 +74,35 @@ func TestChartOwnedWebhookConfigIsNotRemovedOnExit(t *testing.T) {
 	if err := o.Validate(); err == nil {
 		t.Fatal("Validate accepted remove-on-exit for a chart-owned configuration")
 	}
+}
+
+// A replica is not ready before the configuration carries its CA.
+func TestRegistrarReadyOnlyOnceConfigured(t *testing.T) {
+	chart := &admissionregv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultWebhookConfigName},
+		Webhooks:   []admissionregv1.ValidatingWebhook{{Name: "a.gpuaas.io"}},
+	}
+	c := newFakeClient(t)
+	r := &webhookRegistrar{client: c, opts: chartOwnedOptions(t), caBundle: []byte("CA"),
+		started: func(*http.Request) error { return nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Start(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	if r.Configured(nil) == nil {
+		t.Fatal("ready before the chart's configuration exists")
+	}
+	if err := c.Create(ctx, chart); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.Configured(nil) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("never ready after the configuration appeared")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
 }

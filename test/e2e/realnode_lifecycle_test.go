@@ -196,3 +196,32 @@ func testUninstall(t *testing.T, n *realNode) {
 		t.Errorf("CDI specs left behind: %v", specs)
 	}
 }
+
+// testReinstall installs the release again after the uninstall: nothing
+// left behind may refuse it (a webhook configuration the controller once
+// created outlived the release and refused the new release's own
+// GpuProfiles), and the plugin publishes again. This release brings a
+// GpuProfile of its own (the demo specs' profiles, not Helm's, hold the
+// default names), which must pass the catalog webhook.
+func testReinstall(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	values := strings.Replace(n.values, "gpuProfiles: {gpu: null, mig-1g: null}", `gpuProfiles:
+  gpu: null
+  mig-1g: null
+  reinstalled-gpu:
+    displayName: Whole GPU
+    selector: {type: gpu}`, 1)
+	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"reinstalled-gpu"} {
+		err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			_, err := cp.Client.ResourceV1().DeviceClasses().Get(ctx, name, metav1.GetOptions{})
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Errorf("the reinstalled controller did not render GpuProfile %s into a DeviceClass: %v", name, err)
+		}
+	}
+	helmOnCluster(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m")
+}

@@ -63,6 +63,7 @@ func TestRealNode(t *testing.T) {
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
 		{"Uninstall", testUninstall},
+		{"Reinstall", testReinstall},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, node) }) {
