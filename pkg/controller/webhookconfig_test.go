@@ -104,5 +104,7 @@ func TestRegistrarReadyOnlyOnceConfigured(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		t.Errorf("registrar: %v", err)
+	}
 }
