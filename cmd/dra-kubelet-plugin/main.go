@@ -34,6 +34,7 @@ import (
 type flags struct {
 	nodeName, kubeconfig, pluginDataDir, registrarDir  string
 	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
+	hostDriverRoot                                     string
 	podUID, cdiHookPath, nodeConfig                    string
 }
 
@@ -58,6 +59,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.registrarDir, "registrar-dir", cli.Env("DRA_REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. [$DRA_REGISTRAR_DIR]")
 	fs.StringVar(&f.cdiRoot, "cdi-root", cli.Env("CDI_ROOT", "/var/run/cdi"), "Directory where per-claim CDI specs are written. [$CDI_ROOT]")
 	fs.StringVar(&f.driverRoot, "driver-root", cli.Env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
+	fs.StringVar(&f.hostDriverRoot, "host-driver-root", os.Getenv("NVIDIA_HOST_DRIVER_ROOT"), "The driver root as the container runtime on the host sees it, when --driver-root is where this process sees it (the chart mounts a host install, /, at /host). CDI specs name host paths. Empty: the same as --driver-root. [$NVIDIA_HOST_DRIVER_ROOT]")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), "Host path of nvidia-cdi-hook, run by the container runtime to update the container's ldcache and symlinks; empty leaves NVIDIA's CDI hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]")
 	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
@@ -86,7 +88,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer func() { _ = lib.Shutdown() }()
 	cdiHandler, err := cdi.NewHandler(cdi.Options{
-		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, NVML: lib.NVML(),
+		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, NVML: lib.NVML(),
 		CDIHookPath: f.cdiHookPath, Logger: klog.FromContext(ctx),
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
 	"k8s.io/klog/v2"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -48,6 +49,12 @@ type Options struct {
 	DriverRoot string
 	// DevRoot is where /dev/nvidia* live; defaults to DriverRoot.
 	DevRoot string
+	// HostDriverRoot is DriverRoot as the container runtime on the host
+	// sees it, when the plugin sees the driver elsewhere: the chart mounts
+	// a host install ("/") at /host in the plugin's container. Every host
+	// path a spec names (libraries, binaries, device nodes) is moved from
+	// DriverRoot (and DevRoot) to it. Empty means the same as DriverRoot.
+	HostDriverRoot string
 	// NVML is the (possibly mock) NVML the plugin uses; nvcdi reads the
 	// driver version from it.
 	NVML nvml.Interface
@@ -106,9 +113,12 @@ func NewHandler(opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	if common, err = toHostRoot(opts, common); err != nil {
+		return nil, err
+	}
 	return &Handler{
 		cdiRoot: opts.CDIRoot,
-		devRoot: devRootOf(opts),
+		devRoot: hostDevRootOf(opts),
 		common:  common,
 	}, nil
 }
@@ -214,6 +224,33 @@ func validateClaimUID(claimUID string) error {
 		return fmt.Errorf("invalid claim UID %q: %w", claimUID, err)
 	}
 	return nil
+}
+
+// hostDevRootOf is where the runtime finds the device nodes on the host.
+func hostDevRootOf(opts Options) string {
+	if opts.HostDriverRoot != "" {
+		return opts.HostDriverRoot
+	}
+	return devRootOf(opts)
+}
+
+// toHostRoot moves the host paths of the common edits from the driver root
+// the plugin sees to the one on the host (nvcdi's driver-root transform):
+// the runtime reads the spec on the host, where /host/usr/lib/... does not
+// exist and every GPU container failed.
+func toHostRoot(opts Options, edits specs.ContainerEdits) (specs.ContainerEdits, error) {
+	if opts.HostDriverRoot == "" || opts.DriverRoot == "" {
+		return edits, nil
+	}
+	spec := &specs.Spec{ContainerEdits: edits}
+	t := root.NewDriverTransformer(
+		root.WithDriverRoot(opts.DriverRoot), root.WithTargetDriverRoot(opts.HostDriverRoot),
+		root.WithDevRoot(devRootOf(opts)), root.WithTargetDevRoot(opts.HostDriverRoot),
+	)
+	if err := t.Transform(spec); err != nil {
+		return edits, fmt.Errorf("moving driver paths from %s to the host's %s: %w", opts.DriverRoot, opts.HostDriverRoot, err)
+	}
+	return spec.ContainerEdits, nil
 }
 
 func devRootOf(opts Options) string {

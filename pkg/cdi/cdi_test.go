@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -482,5 +483,60 @@ func benchmarkWrite(b *testing.B, cdiRoot string, n int) {
 		if _, err := h.WriteClaimSpec(fmt.Sprintf("claim-%d", i%64), devices); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// hostPaths lists every host path a spec names: mounts, device nodes (the
+// path itself when no host path is given) and hooks.
+func hostPaths(spec *cdiapi.Spec) []string {
+	var out []string
+	add := func(e specs.ContainerEdits) {
+		for _, m := range e.Mounts {
+			out = append(out, m.HostPath)
+		}
+		for _, n := range e.DeviceNodes {
+			out = append(out, cmp.Or(n.HostPath, n.Path))
+		}
+		for _, h := range e.Hooks {
+			out = append(out, h.Path)
+		}
+	}
+	add(spec.ContainerEdits)
+	for _, d := range spec.Devices {
+		add(d.ContainerEdits)
+	}
+	return out
+}
+
+// The chart mounts the driver root at a path of its own in the plugin's
+// container (a host install "/" at /host), but the runtime reads the spec
+// on the host: every host path must be the host's. Before HostDriverRoot
+// the specs named /host/usr/lib/... and /host/dev/nvidia3, which do not
+// exist on the host, and every GPU container failed.
+func TestHostPathsAreOnTheHost(t *testing.T) {
+	for _, hostRoot := range []string{"/", "/run/nvidia/driver"} {
+		t.Run(hostRoot, func(t *testing.T) {
+			inContainer := cditest.NewDriverRoot(t, mockDriverVersion) // what the plugin sees
+			h, cdiRoot := newHandler(t, inContainer.Root, func(o *Options) { o.HostDriverRoot = hostRoot })
+			write(t, h, claimUID, twoGPUs())
+			paths := hostPaths(readBack(t, cdiRoot, claimUID))
+			if len(paths) < 6 {
+				t.Fatalf("spec names only %v", paths)
+			}
+			for _, p := range paths {
+				if strings.HasPrefix(p, inContainer.Root) {
+					t.Errorf("host path %s is the plugin's view of the driver root", p)
+				}
+				if !strings.HasPrefix(p, hostRoot) {
+					t.Errorf("host path %s is not under the host's driver root %s", p, hostRoot)
+				}
+			}
+			want := []string{filepath.Join(hostRoot, inContainer.LibPath("libcuda.so")), filepath.Join(hostRoot, "/dev/nvidia3"), filepath.Join(hostRoot, "/dev/nvidiactl")}
+			for _, w := range want {
+				if !slices.Contains(paths, w) {
+					t.Errorf("spec does not name %s; it names %v", w, paths)
+				}
+			}
+		})
 	}
 }

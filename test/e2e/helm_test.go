@@ -550,3 +550,33 @@ func TestHelmWebhookConfigMatchesController(t *testing.T) {
 		t.Errorf("chart webhooks differ from the controller's:\nchart:\n%s\ncontroller:\n%s", got, exp)
 	}
 }
+
+// TestHelmDriverRootsForThePlugin checks that the plugin learns both views
+// of the driver root: where its container sees it (a host install is
+// mounted at /host) and where the host's runtime does (what CDI specs must
+// name). With only the first, specs named /host/... and every GPU
+// container failed on a real node.
+func TestHelmDriverRootsForThePlugin(t *testing.T) {
+	helmBin(t) // one skip line when helm is not built
+	for hostRoot, inContainer := range map[string]string{"/": "/host", "/run/nvidia/driver": "/run/nvidia/driver"} {
+		_, objs := renderChart(t, "gpuaas", "gpuaas-system", "--set", "kubeletPlugin.driverRoot="+hostRoot)
+		env := map[string]string{}
+		for _, o := range objs {
+			if o.GetKind() != "DaemonSet" {
+				continue
+			}
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			vars, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
+			for _, v := range vars {
+				m := v.(map[string]any)
+				if value, ok := m["value"].(string); ok {
+					env[m["name"].(string)] = value
+				}
+			}
+		}
+		if env["NVIDIA_DRIVER_ROOT"] != inContainer || env["NVIDIA_HOST_DRIVER_ROOT"] != hostRoot {
+			t.Errorf("driverRoot %s: NVIDIA_DRIVER_ROOT=%q NVIDIA_HOST_DRIVER_ROOT=%q, want %q and %q",
+				hostRoot, env["NVIDIA_DRIVER_ROOT"], env["NVIDIA_HOST_DRIVER_ROOT"], inContainer, hostRoot)
+		}
+	}
+}
