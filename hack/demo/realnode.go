@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,11 +30,8 @@ type gpuNode interface {
 // realNodeUnavailable says why this machine cannot run a real node, or ""
 // when it can.
 func realNodeUnavailable(cp *framework.ControlPlane) string {
-	if os.Geteuid() != 0 {
-		return "not root: containerd, runc and the kubelet need root"
-	}
-	if missing := framework.MissingRealNodeBinaries(cp.BinDir); len(missing) > 0 {
-		return fmt.Sprintf("%v not built (make node-bins)", missing)
+	if why := framework.RealNodeUnavailable(cp.BinDir); why != "" {
+		return why
 	}
 	if _, err := os.Stat(helmBinary(cp)); err != nil {
 		return "helm not built (make helm)"

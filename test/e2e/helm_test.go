@@ -95,15 +95,7 @@ func helmBin(t *testing.T) string {
 // runHelm runs helm in the repository root and returns its combined output.
 func runHelm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	ctx := framework.Context(t, 2*time.Minute)
-	cmd := exec.CommandContext(ctx, helmBin(t), args...)
-	cmd.Dir = repoRoot
-	// Keep helm away from the user's configuration and any real cluster.
-	home := t.TempDir()
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home,
-		"HELM_DATA_HOME="+home, "KUBECONFIG="+filepath.Join(home, "none"))
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return framework.RunHelm(framework.Context(t, 2*time.Minute), helmBin(t), args...)
 }
 
 // serverVersion is the control plane's version, for helm --kube-version

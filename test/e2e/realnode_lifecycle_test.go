@@ -156,11 +156,7 @@ func readFile(t *testing.T, path string) string {
 func testUninstall(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 4*time.Minute)
 	helmOnCluster(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m")
-	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0, nil
-	})
-	if err != nil {
+	if err := cp.WaitForNoPods(ctx, releaseNamespace); err != nil {
 		t.Errorf("pods of the release still there: %v", err)
 	}
 	hooks, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().List(ctx, metav1.ListOptions{})

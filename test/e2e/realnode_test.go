@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +23,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -76,12 +77,7 @@ func TestRealNode(t *testing.T) {
 // cannot run: not root, or the binaries not built.
 func requireRealNode(t *testing.T) {
 	t.Helper()
-	reason := ""
-	if os.Geteuid() != 0 {
-		reason = "a real node needs root"
-	} else if missing := framework.MissingRealNodeBinaries(cp.BinDir); len(missing) > 0 {
-		reason = fmt.Sprintf("real-node binaries %v missing (make k8s-bins node-bins)", missing)
-	}
+	reason := framework.RealNodeUnavailable(cp.BinDir)
 	if reason == "" {
 		return
 	}
@@ -295,7 +291,7 @@ func usesRequest(pod *v1.Pod, ctr *v1.Container, claim *resourceapi.ResourceClai
 	for _, c := range ctr.Resources.Claims {
 		for i := range pod.Spec.ResourceClaims {
 			pc := &pod.Spec.ResourceClaims[i]
-			if pc.Name != c.Name || claimNameOf(pod, pc) != claim.Name {
+			if name, _, err := resourceclaim.Name(pod, pc); pc.Name != c.Name || err != nil || name == nil || *name != claim.Name {
 				continue
 			}
 			// "request" may name a subrequest's parent (firstAvailable).
@@ -305,18 +301,6 @@ func usesRequest(pod *v1.Pod, ctr *v1.Container, claim *resourceapi.ResourceClai
 		}
 	}
 	return false
-}
-
-func claimNameOf(pod *v1.Pod, pc *v1.PodResourceClaim) string {
-	if pc.ResourceClaimName != nil {
-		return *pc.ResourceClaimName
-	}
-	for _, s := range pod.Status.ResourceClaimStatuses {
-		if s.Name == pc.Name && s.ResourceClaimName != nil {
-			return *s.ResourceClaimName
-		}
-	}
-	return ""
 }
 
 // checkContainerSawClaims reads what the container printed and checks it
@@ -336,35 +320,33 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 		t.Fatalf("reading the node's devices: %v", err)
 	}
 	attrs := deviceAttrs(devices)
-	wantUUIDs, wantNodes := map[string]bool{}, map[string]bool{"/dev/nvidiactl": true}
+	wantUUIDs, wantNodes := sets.New[string](), sets.New("/dev/nvidiactl")
 	for _, u := range containerDevices(t, ctx, pod, container) {
-		for uuid := range specUUIDs(t, n, u.claim) {
-			wantUUIDs[uuid] = true
-		}
+		wantUUIDs = wantUUIDs.Union(specUUIDs(t, n, u.claim))
 		d, ok := attrs[u.result.Device]
 		if !ok {
 			t.Fatalf("allocated device %s not in the node's slices", u.result.Device)
 		}
-		if uuid := stringAttr(d, "uuid"); uuid != "" && !wantUUIDs[uuid] {
+		if uuid := stringAttr(d, "uuid"); uuid != "" && !wantUUIDs.Has(uuid) {
 			t.Errorf("the CDI spec of claim %s does not name device %s (%s)", u.claim.Name, d.Name, uuid)
 		}
-		wantNodes[fmt.Sprintf("/dev/nvidia%d", gpuIndex(t, devices, d))] = true
+		wantNodes.Insert(fmt.Sprintf("/dev/nvidia%d", gpuIndex(t, devices, d)))
 	}
 	gotUUIDs, gotNodes := parseGPUInfo(log)
-	if !mapsEqual(gotUUIDs, wantUUIDs) {
-		t.Errorf("pod %s container %s: NVIDIA_VISIBLE_DEVICES has %v, want %v\n%s", pod.Name, container, keysOf(gotUUIDs), keysOf(wantUUIDs), log)
+	if !gotUUIDs.Equal(wantUUIDs) {
+		t.Errorf("pod %s container %s: NVIDIA_VISIBLE_DEVICES has %v, want %v\n%s", pod.Name, container, sets.List(gotUUIDs), sets.List(wantUUIDs), log)
 	}
 	for node := range wantNodes {
-		if !gotNodes[node] {
+		if !gotNodes.Has(node) {
 			t.Errorf("pod %s container %s: no %s\n%s", pod.Name, container, node, log)
 		}
 	}
 	for node := range gotNodes {
-		if isGPUNode(node) && !wantNodes[node] {
+		if isGPUNode(node) && !wantNodes.Has(node) {
 			t.Errorf("pod %s container %s sees %s, which is not its GPU\n%s", pod.Name, container, node, log)
 		}
 	}
-	t.Logf("pod %s container %s saw %v and %v", pod.Name, container, keysOf(gotUUIDs), keysOf(gotNodes))
+	t.Logf("pod %s container %s saw %v and %v", pod.Name, container, sets.List(gotUUIDs), sets.List(gotNodes))
 }
 
 // gpuIndex is the index of the GPU a device lives on: its own index
@@ -388,7 +370,7 @@ func gpuIndex(t *testing.T, devices []resourceapi.Device, d resourceapi.Device) 
 
 // specUUIDs reads NVIDIA_VISIBLE_DEVICES from the CDI spec the plugin wrote
 // for a claim.
-func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[string]bool {
+func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) sets.Set[string] {
 	t.Helper()
 	var spec struct {
 		ContainerEdits struct {
@@ -398,12 +380,10 @@ func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[
 	if err := json.Unmarshal([]byte(readFile(t, n.CDISpecPath(claim.UID))), &spec); err != nil {
 		t.Fatalf("CDI spec of claim %s: %v", claim.Name, err)
 	}
-	uuids := map[string]bool{}
+	uuids := sets.New[string]()
 	for _, e := range spec.ContainerEdits.Env {
 		if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
-			for _, u := range strings.Split(v, ",") {
-				uuids[u] = true
-			}
+			uuids.Insert(strings.Split(v, ",")...)
 		}
 	}
 	if len(uuids) == 0 {
@@ -414,18 +394,14 @@ func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[
 
 // parseGPUInfo reads gpuinfo's report: the UUIDs of NVIDIA_VISIBLE_DEVICES
 // and the device nodes.
-func parseGPUInfo(log string) (uuids, nodes map[string]bool) {
-	uuids, nodes = map[string]bool{}, map[string]bool{}
+func parseGPUInfo(log string) (uuids, nodes sets.Set[string]) {
+	uuids, nodes = sets.New[string](), sets.New[string]()
 	for _, line := range strings.Split(log, "\n") {
-		if v, ok := strings.CutPrefix(line, "env NVIDIA_VISIBLE_DEVICES="); ok {
-			for _, u := range strings.Split(v, ",") {
-				if u != "" {
-					uuids[u] = true
-				}
-			}
+		if v, ok := strings.CutPrefix(line, "env NVIDIA_VISIBLE_DEVICES="); ok && v != "" {
+			uuids.Insert(strings.Split(v, ",")...)
 		}
 		if rest, ok := strings.CutPrefix(line, "dev "); ok {
-			nodes[strings.Fields(rest)[0]] = true
+			nodes.Insert(strings.Fields(rest)[0])
 		}
 	}
 	return uuids, nodes
@@ -438,27 +414,6 @@ func isGPUNode(path string) bool {
 		return false
 	}
 	return strings.Trim(rest, "0123456789") == ""
-}
-
-func mapsEqual(a, b map[string]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
-}
-
-func keysOf(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // waitGone waits until path no longer exists.
@@ -476,11 +431,7 @@ func deletePodAndWait(t *testing.T, ctx context.Context, pod *v1.Pod) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, err := cp.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-	if err != nil {
-		t.Fatalf("pod %s not gone: %v", pod.Name, err)
+	if err := cp.WaitForPodGone(ctx, pod.Namespace, pod.Name); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,14 +15,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 )
 
 // ChartPath is the Helm chart, relative to the repository root.
 const ChartPath = "deployments/helm/gpuaas-dra"
 
-// Helm runs helm against the control plane, in the repository root, with
-// its configuration and cache in a temporary directory (never the user's).
-func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...string) (string, error) {
+// RunHelm runs helm in the repository root with its configuration, cache
+// and data in a temporary directory and a kubeconfig that does not exist,
+// so it never touches the user's settings or a real cluster. It returns
+// the combined output.
+func RunHelm(ctx context.Context, helmBinary string, args ...string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
@@ -31,23 +35,35 @@ func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...str
 		return "", fmt.Errorf("creating helm home: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(home) }()
-	cmd := exec.CommandContext(ctx, helmBinary, append(args, "--kubeconfig", cp.Kubeconfig)...)
+	cmd := exec.CommandContext(ctx, helmBinary, args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home, "HELM_DATA_HOME="+home)
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home,
+		"HELM_DATA_HOME="+home, "KUBECONFIG="+filepath.Join(home, "none"))
 	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Helm runs helm (RunHelm) against the control plane; the error carries
+// helm's output.
+func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...string) (string, error) {
+	out, err := RunHelm(ctx, helmBinary, append(args, "--kubeconfig", cp.Kubeconfig)...)
 	if err != nil {
-		return string(out), fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
+		return out, fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out), nil
+	return out, nil
 }
 
 // ChartValues are the chart values for this node: the locally built image,
 // the node's directories, a mock NVML with the GPU modes of
-// demo/node-config.yaml, and both components on the host network (the
+// demo/node-config.yaml (the simulated nodes' --node-config), and both components on the host network (the
 // node has no pod network) reaching the API server at its own address (no
 // kube-proxy routes the kubernetes Service). The catalog is left out: the
 // demo specs bring their own DeviceClasses.
 func (n *RealNode) ChartValues(verbosity int) (string, error) {
+	nodeConfig, err := demoNodeConfig()
+	if err != nil {
+		return "", err
+	}
 	ports, err := FreePorts(5)
 	if err != nil {
 		return "", err
@@ -70,15 +86,7 @@ kubeletPlugin:
   hostNetwork: true
   metricsPort: %d
   healthcheckPort: %d
-  nodeConfig:
-    gpus:
-    - indexes: [4]
-      timeSlicing: {replicas: 4, interval: Default}
-    - indexes: [5]
-      shared:
-        memory: {min: 1Gi, step: 1Gi, default: 1Gi}
-    - indexes: [6, 7]
-      mig: dynamic
+  nodeConfig: %s
 controller:
   # One replica: on the host network of a single node two would collide on
   # their ports.
@@ -90,7 +98,31 @@ controller:
 # null deletes a default entry of the catalog.
 gpuProfiles: {gpu: null, mig-1g: null}
 `, verbosity, DriverImageRepository, DriverImageTag, apiHost, apiPort,
-		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], ports[2], ports[3], ports[4]), nil
+		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], nodeConfig, ports[2], ports[3], ports[4]), nil
+}
+
+// demoNodeConfig is demo/node-config.yaml as the chart's nodeConfig value
+// (its content without apiVersion and kind), in JSON, which is YAML too.
+func demoNodeConfig() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(filepath.Join(root, "demo", "node-config.yaml"))
+	if err != nil {
+		return "", fmt.Errorf("reading the demo node configuration: %w", err)
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		return "", fmt.Errorf("decoding the demo node configuration: %w", err)
+	}
+	delete(cfg, "apiVersion")
+	delete(cfg, "kind")
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		return "", fmt.Errorf("encoding the node configuration: %w", err)
+	}
+	return string(out), nil
 }
 
 // WriteValues writes chart values to a file in the node's directory.
@@ -157,14 +189,7 @@ func (cp *ControlPlane) WaitForControllerReady(ctx context.Context, namespace st
 }
 
 // PodReady reports the pod's Ready condition.
-func PodReady(p *v1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == v1.PodReady {
-			return c.Status == v1.ConditionTrue
-		}
-	}
-	return false
-}
+func PodReady(p *v1.Pod) bool { return podCondition(p, v1.PodReady) == v1.ConditionTrue }
 
 // installTimeout bounds InstallChart.
 const installTimeout = 5 * time.Minute

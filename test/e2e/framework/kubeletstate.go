@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -32,27 +31,34 @@ type kubeletClaimState struct {
 	DriverState map[string]struct{ Devices []KubeletDevice }
 }
 
-// drACheckpointKind identifies the kubelet's DRA checkpoint file.
+// draCheckpointKind identifies the kubelet's DRA checkpoint file.
 var draCheckpointKind = []byte("checkpoint.dra.kubelet.k8s.io")
+
+// findDRACheckpoint finds the DRA manager's checkpoint among the files of
+// the kubelet's root dir by its kind (its file name is internal).
+func findDRACheckpoint(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("looking for the kubelet's DRA checkpoint: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if data, err := os.ReadFile(path); err == nil && bytes.Contains(data, draCheckpointKind) {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("no DRA checkpoint of the kubelet in %s", dir)
+}
 
 // PreparedClaims reads the real kubelet's DRA checkpoint: for each claim UID
 // it prepared, the devices our driver returned.
 func (n *RealNode) PreparedClaims() (map[string][]KubeletDevice, error) {
-	var path string
-	err := filepath.WalkDir(n.KubeletDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || path != "" || filepath.Dir(p) != n.KubeletDir {
-			return nil
-		}
-		if data, err := os.ReadFile(p); err == nil && bytes.Contains(data, draCheckpointKind) {
-			path = p
-		}
-		return nil
-	})
+	path, err := findDRACheckpoint(n.KubeletDir)
 	if err != nil {
-		return nil, fmt.Errorf("looking for the kubelet's DRA checkpoint: %w", err)
-	}
-	if path == "" {
-		return nil, fmt.Errorf("no DRA checkpoint of the kubelet in %s", n.KubeletDir)
+		return nil, err
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

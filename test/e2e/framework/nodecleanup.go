@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/sets"
 )
 
 // cgroupDirs are the directories of a cgroup path in every mounted
@@ -55,8 +57,8 @@ func makeCgroup(cgroup string) error {
 }
 
 // cgroupPids lists the processes in a cgroup tree.
-func cgroupPids(cgroup string) map[int]bool {
-	pids := map[int]bool{}
+func cgroupPids(cgroup string) sets.Set[int] {
+	pids := sets.New[int]()
 	for _, dir := range cgroupDirs(cgroup) {
 		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
@@ -65,7 +67,7 @@ func cgroupPids(cgroup string) map[int]bool {
 			data, _ := os.ReadFile(p)
 			for _, f := range strings.Fields(string(data)) {
 				if pid, err := strconv.Atoi(f); err == nil {
-					pids[pid] = true
+					pids.Insert(pid)
 				}
 			}
 			return nil
@@ -84,7 +86,7 @@ func killCgroup(cgroup string) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v in cgroup %s survive SIGKILL", keys(pids), cgroup)
+			return fmt.Errorf("processes %v in cgroup %s survive SIGKILL", sets.List(pids), cgroup)
 		}
 		for pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -127,7 +129,7 @@ func killShims(socket string) error {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(data, "\x00")), "\x00")
-		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !containsArg(args, socket) {
+		if !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !slices.Contains(args, socket) {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
@@ -135,15 +137,6 @@ func killShims(socket string) error {
 		}
 	}
 	return nil
-}
-
-func containsArg(args []string, want string) bool {
-	for _, a := range args {
-		if a == want {
-			return true
-		}
-	}
-	return false
 }
 
 // makeSharedMount bind-mounts dir onto itself as a shared mount. On a real
@@ -208,13 +201,4 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-func keys(m map[int]bool) []int {
-	out := make([]int, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Ints(out)
-	return out
 }

@@ -79,15 +79,24 @@ func MissingRealNodeBinaries(dir string) []string {
 	return missing
 }
 
+// RealNodeUnavailable says why this machine cannot run a real node with the
+// binaries of binDir, or "" when it can.
+func RealNodeUnavailable(binDir string) string {
+	if os.Geteuid() != 0 {
+		return "not root: containerd, runc, the kubelet and mknod need root"
+	}
+	if missing := MissingRealNodeBinaries(binDir); len(missing) > 0 {
+		return fmt.Sprintf("real-node binaries %v not built (make k8s-bins node-bins)", missing)
+	}
+	return ""
+}
+
 // StartRealNode starts containerd, imports the images, starts the kubelet
 // and waits until the node is schedulable. On error everything started is
 // stopped again.
 func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions) (*RealNode, error) {
-	if missing := MissingRealNodeBinaries(cp.BinDir); len(missing) > 0 {
-		return nil, fmt.Errorf("real-node binaries %v not found (make k8s-bins node-bins)", missing)
-	}
-	if os.Geteuid() != 0 {
-		return nil, errors.New("a real node needs root (containerd, runc, mknod)")
+	if why := RealNodeUnavailable(cp.BinDir); why != "" {
+		return nil, errors.New(why)
 	}
 	ctx, cancel := context.WithTimeout(ctx, realNodeStartTimeout)
 	defer cancel()
