@@ -18,6 +18,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"k8s.io/klog/v2"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -55,6 +56,10 @@ type Options struct {
 	// path a spec names (libraries, binaries, device nodes) is moved from
 	// DriverRoot (and DevRoot) to it. Empty means the same as DriverRoot.
 	HostDriverRoot string
+	// ProcDevicesPath is the kernel's list of device majors, where the
+	// major of the MIG capability nodes is read; empty means
+	// /proc/devices. Tests point it at a fake.
+	ProcDevicesPath string
 	// NVML is the (possibly mock) NVML the plugin uses; nvcdi reads the
 	// driver version from it.
 	NVML nvml.Interface
@@ -77,8 +82,11 @@ type Device struct {
 	UUID string
 	// Minor is the minor number of /dev/nvidia<Minor>.
 	Minor int
-	// ExtraNodes are extra device node paths, e.g. MIG capability nodes.
-	ExtraNodes []string
+	// ExtraNodes are the capability nodes of a MIG device. They are
+	// written as full character devices (the handler adds the nvidia-caps
+	// major), so the runtime creates them in the container whether or not
+	// the host has them.
+	ExtraNodes []mig.CapNode
 	// Env is extra environment for this device, e.g. MPS settings.
 	Env map[string]string
 	// Mounts are host directories bind-mounted at the same path, e.g. the
@@ -90,8 +98,9 @@ type Device struct {
 // use: the cached common edits are never modified after NewHandler.
 type Handler struct {
 	cdiRoot string
-	devRoot string
+	nodes   nodeChecker
 	common  specs.ContainerEdits
+	log     klog.Logger
 }
 
 // NewHandler computes the edits common to all claims once and prepares the
@@ -109,7 +118,8 @@ func NewHandler(opts Options) (*Handler, error) {
 		return nil, fmt.Errorf("create CDI root %q: %w", opts.CDIRoot, err)
 	}
 	removeStaleTempFiles(log, opts.CDIRoot)
-	common, err := commonEdits(log, opts)
+	version, why := installedDriver(log, opts)
+	common, err := commonEdits(log, opts, version, why)
 	if err != nil {
 		return nil, err
 	}
@@ -118,8 +128,9 @@ func NewHandler(opts Options) (*Handler, error) {
 	}
 	return &Handler{
 		cdiRoot: opts.CDIRoot,
-		devRoot: hostDevRootOf(opts),
+		nodes:   newNodeChecker(opts, why == ""),
 		common:  common,
+		log:     log,
 	}, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 )
 
 // mockDriverVersion is what dgxh100's SystemGetDriverVersion reports.
@@ -123,23 +124,44 @@ func TestDeviceIDs(t *testing.T) {
 	}
 }
 
-func TestVisibleDevicesListsAllClaimDevices(t *testing.T) {
+// Every spec sets NVIDIA_VISIBLE_DEVICES=void once, at spec level, so that
+// specs of several claims merge to the same value; each device names itself
+// in its own variable, at device level.
+func TestVisibleDevicesIsVoidAndEachDeviceNamesItself(t *testing.T) {
 	root := cditest.NewDriverRoot(t, mockDriverVersion)
 	h, cdiRoot := newHandler(t, root.Root)
-	write(t, h, claimUID, twoGPUs())
+	devices := twoGPUs()
+	write(t, h, claimUID, devices)
 	spec := readBack(t, cdiRoot, claimUID)
 
-	got := envValues(spec.ContainerEdits.Env, visibleDevicesEnv)
-	if !slices.Equal(got, []string{"GPU-aaaa,GPU-bbbb"}) {
-		t.Errorf("spec-level %s = %q, want exactly one GPU-aaaa,GPU-bbbb (nvcdi's \"void\" dropped)", visibleDevicesEnv, got)
+	if got := envValues(spec.ContainerEdits.Env, visibleDevicesEnv); !slices.Equal(got, []string{"void"}) {
+		t.Errorf("spec-level %s = %q, want exactly one void", visibleDevicesEnv, got)
 	}
-	for _, d := range spec.Devices {
-		if v := envValues(d.ContainerEdits.Env, visibleDevicesEnv); len(v) > 0 {
-			t.Errorf("device %s sets %s=%v; the claim-level value would be overridden", d.Name, visibleDevicesEnv, v)
+	for i, d := range spec.Devices {
+		env := d.ContainerEdits.Env
+		if v := envValues(env, visibleDevicesEnv); len(v) > 0 {
+			t.Errorf("device %s sets %s=%v", d.Name, visibleDevicesEnv, v)
+		}
+		if v := envValues(env, deviceEnvName(devices[i].Name)); !slices.Equal(v, []string{devices[i].UUID}) {
+			t.Errorf("device %s: %s = %v, want %s", d.Name, deviceEnvName(devices[i].Name), v, devices[i].UUID)
+		}
+		for k, want := range devices[i].Env {
+			if v := envValues(env, k); !slices.Equal(v, []string{want}) {
+				t.Errorf("device %s: %s = %v, want its extra env %s", d.Name, k, v, want)
+			}
 		}
 	}
-	if v := envValues(spec.Devices[1].ContainerEdits.Env, "CUDA_MPS_PIPE_DIRECTORY"); !slices.Equal(v, []string{"/mps/pipe"}) {
-		t.Errorf("device env = %v, want the extra env of gpu-5", spec.Devices[1].ContainerEdits.Env)
+}
+
+func TestDeviceEnvName(t *testing.T) {
+	for name, want := range map[string]string{
+		"gpu-3":              "GPUAAS_DEVICE_GPU_3",
+		"gpu-2-mig-1g10gb-6": "GPUAAS_DEVICE_GPU_2_MIG_1G10GB_6",
+		"gpu-0-ts.1":         "GPUAAS_DEVICE_GPU_0_TS_1",
+	} {
+		if got := deviceEnvName(name); got != want {
+			t.Errorf("deviceEnvName(%q) = %q, want %q", name, got, want)
+		}
 	}
 }
 
@@ -153,24 +175,78 @@ func envValues(env []string, key string) []string {
 	return vals
 }
 
+// makeNodes creates the nodes (plain files will do: only their existence is
+// checked) under a dev root.
+func makeNodes(t *testing.T, devRoot string, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		full := filepath.Join(devRoot, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, nil, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeProcDevices writes a fake /proc/devices with nvidia-caps at major.
+func writeProcDevices(t *testing.T, major int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "devices")
+	content := fmt.Sprintf("Character devices:\n195 nvidia\n%d nvidia-caps\n\nBlock devices:\n  7 loop\n", major)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func TestDeviceNodes(t *testing.T) {
 	devRoot := t.TempDir()
-	h, cdiRoot := newHandler(t, "", func(o *Options) { o.DevRoot = devRoot })
+	makeNodes(t, devRoot, "/dev/nvidia3", "/dev/nvidia5")
+	const capsMajor = 237
+	h, cdiRoot := newHandler(t, "", func(o *Options) { o.DevRoot = devRoot; o.ProcDevicesPath = writeProcDevices(t, capsMajor) })
 	devices := twoGPUs()
-	devices[0].ExtraNodes = []string{"/dev/nvidia-caps/nvidia-cap21"}
+	devices[0].ExtraNodes = []mig.CapNode{{Path: "/dev/nvidia-caps/nvidia-cap21", Minor: 21}, {Path: "/dev/nvidia-caps/nvidia-cap22", Minor: 22}}
 	write(t, h, claimUID, devices)
 	spec := readBack(t, cdiRoot, claimUID)
 
-	wantPaths := [][]string{{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap21"}, {"/dev/nvidia5"}}
+	wantPaths := [][]string{{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"}, {"/dev/nvidia5"}}
 	for i, d := range spec.Devices {
 		if got := nodePaths(d.ContainerEdits.DeviceNodes); !slices.Equal(got, wantPaths[i]) {
 			t.Errorf("device %s nodes = %v, want %v", d.Name, got, wantPaths[i])
 		}
 		for _, n := range d.ContainerEdits.DeviceNodes {
-			if n.HostPath != filepath.Join(devRoot, n.Path) || n.Major != 0 || n.Type != "" {
-				t.Errorf("node %+v: want path only, host path under dev root %s", *n, devRoot)
+			if n.HostPath != filepath.Join(devRoot, n.Path) {
+				t.Errorf("node %+v: want the host path under dev root %s", *n, devRoot)
+			}
+			if caps := strings.HasPrefix(n.Path, "/dev/nvidia-caps/"); caps {
+				minor := slices.IndexFunc(devices[0].ExtraNodes, func(c mig.CapNode) bool { return c.Path == n.Path })
+				if n.Type != "c" || n.Major != capsMajor || minor < 0 || n.Minor != int64(devices[0].ExtraNodes[minor].Minor) || n.FileMode == nil {
+					t.Errorf("capability node %+v: want a full character device, major %d, its minor, a mode", *n, capsMajor)
+				}
+			} else if n.Type != "" || n.Major != 0 {
+				t.Errorf("node %+v: want path only, the runtime reads the rest from the host's node", *n)
 			}
 		}
+	}
+}
+
+// A MIG device whose capability minors are known but whose driver lists no
+// nvidia-caps major cannot be given to a container: the write fails.
+func TestCapNodesWithoutCapsMajorFail(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "devices")
+	if err := os.WriteFile(path, []byte("Character devices:\n195 nvidia\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, cdiRoot := newHandler(t, "", func(o *Options) { o.ProcDevicesPath = path })
+	devices := twoGPUs()
+	devices[0].ExtraNodes = []mig.CapNode{{Path: "/dev/nvidia-caps/nvidia-cap21", Minor: 21}}
+	if _, err := h.WriteClaimSpec(claimUID, devices); err == nil || !strings.Contains(err.Error(), "nvidia-caps") {
+		t.Fatalf("WriteClaimSpec: error %v, want one naming nvidia-caps", err)
+	}
+	if entries := dirNames(t, cdiRoot); len(entries) > 0 {
+		t.Errorf("CDI root holds %v after a failed write", entries)
 	}
 }
 
@@ -205,8 +281,8 @@ func TestFakeDriverRootYieldsDriverMounts(t *testing.T) {
 	if len(edits.Hooks) != 0 {
 		t.Errorf("hooks without a hook path: %v", edits.Hooks)
 	}
-	if got := nodePaths(edits.DeviceNodes); !slices.Equal(got, controlNodes) {
-		t.Errorf("spec-level nodes = %v, want %v", got, controlNodes)
+	if got := nodePaths(edits.DeviceNodes); !slices.Equal(got, controlNodePaths()) {
+		t.Errorf("spec-level nodes = %v, want %v", got, controlNodePaths())
 	}
 	if v := envValues(edits.Env, "NVIDIA_CTK_LIBCUDA_DIR"); !slices.Equal(v, []string{cditest.LibDir}) {
 		t.Errorf("NVIDIA_CTK_LIBCUDA_DIR = %v, want %s", v, cditest.LibDir)
@@ -259,17 +335,38 @@ func TestNoDriverYieldsNodesAndEnvOnly(t *testing.T) {
 			if len(edits.Mounts)+len(edits.Hooks) > 0 {
 				t.Errorf("driver files without a driver: mounts %v hooks %v", edits.Mounts, edits.Hooks)
 			}
-			if !slices.Equal(edits.Env, []string{"NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb"}) {
+			if !slices.Equal(edits.Env, []string{"NVIDIA_VISIBLE_DEVICES=void"}) {
 				t.Errorf("env = %v", edits.Env)
 			}
-			if got := nodePaths(edits.DeviceNodes); !slices.Equal(got, controlNodes) {
-				t.Errorf("spec-level nodes = %v, want %v", got, controlNodes)
+			// Without a driver root nothing can be checked; with one, the
+			// nodes it has are named and the others left out.
+			var want []string
+			for _, p := range controlNodePaths() {
+				if h.nodes.localRoot == "" || fileExists(filepath.Join(h.nodes.localRoot, p)) {
+					want = append(want, p)
+				}
+			}
+			if got := nodePaths(edits.DeviceNodes); !slices.Equal(got, want) {
+				t.Errorf("spec-level nodes = %v, want %v", got, want)
 			}
 			if n := countContaining(logged, "No driver files"); n != 1 {
 				t.Errorf("logged the fallback %d times, want once: %v", n, logged)
 			}
 		})
 	}
+}
+
+func controlNodePaths() []string {
+	var out []string
+	for _, n := range controlNodes {
+		out = append(out, n.path)
+	}
+	return out
+}
+
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 func countContaining(lines []string, s string) int {
@@ -341,8 +438,10 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 		"bad env":          {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Env: map[string]string{"": "x"}}}},
 		"no UUID":          {claimUID, []Device{{Name: "gpu-3"}}},
 		"negative minor":   {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Minor: -1}}},
-		"relative node":    {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", ExtraNodes: []string{"dev/x"}}}},
+		"relative node":    {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", ExtraNodes: []mig.CapNode{{Path: "dev/x", Minor: 1}}}}},
+		"relative mount":   {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Mounts: []string{"mps"}}}},
 		"device-level NVD": {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Env: map[string]string{visibleDevicesEnv: "all"}}}},
+		"device env name":  {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Env: map[string]string{deviceEnvName("gpu-4"): "GPU-y"}}}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package cdi
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -11,16 +12,12 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// controlNodes are the device nodes every CUDA container needs besides its
-// GPUs. nvcdi only lists those that exist as char devices on this host, so we
-// add the missing ones by path and let the runtime resolve them.
-var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
-
 // commonEdits computes the spec-level edits shared by all claims: driver
-// files from nvcdi when a driver is installed, plus the control nodes.
-func commonEdits(log klog.Logger, opts Options) (specs.ContainerEdits, error) {
+// files from nvcdi when a driver is installed (version, or why not), and
+// NVIDIA_VISIBLE_DEVICES=void. The control nodes nvcdi does not list are
+// added at each write, when they exist (nodeChecker).
+func commonEdits(log klog.Logger, opts Options, version, why string) (specs.ContainerEdits, error) {
 	var edits specs.ContainerEdits
-	version, why := installedDriver(log, opts)
 	if why != "" {
 		// Expected on the demo/e2e machine; once per process is enough.
 		log.V(1).Info("No driver files in CDI specs, injecting device nodes and env only", "reason", why)
@@ -31,8 +28,7 @@ func commonEdits(log klog.Logger, opts Options) (specs.ContainerEdits, error) {
 		}
 		edits = driver
 	}
-	edits.Env = withoutVisibleDevices(edits.Env)
-	edits.DeviceNodes = withControlNodes(edits.DeviceNodes, devRootOf(opts))
+	edits.Env = withVisibleDevicesVoid(edits.Env)
 	return edits, nil
 }
 
@@ -111,30 +107,22 @@ func nvcdiOptions(log klog.Logger, opts Options) []nvcdi.Option {
 	return append(o, nvcdi.WithNVIDIACDIHookPath(opts.CDIHookPath))
 }
 
-// withoutVisibleDevices drops nvcdi's NVIDIA_VISIBLE_DEVICES=void: each claim
-// sets its own value at spec level.
-func withoutVisibleDevices(env []string) []string {
-	out := env[:0:0]
-	for _, e := range env {
-		if !strings.HasPrefix(e, visibleDevicesEnv+"=") {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-func withControlNodes(nodes []*specs.DeviceNode, devRoot string) []*specs.DeviceNode {
-	have := make(map[string]bool, len(nodes))
-	for _, n := range nodes {
-		have[n.Path] = true
-	}
-	for _, p := range controlNodes {
-		if have[p] {
-			continue
-		}
-		nodes = append(nodes, newDeviceNode(devRoot, p))
-	}
-	return nodes
+// withVisibleDevicesVoid sets NVIDIA_VISIBLE_DEVICES=void once, as nvcdi's
+// common edits do (and NVIDIA's DRA driver keeps), whether or not nvcdi ran.
+//
+// The variable cannot list a container's GPUs: a container may use devices
+// of several claims, each claim has its own spec, and the runtime applies
+// the env of all of them in order, the last value of a name winning. A
+// claim's list therefore replaced the others', and named devices of the
+// claim that the container did not get (a container may use one request
+// of a claim). The same value in every spec merges to itself. "void" also
+// keeps a legacy nvidia-container-runtime, where a node still runs one,
+// from adding GPUs on top of CDI: CUDA images set NVIDIA_VISIBLE_DEVICES=all.
+// Which devices a container holds is in its device nodes and, by name, in
+// one variable per device (deviceEnvPrefix).
+func withVisibleDevicesVoid(env []string) []string {
+	out := slices.DeleteFunc(slices.Clone(env), func(e string) bool { return strings.HasPrefix(e, visibleDevicesEnv+"=") })
+	return append(out, visibleDevicesEnv+"=void")
 }
 
 // nvcdiLogger adapts klog to nvcdi's logger interface. nvcdi logs a lot at

@@ -2,20 +2,28 @@ package cdi
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
+	"k8s.io/klog/v2"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// buildSpec assembles the spec of one claim: the common edits plus one
-// claim-wide NVIDIA_VISIBLE_DEVICES at spec level, and the device nodes and
-// extra env of each device at device level.
+// deviceEnvPrefix starts the variable that names one device of a container:
+// GPUAAS_DEVICE_<DEVICE NAME>=<GPU or MIG UUID>. One name per device, so the
+// variables of all the container's devices, from any number of claims, add
+// up to exactly the devices it holds (see withVisibleDevicesVoid).
+const deviceEnvPrefix = "GPUAAS_DEVICE_"
+
+// buildSpec assembles the spec of one claim: the common edits and the
+// control nodes the host has at spec level; each device's nodes and env at
+// device level, so that a container given some of the claim's devices gets
+// exactly theirs.
 func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, error) {
 	if err := validateClaimUID(claimUID); err != nil {
 		return nil, err
@@ -23,14 +31,23 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 	if len(devices) == 0 {
 		return nil, fmt.Errorf("no devices")
 	}
+	log := h.log.WithValues("claimUID", claimUID)
+	control, err := h.nodes.controlNodes(log, h.common.DeviceNodes)
+	if err != nil {
+		return nil, err
+	}
+	capsMajor, err := h.nodes.capsMajor(devices)
+	if err != nil {
+		return nil, err
+	}
 	spec := &specs.Spec{
 		Kind:           Kind,
 		Devices:        make([]specs.Device, 0, len(devices)),
 		ContainerEdits: h.common,
 	}
-	// Env is the only part of the shared common edits we extend: clipping
-	// makes append copy, so concurrent writes never share a backing array.
-	spec.ContainerEdits.Env = append(slices.Clip(h.common.Env), visibleDevices(devices))
+	// Clipping makes append copy: concurrent writes never share the
+	// backing array of the cached common edits.
+	spec.ContainerEdits.DeviceNodes = append(slices.Clip(h.common.DeviceNodes), control...)
 	seen := make(map[string]bool, len(devices))
 	for _, d := range devices {
 		if err := validateDevice(d); err != nil {
@@ -40,7 +57,11 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 			return nil, fmt.Errorf("duplicate device %q", d.Name)
 		}
 		seen[d.Name] = true
-		spec.Devices = append(spec.Devices, h.deviceSpec(claimUID, d))
+		dev, err := h.deviceSpec(log, claimUID, d, capsMajor)
+		if err != nil {
+			return nil, fmt.Errorf("device %q: %w", d.Name, err)
+		}
+		spec.Devices = append(spec.Devices, dev)
 	}
 	version, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
@@ -59,42 +80,65 @@ func validateDevice(d Device) error {
 	if d.UUID == "" || d.Minor < 0 {
 		return fmt.Errorf("device %q: UUID %q, minor %d: want a UUID and a minor >= 0", d.Name, d.UUID, d.Minor)
 	}
-	for _, p := range append(slices.Clone(d.ExtraNodes), d.Mounts...) {
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("device %q: extra node or mount %q is not an absolute path", d.Name, p)
+	for _, n := range d.ExtraNodes {
+		if !filepath.IsAbs(n.Path) {
+			return fmt.Errorf("device %q: capability node %q is not an absolute path", d.Name, n.Path)
 		}
 	}
-	if _, ok := d.Env[visibleDevicesEnv]; ok {
-		return fmt.Errorf("device %q: %s is set per claim, not per device", d.Name, visibleDevicesEnv)
+	for _, p := range d.Mounts {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("device %q: mount %q is not an absolute path", d.Name, p)
+		}
+	}
+	for k := range d.Env {
+		if k == visibleDevicesEnv || strings.HasPrefix(k, deviceEnvPrefix) {
+			return fmt.Errorf("device %q: %s is the handler's to set", d.Name, k)
+		}
 	}
 	return nil
 }
 
-// visibleDevices lists all UUIDs of the claim in one variable: CDI merges env
-// of the devices of a container last-wins, so a per-device value would keep
-// only one GPU.
-func visibleDevices(devices []Device) string {
-	uuids := make([]string, len(devices))
-	for i, d := range devices {
-		uuids[i] = d.UUID
-	}
-	return visibleDevicesEnv + "=" + strings.Join(uuids, ",")
+// deviceEnvName is the variable naming one device: its DRA device name,
+// upper case, with what a shell name cannot hold as "_". Two claims holding
+// one device (sharing, admin access) write the same name and UUID.
+func deviceEnvName(deviceName string) string {
+	name := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, deviceName)
+	return deviceEnvPrefix + name
 }
 
-func (h *Handler) deviceSpec(claimUID string, d Device) specs.Device {
+func (h *Handler) deviceSpec(log klog.Logger, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
 	nodes := make([]*specs.DeviceNode, 0, 1+len(d.ExtraNodes))
-	nodes = append(nodes, newDeviceNode(h.devRoot, "/dev/nvidia"+strconv.Itoa(d.Minor)))
-	for _, p := range d.ExtraNodes {
-		nodes = append(nodes, newDeviceNode(h.devRoot, p))
+	gpu, err := h.nodes.gpuNode(log, d.Minor)
+	if err != nil {
+		return specs.Device{}, err
 	}
+	if gpu != nil {
+		nodes = append(nodes, gpu)
+	}
+	for _, n := range d.ExtraNodes {
+		nodes = append(nodes, h.nodes.capNode(capsMajor, n))
+	}
+	env := maps.Clone(d.Env)
+	if env == nil {
+		env = make(map[string]string, 1)
+	}
+	env[deviceEnvName(d.Name)] = d.UUID
 	return specs.Device{
 		Name: cdiDeviceName(claimUID, d.Name),
 		ContainerEdits: specs.ContainerEdits{
 			DeviceNodes: nodes,
-			Env:         envList(d.Env),
+			Env:         envList(env),
 			Mounts:      bindMounts(d.Mounts),
 		},
-	}
+	}, nil
 }
 
 func bindMounts(dirs []string) []*specs.Mount {
@@ -103,17 +147,6 @@ func bindMounts(dirs []string) []*specs.Mount {
 		out = append(out, &specs.Mount{HostPath: dir, ContainerPath: dir, Options: []string{"rw", "nosuid", "nodev", "bind"}})
 	}
 	return out
-}
-
-// deviceNode names a node by path only: the runtime fills in type, major and
-// minor from the host node when it creates the container, so the spec stays
-// valid on hosts (tests, demo) where the node does not exist yet.
-func newDeviceNode(devRoot, path string) *specs.DeviceNode {
-	node := &specs.DeviceNode{Path: path}
-	if devRoot != "" && devRoot != "/" {
-		node.HostPath = filepath.Join(devRoot, path)
-	}
-	return node
 }
 
 // envList renders env sorted, so the same claim always yields the same file.

@@ -57,6 +57,11 @@ func newTestEnvWith(t testing.TB, machine string, cfg *configapi.NodeConfig) *te
 	if tt, ok := t.(*testing.T); ok {
 		e.t = tt
 	}
+	// A fake /proc/devices beside the fake mig-minors: the CDI handler reads
+	// the capability nodes' major there.
+	if err := os.WriteFile(filepath.Join(dir, "devices"), []byte("Character devices:\n195 nvidia\n237 nvidia-caps\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	e.devices = Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg).Devices
 	e.state = e.newState(t)
 	return e
@@ -66,7 +71,8 @@ func newTestEnvWith(t testing.TB, machine string, cfg *configapi.NodeConfig) *te
 // plugin would.
 func (e *testEnv) newState(t testing.TB) *State {
 	t.Helper()
-	handler, err := cdi.NewHandler(cdi.Options{CDIRoot: e.cdiRoot, NVML: e.lib.NVML()})
+	handler, err := cdi.NewHandler(cdi.Options{CDIRoot: e.cdiRoot, NVML: e.lib.NVML(),
+		ProcDevicesPath: filepath.Join(filepath.Dir(e.migMinors), "devices")})
 	if err != nil {
 		t.Fatal(err)
 	}

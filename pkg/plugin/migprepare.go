@@ -89,7 +89,7 @@ func migInstance(p plannedDevice, d checkpoint.Device) *mig.Instance {
 
 // capNodes returns the /dev/nvidia-caps nodes that grant access to a MIG
 // device. Without the driver's minors file (simulated GPUs) there are none.
-func (s *State) capNodes(gpuMinor int, inst *mig.Instance) ([]string, error) {
+func (s *State) capNodes(gpuMinor int, inst *mig.Instance) ([]mig.CapNode, error) {
 	nodes, err := mig.CapDeviceNodes(s.migCaps, gpuMinor, inst.GIID, inst.CIID)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

@@ -304,11 +304,11 @@ func usesRequest(pod *v1.Pod, ctr *v1.Container, claim *resourceapi.ResourceClai
 }
 
 // checkContainerSawClaims reads what the container printed and checks it
-// saw exactly its claims: NVIDIA_VISIBLE_DEVICES as the plugin wrote it in
-// the CDI specs of the claims the container uses (each spec naming its
-// claim's devices, the UUIDs of dynamic MIG devices created at prepare
-// included), the /dev/nvidiaN of its own devices' GPUs, nvidiactl, and no
-// other GPU's node.
+// saw exactly its devices: the GPUAAS_DEVICE_* variables the plugin wrote
+// for them in the CDI specs of their claims (one per device, the UUIDs of
+// dynamic MIG devices created at prepare included; NVIDIA_VISIBLE_DEVICES
+// is "void" in every spec), the /dev/nvidiaN of its own devices' GPUs,
+// nvidiactl, and no other GPU's node.
 func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod *v1.Pod, container string) {
 	t.Helper()
 	log, err := n.WaitForPodLog(ctx, pod.Namespace, pod.Name, container, "gpuinfo done")
@@ -322,7 +322,7 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 	attrs := deviceAttrs(devices)
 	wantUUIDs, wantNodes := sets.New[string](), sets.New("/dev/nvidiactl")
 	for _, u := range containerDevices(t, ctx, pod, container) {
-		wantUUIDs = wantUUIDs.Union(specUUIDs(t, n, u.claim))
+		wantUUIDs = wantUUIDs.Union(specUUIDs(t, n, u.claim, u.result.Device))
 		d, ok := attrs[u.result.Device]
 		if !ok {
 			t.Fatalf("allocated device %s not in the node's slices", u.result.Device)
@@ -334,7 +334,7 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 	}
 	gotUUIDs, gotNodes := parseGPUInfo(log)
 	if !gotUUIDs.Equal(wantUUIDs) {
-		t.Errorf("pod %s container %s: NVIDIA_VISIBLE_DEVICES has %v, want %v\n%s", pod.Name, container, sets.List(gotUUIDs), sets.List(wantUUIDs), log)
+		t.Errorf("pod %s container %s: GPUAAS_DEVICE_* name %v, want %v\n%s", pod.Name, container, sets.List(gotUUIDs), sets.List(wantUUIDs), log)
 	}
 	for node := range wantNodes {
 		if !gotNodes.Has(node) {
@@ -368,37 +368,48 @@ func gpuIndex(t *testing.T, devices []resourceapi.Device, d resourceapi.Device) 
 	return -1
 }
 
-// specUUIDs reads NVIDIA_VISIBLE_DEVICES from the CDI spec the plugin wrote
-// for a claim.
-func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) sets.Set[string] {
+// specUUIDs reads the UUID the CDI spec the plugin wrote for a claim gives
+// one of its devices: the device-level GPUAAS_DEVICE_* variable of the CDI
+// device <claim UID>-<device>.
+func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim, device string) sets.Set[string] {
 	t.Helper()
 	var spec struct {
-		ContainerEdits struct {
-			Env []string `json:"env"`
-		} `json:"containerEdits"`
+		Devices []struct {
+			Name           string `json:"name"`
+			ContainerEdits struct {
+				Env []string `json:"env"`
+			} `json:"containerEdits"`
+		} `json:"devices"`
 	}
 	if err := json.Unmarshal([]byte(readFile(t, n.CDISpecPath(claim.UID))), &spec); err != nil {
 		t.Fatalf("CDI spec of claim %s: %v", claim.Name, err)
 	}
 	uuids := sets.New[string]()
-	for _, e := range spec.ContainerEdits.Env {
-		if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
-			uuids.Insert(strings.Split(v, ",")...)
+	for _, d := range spec.Devices {
+		if d.Name != string(claim.UID)+"-"+device {
+			continue
+		}
+		for _, e := range d.ContainerEdits.Env {
+			if k, v, _ := strings.Cut(e, "="); strings.HasPrefix(k, "GPUAAS_DEVICE_") {
+				uuids.Insert(v)
+			}
 		}
 	}
 	if len(uuids) == 0 {
-		t.Fatalf("CDI spec of claim %s sets no NVIDIA_VISIBLE_DEVICES", claim.Name)
+		t.Fatalf("CDI spec of claim %s names no UUID for device %s", claim.Name, device)
 	}
 	return uuids
 }
 
-// parseGPUInfo reads gpuinfo's report: the UUIDs of NVIDIA_VISIBLE_DEVICES
-// and the device nodes.
+// parseGPUInfo reads gpuinfo's report: the UUIDs of the GPUAAS_DEVICE_*
+// variables and the device nodes.
 func parseGPUInfo(log string) (uuids, nodes sets.Set[string]) {
 	uuids, nodes = sets.New[string](), sets.New[string]()
 	for _, line := range strings.Split(log, "\n") {
-		if v, ok := strings.CutPrefix(line, "env NVIDIA_VISIBLE_DEVICES="); ok && v != "" {
-			uuids.Insert(strings.Split(v, ",")...)
+		if kv, ok := strings.CutPrefix(line, "env GPUAAS_DEVICE_"); ok {
+			if _, v, _ := strings.Cut(kv, "="); v != "" {
+				uuids.Insert(v)
+			}
 		}
 		if rest, ok := strings.CutPrefix(line, "dev "); ok {
 			nodes.Insert(strings.Fields(rest)[0])

@@ -25,10 +25,15 @@ var libraries = []string{
 // Binaries are the driver binaries the fake root installs under /usr/bin.
 var Binaries = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"}
 
-// DevNodes are the device nodes the fake root has under /dev. They are plain
-// files: nvcdi (looking for char devices) ignores them, as it would on a
-// host without the kernel module loaded.
-var DevNodes = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1"}
+// DevNodes are the device nodes the fake root has under /dev: the control
+// nodes and one /dev/nvidiaN per GPU of go-nvml's 8-GPU mock machines. They
+// are plain files: nvcdi (looking for char devices) ignores them, as it
+// would on a host without the kernel module loaded, while the handler's
+// check that a node exists finds them.
+var DevNodes = []string{
+	"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
+	"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4", "nvidia5", "nvidia6", "nvidia7",
+}
 
 // DriverRoot is a fake driver installation in a temp dir.
 type DriverRoot struct {

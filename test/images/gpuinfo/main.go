@@ -8,7 +8,8 @@
 //
 // The report is one fact per line, sorted, ending with "gpuinfo done":
 //
-//	env NVIDIA_VISIBLE_DEVICES=GPU-1234
+//	env GPUAAS_DEVICE_GPU_0=GPU-1234
+//	env NVIDIA_VISIBLE_DEVICES=void
 //	dev /dev/nvidia0 c 195:0
 //	mount /var/lib/gpuaas
 //	gpuinfo done
