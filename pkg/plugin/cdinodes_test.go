@@ -100,3 +100,45 @@ func TestMIGCapNodesAreFullCharDevices(t *testing.T) {
 		}
 	}
 }
+
+// Admin access is for monitoring what other claims use. On a dynamic MIG
+// partition it gave the parent GPU (its UUID, no capability nodes): with
+// MIG off that is the whole GPU. It must give the MIG device another claim
+// created there, and create or destroy nothing itself.
+func TestAdminAccessToDynamicMIGObservesTheMIGDevice(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", dynamicAll())
+	writeTestFile(t, e.migMinors, minorsFile(8))
+	name := e.partition(t, 2, "1g.10gb")
+	parent := e.lib.GPUs()[2].UUID
+
+	if _, err := e.state.Prepare(e.ctx, newClaim("mon-early").adminDevice("mig", name).build()); err == nil {
+		t.Error("admin access to a partition no MIG device occupies: want an error")
+	}
+	if insts := e.migDevices(t, 2); len(insts) != 0 {
+		t.Fatalf("admin access created MIG devices: %+v", insts)
+	}
+
+	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build()); err != nil {
+		t.Fatalf("Prepare: %v", err)
+	}
+	inst := e.migDevices(t, 2)[0]
+	devs, err := e.state.Prepare(e.ctx, newClaim("mon").adminDevice("mig", name).build())
+	if err != nil {
+		t.Fatalf("admin Prepare: %v", err)
+	}
+	checkSpecParses(t, e, "mon", devs[0].CDIDeviceIDs...)
+	data, _ := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "mon"))
+	if !strings.Contains(string(data), inst.UUID) || strings.Contains(string(data), parent) {
+		t.Errorf("admin spec must name the MIG device %s, never its parent %s: %s", inst.UUID, parent, data)
+	}
+	if n := len(capNodes(readClaimSpec(t, e, "mon"))); n != 2 {
+		t.Errorf("admin spec has %d capability nodes, want the MIG device's 2", n)
+	}
+
+	if err := e.state.Unprepare(e.ctx, "mon"); err != nil {
+		t.Fatal(err)
+	}
+	if insts := e.migDevices(t, 2); len(insts) != 1 || insts[0].UUID != inst.UUID {
+		t.Errorf("after the admin claim left, MIG devices are %+v, want %s untouched", insts, inst.UUID)
+	}
+}

@@ -25,10 +25,19 @@ func needsSetUp(plan []plannedDevice) bool {
 // setUpAll prepares the GPUs of a plan: a dynamic MIG device is created
 // (MIG mode enabled first where that needs no reset); a whole GPU offered
 // in dynamic mode gets MIG mode switched off. Each created MIG device is
-// recorded in rec at once, so a later failure can tear it down.
+// recorded in rec at once, so a later failure can tear it down. Admin
+// access changes no GPU: it gets the MIG device already there.
 func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 	for i, p := range plan {
-		if p.device.Mode != configapi.MigDynamic || p.adminAccess() {
+		if p.device.Mode != configapi.MigDynamic {
+			continue
+		}
+		if p.adminAccess() {
+			observed, err := s.observedPartition(p.device)
+			if err != nil {
+				return err
+			}
+			plan[i].device = observed
 			continue
 		}
 		dev, err := s.nvml.DeviceByUUID(p.device.GPU.UUID)
@@ -77,6 +86,43 @@ func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
 		d.CreatedMIG = nil
 	}
 	return errors.Join(errs...)
+}
+
+// observedPartition is what admin access to a dynamic MIG partition gets:
+// the MIG device another claim created at the partition's placement, as if
+// it were static (this claim created nothing, so its unprepare destroys
+// nothing). A whole GPU offered in dynamic mode is returned as it is.
+//
+// Admin access never creates the MIG device. The scheduler does not count
+// admin-access allocations against the GPU's counters, so one created here
+// would hold memory slices the scheduler hands to the next claim, whose
+// prepare would then fail. (NVIDIA's DRA driver creates it whatever the
+// access; with counters in play we do not.) Nor does it get the parent GPU
+// instead, as it did: with MIG mode off that is the whole GPU, more than the
+// partition it was allocated. What a MIG device needs of its parent, the
+// parent's /dev/nvidiaN, comes with the MIG device's capability nodes.
+func (s *State) observedPartition(d *AllocatableDevice) (*AllocatableDevice, error) {
+	if d.Partition == nil {
+		return d, nil
+	}
+	dev, err := s.nvml.DeviceByUUID(d.GPU.UUID)
+	if err != nil {
+		return nil, err
+	}
+	insts, err := mig.List(dev)
+	if err != nil {
+		return nil, fmt.Errorf("admin access to %s: listing MIG devices: %w", d.Name(), err)
+	}
+	part := d.Partition
+	for _, inst := range insts {
+		if inst.Placement == part.Placement && inst.GIProfileID == part.Profile.GIProfileID {
+			observed := *d
+			observed.Static = &inst
+			return &observed, nil
+		}
+	}
+	return nil, fmt.Errorf("admin access to %s: no MIG device exists at its placement (%s at memory slice %d); admin access observes the MIG devices other claims prepared and never creates one",
+		d.Name(), part.Profile.Name, part.Placement.Start)
 }
 
 // migInstance is the MIG device behind a planned device, if any.
