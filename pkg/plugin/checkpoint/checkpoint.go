@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +26,10 @@ import (
 const Version = "v1"
 
 const fileSuffix = ".json"
+
+// tempPrefix names the temporary files of writeAtomic; one left behind was
+// being written when its process died.
+const tempPrefix = ".tmp-"
 
 // State is how far preparing a claim got: a claim left in PrepareStarted was
 // interrupted and is undone at start-up.
@@ -94,6 +99,9 @@ func NewStore(dir string) (*Store, error) {
 	return &Store{dir: dir}, nil
 }
 
+// Dir is the directory of the records.
+func (s *Store) Dir() string { return s.dir }
+
 // Path is where the record of a claim lives.
 func (s *Store) Path(uid string) string { return filepath.Join(s.dir, uid+fileSuffix) }
 
@@ -129,6 +137,17 @@ type Damaged struct {
 // inspection as <uid>.json.damaged) and returned separately; they never stop
 // the plugin.
 func (s *Store) LoadAll() ([]*Claim, []Damaged, error) {
+	claims, damaged, err := s.List()
+	for _, d := range damaged {
+		_ = os.Rename(s.Path(d.UID), s.Path(d.UID)+".damaged")
+	}
+	return claims, damaged, err
+}
+
+// List reads every record and changes nothing, so it is safe while another
+// process (the other plugin instance of a rolling update) writes records: a
+// record deleted meanwhile is skipped, not reported as damaged.
+func (s *Store) List() ([]*Claim, []Damaged, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading checkpoint directory: %w", err)
@@ -140,15 +159,44 @@ func (s *Store) LoadAll() ([]*Claim, []Damaged, error) {
 		if !ok || e.IsDir() {
 			continue
 		}
-		c, err := s.load(uid)
-		if err != nil {
+		c, err := s.Load(uid)
+		switch {
+		case err != nil:
 			damaged = append(damaged, Damaged{UID: uid, Err: err})
-			_ = os.Rename(s.Path(uid), s.Path(uid)+".damaged")
-			continue
+		case c != nil:
+			claims = append(claims, c)
 		}
-		claims = append(claims, c)
 	}
 	return claims, damaged, nil
+}
+
+// Load reads one claim's record: (nil, nil) when the claim has none.
+func (s *Store) Load(uid string) (*Claim, error) {
+	c, err := s.load(uid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// RemoveTemp deletes temporary files that writes interrupted by a crash
+// left behind. The caller makes sure no write is under way (the plugin
+// holds every GPU's lock).
+func (s *Store) RemoveTemp() error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("reading checkpoint directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), tempPrefix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("removing temporary checkpoint file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Store) load(uid string) (*Claim, error) {
@@ -202,7 +250,7 @@ func checksum(b []byte) string {
 // survives a power loss.
 func writeAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	tmp, err := os.CreateTemp(dir, tempPrefix+filepath.Base(path)+"-*")
 	if err != nil {
 		return err
 	}

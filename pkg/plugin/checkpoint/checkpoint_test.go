@@ -142,3 +142,51 @@ func TestIgnoresForeignFiles(t *testing.T) {
 		t.Fatalf("claims %v damaged %v err %v", claims, damaged, err)
 	}
 }
+
+func TestLoadAndListChangeNothing(t *testing.T) {
+	s, err := NewStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(testClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Load("a"); err != nil || !reflect.DeepEqual(c, testClaim("a")) {
+		t.Errorf("Load(a) = %+v, %v", c, err)
+	}
+	if c, err := s.Load("none"); err != nil || c != nil {
+		t.Errorf("Load of a claim without record = %+v, %v; want nil, nil", c, err)
+	}
+	if err := os.WriteFile(s.Path("bad"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	claims, damaged, err := s.List()
+	if err != nil || len(claims) != 1 || len(damaged) != 1 || damaged[0].UID != "bad" || !errors.Is(damaged[0].Err, ErrDamaged) {
+		t.Fatalf("List = %+v, %+v, %v", claims, damaged, err)
+	}
+	if _, err := os.Stat(s.Path("bad")); err != nil {
+		t.Errorf("List moved a damaged record: %v", err)
+	}
+}
+
+func TestRemoveTemp(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(testClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	// What a write killed between creating and renaming its file leaves.
+	if err := os.WriteFile(filepath.Join(dir, tempPrefix+"b.json-123"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveTemp(); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTempFiles(t, dir)
+	if c, err := s.Load("a"); err != nil || c == nil {
+		t.Errorf("RemoveTemp took a record: %v", err)
+	}
+}
