@@ -62,7 +62,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	records, damaged, err := store.LoadAll()
+	// Read-only: Restore reads the records again under the GPUs' locks.
+	records, _, err := store.List()
 	if err != nil {
 		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
@@ -71,8 +72,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
-		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing})
-	d.state.Restore(ctx, opts.KubeClient, records, damaged)
+		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks")})
+	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
+		return nil, fmt.Errorf("restoring prepared claims: %w", err)
+	}
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
@@ -120,12 +123,12 @@ func helperOptions(opts Options) []kubeletplugin.Option {
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 	}
 	if opts.PodUID != "" {
-		// Two plugin processes share the checkpoint during a rolling update;
-		// the helper's file lock (Serialize) keeps them from interleaving.
-		return append(o, kubeletplugin.RollingUpdate(opts.PodUID))
+		// Two plugin processes share the checkpoint during a rolling update.
+		o = append(o, kubeletplugin.RollingUpdate(opts.PodUID))
 	}
-	// One process: per-GPU locks in State are enough, and claims on
-	// different GPUs are prepared in parallel.
+	// State's per-GPU file locks keep calls on one GPU from interleaving,
+	// in this process and with the other instance of a rolling update; the
+	// helper's lock would serialize every call on the node.
 	return append(o, kubeletplugin.Serialize(false))
 }
 
@@ -148,7 +151,8 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
-		devices, err := d.state.Prepare(klog.NewContext(ctx, logger), claim)
+		// State adds the claim to the logger itself.
+		devices, err := d.state.Prepare(ctx, claim)
 		if err != nil {
 			logger.Error(err, "Preparing claim failed")
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)

@@ -123,3 +123,81 @@ func (x *claimIndex) list() []*checkpoint.Claim {
 	}
 	return out
 }
+
+// reload replaces what the index knows of the given GPUs by the completed
+// records on them, after another process changed their claims.
+func (x *claimIndex) reload(gpus []string, records []*checkpoint.Claim) {
+	on := toSet(gpus)
+	for _, c := range x.list() {
+		if touches(c, on) {
+			x.remove(c)
+		}
+	}
+	for _, c := range records {
+		if c.State == checkpoint.PrepareCompleted && touches(c, on) {
+			x.add(c)
+		}
+	}
+}
+
+// touches reports whether a claim has a device on one of the GPUs.
+func touches(c *checkpoint.Claim, gpus map[string]bool) bool {
+	for _, d := range c.Devices {
+		if gpus[d.GPUUUID] {
+			return true
+		}
+	}
+	return false
+}
+
+func toSet(keys []string) map[string]bool {
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = true
+	}
+	return out
+}
+
+// inflight tracks the claims this process is preparing, so that an
+// unprepare arriving meanwhile, before any record exists, knows which GPU
+// locks to wait for.
+type inflight struct {
+	mu     sync.Mutex
+	claims map[types.UID]*inflightClaim
+}
+
+type inflightClaim struct {
+	gpus []string
+	n    int // concurrent prepares of the claim
+}
+
+func newInflight() *inflight { return &inflight{claims: map[types.UID]*inflightClaim{}} }
+
+// add marks a claim as being prepared on gpus until done is called.
+func (f *inflight) add(uid types.UID, gpus []string) (done func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.claims[uid]
+	if c == nil {
+		c = &inflightClaim{gpus: gpus}
+		f.claims[uid] = c
+	}
+	c.n++
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if c.n--; c.n == 0 {
+			delete(f.claims, uid)
+		}
+	}
+}
+
+// gpus returns the GPUs of a claim being prepared, nil for none.
+func (f *inflight) gpus(uid types.UID) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.claims[uid]; c != nil {
+		return c.gpus
+	}
+	return nil
+}

@@ -22,11 +22,15 @@ import (
 //     (prepare is a function of the claim), or cleaned up if it is gone;
 //   - CDI specs that no record explains are deleted.
 //
+// During a rolling update the old instance keeps serving meanwhile, so what
+// Restore reads and undoes it does under the lock of every GPU: a record
+// the old instance is half-way through looks just like an interrupted one.
 // API errors never drop a record: a claim that cannot be checked is kept.
-func (s *State) Restore(ctx context.Context, client kubernetes.Interface, records []*checkpoint.Claim, damaged []checkpoint.Damaged) {
+func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error {
 	logger := klog.FromContext(ctx)
-	for _, rec := range records {
-		s.restoreRecord(ctx, rec)
+	damaged, err := s.restoreRecords(ctx)
+	if err != nil {
+		return err
 	}
 	s.metrics.addDamaged(len(damaged))
 	for _, d := range damaged {
@@ -36,27 +40,83 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface, record
 		logger.Error(err, "Could not rebuild damaged checkpoint records; their CDI specs are kept until the next start")
 	}
 	s.cleanStale(ctx, client)
-	s.deleteOrphanSpecs(ctx)
+	if err := s.deleteOrphanSpecs(ctx); err != nil {
+		logger.Error(err, "Deleting orphaned CDI specs")
+	}
 	s.metrics.setPrepared(s.index.counts())
 	claims, devices := s.index.counts()
 	logger.Info("Restored prepared claims", "claims", claims, "devices", devices, "damaged", len(damaged))
 	s.reportUnknownMIG(ctx)
+	return nil
 }
 
-func (s *State) restoreRecord(ctx context.Context, rec *checkpoint.Claim) {
-	// Counted first, so undoing an interrupted prepare resets its GPU
-	// when it held the only claim there.
-	if err := s.adoptSharing(rec); err != nil {
-		klog.FromContext(ctx).Error(err, "Restoring sharing settings", "claimUID", rec.UID)
+// restoreRecords loads the checkpoint and undoes interrupted prepares,
+// holding every GPU.
+func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error) {
+	held, err := s.lockAll()
+	if err != nil {
+		return nil, err
 	}
-	if rec.State != checkpoint.PrepareCompleted {
+	defer held.unlock()
+	// Nobody writes a record now: a temporary file is a dead write's.
+	if err := s.store.RemoveTemp(); err != nil {
+		klog.FromContext(ctx).Error(err, "Removing temporary checkpoint files")
+	}
+	records, damaged, err := s.store.LoadAll()
+	if err != nil {
+		return nil, fmt.Errorf("loading checkpoint: %w", err)
+	}
+	// Damaged records move aside and interrupted ones are undone: the old
+	// instance must re-read.
+	if err := held.stamp(); err != nil {
+		return nil, err
+	}
+	s.adoptAll(ctx, records)
+	s.undoInterrupted(ctx, records)
+	return damaged, nil
+}
+
+// lockAll locks every GPU a claim may hold: those this node publishes and
+// those that records name (a GPU may have gone since).
+func (s *State) lockAll() (*heldGPUs, error) {
+	records, _, err := s.store.List()
+	if err != nil {
+		return nil, err
+	}
+	var gpus []string
+	for _, d := range s.devices {
+		gpus = append(gpus, d.GPU.UUID)
+	}
+	for _, rec := range records {
+		gpus = append(gpus, recordGPUs(rec)...)
+	}
+	return s.locks.lock(gpus)
+}
+
+// adoptAll counts every record's sharing holds, interrupted ones included,
+// before anything is undone: undoing an interrupted prepare first would
+// find it the GPU's only holder and reset the GPU under a running claim.
+func (s *State) adoptAll(ctx context.Context, records []*checkpoint.Claim) {
+	for _, rec := range records {
+		if err := s.adoptSharing(rec, allGPUs); err != nil {
+			klog.FromContext(ctx).Error(err, "Restoring sharing settings", "claimUID", rec.UID)
+		}
+		if rec.State == checkpoint.PrepareCompleted {
+			s.index.add(rec)
+		}
+	}
+}
+
+func (s *State) undoInterrupted(ctx context.Context, records []*checkpoint.Claim) {
+	for _, rec := range records {
+		if rec.State == checkpoint.PrepareCompleted {
+			continue
+		}
 		klog.FromContext(ctx).Info("Undoing interrupted prepare", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
 		if err := s.undo(ctx, rec); err != nil {
 			klog.FromContext(ctx).Error(err, "Undoing interrupted prepare", "claimUID", rec.UID)
 		}
-		return
 	}
-	s.index.add(rec)
 }
 
 // cleanStale unprepares claims that no longer exist (or were replaced by a
@@ -122,14 +182,22 @@ func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {
 	return false
 }
 
-func (s *State) deleteOrphanSpecs(ctx context.Context) {
+// deleteOrphanSpecs deletes CDI specs of claims without a record. It holds
+// every GPU, so no prepare (of either plugin instance) is between writing a
+// spec and writing its record.
+func (s *State) deleteOrphanSpecs(ctx context.Context) error {
+	held, err := s.lockAll()
+	if err != nil {
+		return err
+	}
+	defer held.unlock()
 	uids, err := s.cdi.ClaimSpecUIDs()
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Listing CDI specs")
-		return
+		return fmt.Errorf("listing CDI specs: %w", err)
 	}
 	for _, uid := range uids {
-		if s.index.get(types.UID(uid)) != nil {
+		// A damaged record keeps its spec: the claim may still run.
+		if rec, err := s.store.Load(uid); err != nil || rec != nil {
 			continue
 		}
 		klog.FromContext(ctx).Info("Deleting CDI spec of a claim that is not prepared", "claimUID", uid)
@@ -137,4 +205,5 @@ func (s *State) deleteOrphanSpecs(ctx context.Context) {
 			klog.FromContext(ctx).Error(err, "Deleting orphaned CDI spec", "claimUID", uid)
 		}
 	}
+	return nil
 }

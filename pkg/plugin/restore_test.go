@@ -20,18 +20,21 @@ import (
 
 func restartWith(t *testing.T, e *testEnv, apiClaims ...*resourceapi.ResourceClaim) *State {
 	t.Helper()
+	e.metrics = NewMetrics(prometheus.NewRegistry())
+	s := e.newState(t)
+	restore(t, e, s, apiClaims...)
+	return s
+}
+
+// restore runs s's Restore as Start does, with apiClaims in the API.
+func restore(t *testing.T, e *testEnv, s *State, apiClaims ...*resourceapi.ResourceClaim) {
 	objs := make([]runtime.Object, 0, len(apiClaims))
 	for _, c := range apiClaims {
 		objs = append(objs, c)
 	}
-	e.metrics = NewMetrics(prometheus.NewRegistry())
-	s := e.newState(t)
-	records, damaged, err := s.store.LoadAll()
-	if err != nil {
-		t.Fatal(err)
+	if err := s.Restore(e.ctx, fake.NewClientset(objs...)); err != nil {
+		t.Error(err)
 	}
-	s.Restore(e.ctx, fake.NewClientset(objs...), records, damaged)
-	return s
 }
 
 func TestRestartKeepsPreparedClaims(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -31,12 +32,15 @@ type SharingOptions struct {
 }
 
 // Sharing applies per-GPU sharing settings, reference counted across the
-// claims on a GPU. It is the timeslice.Backend of its own Manager.
+// claims on a GPU. It is the timeslice.Backend of its Managers.
 type Sharing struct {
-	mgr  *timeslice.Manager
 	smi  timeslice.SMI
 	mps  *mps.Daemons
 	nvml nvdev.Interface
+	mu   sync.Mutex
+	// mgrs holds one Manager per GPU, so that one GPU's holders can be
+	// counted again from the checkpoint alone (see State.refresh).
+	mgrs map[string]*timeslice.Manager
 }
 
 // NewSharing builds the sharing settings of a node.
@@ -45,14 +49,36 @@ func NewSharing(o SharingOptions) *Sharing {
 	if runner == nil {
 		runner = timeslice.ExecRunner{}
 	}
-	s := &Sharing{
+	return &Sharing{
 		smi:  timeslice.SMI{Runner: runner, DriverRoot: o.DriverRoot},
 		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: 10 * time.Second},
 		nvml: o.NVML,
+		mgrs: map[string]*timeslice.Manager{},
 	}
-	s.mgr = timeslice.NewManager(s)
-	return s
 }
+
+// mgr is the reference count of one GPU's settings.
+func (s *Sharing) mgr(gpu string) *timeslice.Manager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.mgrs[gpu]
+	if !ok {
+		m = timeslice.NewManager(s)
+		s.mgrs[gpu] = m
+	}
+	return m
+}
+
+// forget drops what this process counted on a GPU, before its holders are
+// adopted again from the checkpoint.
+func (s *Sharing) forget(gpu string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.mgrs, gpu)
+}
+
+// holders returns the number of holders of a GPU and the settings in force.
+func (s *Sharing) holders(gpu string) (int, timeslice.Settings) { return s.mgr(gpu).Holders(gpu) }
 
 // Apply implements timeslice.Backend: Default-interval time-slicing is the
 // GPU's own behaviour and needs no tool.
@@ -245,7 +271,7 @@ func (s *State) acquireSharing(ctx context.Context, plan []plannedDevice, rec *c
 		if p.sharing == nil {
 			continue
 		}
-		if err := s.sharing.mgr.Acquire(ctx, p.device.GPU.UUID, holder(rec.UID, p.device.Name()), p.sharing.settings); err != nil {
+		if err := s.sharing.mgr(p.device.GPU.UUID).Acquire(ctx, p.device.GPU.UUID, holder(rec.UID, p.device.Name()), p.sharing.settings); err != nil {
 			return err
 		}
 	}
@@ -261,23 +287,26 @@ func (s *State) releaseSharing(ctx context.Context, rec *checkpoint.Claim) error
 		if d.Sharing == nil {
 			continue
 		}
-		if err := s.sharing.mgr.Release(ctx, d.GPUUUID, holder(rec.UID, d.Device)); err != nil {
+		if err := s.sharing.mgr(d.GPUUUID).Release(ctx, d.GPUUUID, holder(rec.UID, d.Device)); err != nil {
 			errs = append(errs, fmt.Errorf("releasing %s of %s: %w", d.Sharing, d.Device, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// adoptSharing re-counts a recorded claim's holds after a restart.
-func (s *State) adoptSharing(rec *checkpoint.Claim) error {
+// adoptSharing re-counts a recorded claim's holds (after a restart, or
+// after another process changed them) on the GPUs for which on is true.
+func (s *State) adoptSharing(rec *checkpoint.Claim, on func(gpu string) bool) error {
 	var errs []error
 	for _, d := range rec.Devices {
-		if d.Sharing != nil {
-			errs = append(errs, s.sharing.mgr.Adopt(d.GPUUUID, holder(rec.UID, d.Device), *d.Sharing))
+		if d.Sharing != nil && on(d.GPUUUID) {
+			errs = append(errs, s.sharing.mgr(d.GPUUUID).Adopt(d.GPUUUID, holder(rec.UID, d.Device), *d.Sharing))
 		}
 	}
 	return errors.Join(errs...)
 }
+
+func allGPUs(string) bool { return true }
 
 // sharingEnv is the MPS client environment of a device, nil otherwise.
 func (s *State) sharingEnv(p plannedDevice) map[string]string {

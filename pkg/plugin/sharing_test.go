@@ -166,7 +166,7 @@ func TestSharedDeviceHeldByManyClaims(t *testing.T) {
 			t.Errorf("claim %s: ShareID %v not returned", uid, devs[0].ShareID)
 		}
 	}
-	if n, _ := e.state.sharing.mgr.Holders(e.gpuUUID(5)); n != 3 {
+	if n, _ := e.state.sharing.holders(e.gpuUUID(5)); n != 3 {
 		t.Errorf("holders = %d, want 3", n)
 	}
 	for _, uid := range []string{"a", "b", "c"} {
@@ -174,7 +174,7 @@ func TestSharedDeviceHeldByManyClaims(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, _ := e.state.sharing.mgr.Holders(e.gpuUUID(5)); n != 0 {
+	if n, _ := e.state.sharing.holders(e.gpuUUID(5)); n != 0 {
 		t.Errorf("holders after unprepare = %d", n)
 	}
 }
@@ -232,7 +232,7 @@ func TestTimeSliceReferenceCountAcrossRestart(t *testing.T) {
 		t.Errorf("commands = %v, want one %q", got, set)
 	}
 	s := restartWith(t, e, a, b)
-	if n, st := s.sharing.mgr.Holders(uuid); n != 2 || st.Interval != configapi.LongTimeSlice {
+	if n, st := s.sharing.holders(uuid); n != 2 || st.Interval != configapi.LongTimeSlice {
 		t.Fatalf("after restart: %d holders of %v", n, st)
 	}
 	if err := s.Unprepare(e.ctx, "a"); err != nil {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
@@ -42,11 +44,22 @@ type StateConfig struct {
 	// Sharing applies time-slice and MPS settings; nil means a Sharing
 	// with no driver tools, where only Default-interval time-slicing works.
 	Sharing *Sharing
+	// LockDir holds the per-GPU lock files, shared with the other plugin
+	// instance of a rolling update; empty means "locks" beside the
+	// checkpoint directory.
+	LockDir string
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
 // different GPUs run in parallel; the index below is only held for map
 // updates, never across I/O.
+//
+// The checkpoint on disk is the truth: during a rolling update two plugin
+// processes serve the same node, and the kubelet may prepare a claim in one
+// and unprepare it in the other. Every call takes its GPUs' locks (which
+// exclude the other process too) and reads the claim's record under them;
+// the index and the sharing counts are caches, re-read for a GPU when the
+// other process changed its claims (see gpuLocks).
 type State struct {
 	nodeName string
 	devices  map[string]*AllocatableDevice
@@ -57,6 +70,7 @@ type State struct {
 	metrics  *Metrics
 	locks    *gpuLocks
 	index    *claimIndex
+	inflight *inflight
 	sharing  *Sharing
 }
 
@@ -74,8 +88,9 @@ func NewState(cfg StateConfig) *State {
 		cdi:      cfg.CDI,
 		store:    cfg.Store,
 		metrics:  cfg.Metrics,
-		locks:    newGPULocks(),
+		locks:    newGPULocks(cmp.Or(cfg.LockDir, filepath.Join(filepath.Dir(cfg.Store.Dir()), "locks"))),
 		index:    newClaimIndex(),
+		inflight: newInflight(),
 		sharing:  cmp.Or(cfg.Sharing, NewSharing(SharingOptions{})),
 	}
 }
@@ -106,21 +121,83 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	start := time.Now()
 	defer func() { s.metrics.observe("prepare", time.Since(start).Seconds(), err) }()
 	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
+	ctx = klog.NewContext(ctx, logger)
 
+	if devs, ok, err := s.preparedBefore(ctx, claim.UID); ok || err != nil {
+		return devs, err
+	}
 	plan, err := s.plan(claim)
 	if err != nil {
 		return nil, err
 	}
-	unlock := s.locks.lock(planGPUs(plan))
-	defer unlock()
-	if rec := s.index.get(claim.UID); rec != nil {
+	gpus := planGPUs(plan)
+	defer s.inflight.add(claim.UID, gpus)()
+	held, err := s.lockFresh(ctx, gpus)
+	if err != nil {
+		return nil, err
+	}
+	defer held.unlock()
+	return s.prepareLocked(ctx, claim, plan, held)
+}
+
+// preparedBefore returns the recorded devices of a claim prepared earlier,
+// read again under the locks of the GPUs its record names. It runs before
+// planning, so that a prepared claim whose device is no longer published
+// (GPU gone, mode changed) still gets its result on a retry.
+func (s *State) preparedBefore(ctx context.Context, uid types.UID) ([]kubeletplugin.Device, bool, error) {
+	rec, err := s.completedRecord(uid)
+	if err != nil || rec == nil {
+		return nil, false, err
+	}
+	held, err := s.locks.lock(recordGPUs(rec))
+	if err != nil {
+		return nil, false, err
+	}
+	defer held.unlock()
+	// Unprepared meanwhile: prepare it anew.
+	if rec, err = s.completedRecord(uid); err != nil || rec == nil {
+		return nil, false, err
+	}
+	klog.FromContext(ctx).V(4).Info("Claim already prepared")
+	return kubeletDevices(rec), true, nil
+}
+
+// completedRecord is the claim's record if its prepare completed.
+func (s *State) completedRecord(uid types.UID) (*checkpoint.Claim, error) {
+	rec, err := s.store.Load(string(uid))
+	if err != nil || rec == nil || rec.State != checkpoint.PrepareCompleted {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// prepareLocked prepares a claim whose GPUs are held.
+func (s *State) prepareLocked(ctx context.Context, claim *resourceapi.ResourceClaim, plan []plannedDevice, held *heldGPUs) ([]kubeletplugin.Device, error) {
+	logger := klog.FromContext(ctx)
+	rec, err := s.store.Load(string(claim.UID))
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && rec.State == checkpoint.PrepareCompleted {
 		logger.V(4).Info("Claim already prepared")
 		return kubeletDevices(rec), nil
+	}
+	if err := held.stamp(); err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		// Left by an attempt that was interrupted or failed to roll back:
+		// undone first, so that this attempt starts from a clean GPU and its
+		// record does not overwrite what the old one names.
+		logger.Info("Undoing an earlier, unfinished prepare")
+		if err := s.undo(context.WithoutCancel(ctx), rec); err != nil {
+			return nil, fmt.Errorf("undoing an earlier, unfinished prepare: %w", err)
+		}
 	}
 	if err := s.index.reserve(claim.UID, plan); err != nil {
 		return nil, err
 	}
-	rec, err := s.prepareDevices(ctx, claim, plan)
+	rec, err = s.prepareDevices(ctx, claim, plan)
 	if err != nil {
 		s.index.release(claim.UID, plan)
 		return nil, err
@@ -129,6 +206,53 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	s.metrics.setPrepared(s.index.counts())
 	logger.V(2).Info("Prepared claim", "devices", deviceNames(rec))
 	return kubeletDevices(rec), nil
+}
+
+// lockFresh locks the GPUs and brings this process's view of them up to
+// date with the checkpoint, should the other plugin instance of a rolling
+// update have changed their claims since this one last looked.
+func (s *State) lockFresh(ctx context.Context, gpus []string) (*heldGPUs, error) {
+	held, err := s.locks.lock(gpus)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.refresh(ctx, held); err != nil {
+		held.unlock()
+		return nil, err
+	}
+	return held, nil
+}
+
+// refresh re-reads the claims of the held GPUs that another process
+// changed. It reads the whole checkpoint, which only happens while two
+// plugin instances take turns on a GPU; otherwise the cache is current.
+func (s *State) refresh(ctx context.Context, held *heldGPUs) error {
+	stale := held.stale()
+	if len(stale) == 0 {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	records, damaged, err := s.store.List()
+	if err != nil {
+		return fmt.Errorf("re-reading the checkpoint: %w", err)
+	}
+	for _, d := range damaged {
+		logger.Error(d.Err, "Checkpoint record damaged; it is rebuilt at the next start", "claimUID", d.UID)
+	}
+	logger.V(4).Info("Re-reading claims another plugin instance changed", "gpus", stale, "records", len(records))
+	s.index.reload(stale, records)
+	on := toSet(stale)
+	for _, gpu := range stale {
+		s.sharing.forget(gpu)
+	}
+	for _, rec := range records {
+		if err := s.adoptSharing(rec, func(gpu string) bool { return on[gpu] }); err != nil {
+			logger.Error(err, "Re-reading sharing settings", "claimUID", rec.UID)
+		}
+	}
+	held.markSeen()
+	s.metrics.setPrepared(s.index.counts())
+	return nil
 }
 
 // plan resolves the claim's allocation results for our driver to devices
@@ -204,7 +328,9 @@ func (s *State) prepareDevices(ctx context.Context, claim *resourceapi.ResourceC
 		}
 	}
 	if err != nil {
-		if rbErr := s.tearDown(ctx, rec); rbErr != nil {
+		// The kubelet cancels the call when it gives up on it; the rollback
+		// must finish all the same.
+		if rbErr := s.tearDown(context.WithoutCancel(ctx), rec); rbErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("rolling back: %w", rbErr))
 		}
 		_ = s.store.Delete(rec.UID)
@@ -280,20 +406,46 @@ func (s *State) cdiDevices(plan []plannedDevice, rec *checkpoint.Claim) ([]cdi.D
 func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
 	start := time.Now()
 	defer func() { s.metrics.observe("unprepare", time.Since(start).Seconds(), err) }()
-	rec := s.index.get(uid)
-	if rec == nil {
-		return nil
+	gpus, err := s.claimGPUs(uid)
+	if err != nil || gpus == nil {
+		return err
 	}
-	unlock := s.locks.lock(recordGPUs(rec))
-	defer unlock()
-	if rec = s.index.get(uid); rec == nil {
-		return nil
+	held, err := s.lockFresh(ctx, gpus)
+	if err != nil {
+		return err
 	}
-	if err := s.undo(ctx, rec); err != nil {
+	defer held.unlock()
+	rec, err := s.store.Load(string(uid))
+	if err != nil || rec == nil {
+		return err // never prepared, rolled back, or unprepared already
+	}
+	if !slices.Equal(held.uuids, sortedGPUs(recordGPUs(rec))) {
+		return fmt.Errorf("claim %s: record names GPUs %v, not the %v its prepare held", uid, recordGPUs(rec), held.uuids)
+	}
+	if err := held.stamp(); err != nil {
+		return err
+	}
+	// What is torn down must be finished even if the kubelet gives up.
+	if err := s.undo(context.WithoutCancel(ctx), rec); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", uid)
 	return nil
+}
+
+// claimGPUs are the GPUs whose locks cover a claim: those its record names
+// or, while its prepare is in flight in this process and has written no
+// record yet, those the prepare holds, so that Unprepare waits for the
+// prepare and then undoes it. Nil: the claim is not prepared.
+func (s *State) claimGPUs(uid types.UID) ([]string, error) {
+	rec, err := s.store.Load(string(uid))
+	if err != nil {
+		return nil, fmt.Errorf("reading record of claim %s: %w", uid, err)
+	}
+	if rec != nil {
+		return recordGPUs(rec), nil
+	}
+	return s.inflight.gpus(uid), nil
 }
 
 // undo removes what prepare made, then forgets the claim. The record goes
@@ -352,4 +504,11 @@ func recordGPUs(rec *checkpoint.Claim) []string {
 		out = append(out, d.GPUUUID)
 	}
 	return out
+}
+
+// sortedGPUs is the order in which gpuLocks holds GPUs.
+func sortedGPUs(uuids []string) []string {
+	out := slices.Clone(uuids)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
