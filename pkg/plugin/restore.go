@@ -113,7 +113,8 @@ func (s *State) undoInterrupted(ctx context.Context, records []*checkpoint.Claim
 			continue
 		}
 		klog.FromContext(ctx).Info("Undoing interrupted prepare", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
-		if err := s.undo(ctx, rec); err != nil {
+		// Not cut short by a shutdown: a half-undone claim is worse.
+		if err := s.undo(context.WithoutCancel(ctx), rec); err != nil {
 			klog.FromContext(ctx).Error(err, "Undoing interrupted prepare", "claimUID", rec.UID)
 		}
 	}
