@@ -105,7 +105,9 @@ func TestRollingUpdateRestoreWaitsForInFlightPrepare(t *testing.T) {
 	if err := <-prepared; err != nil {
 		t.Fatalf("A's prepare: %v", err)
 	}
-	<-restored
+	if err := <-restored; err != nil {
+		t.Fatalf("B's Restore: %v", err)
+	}
 	if !e.cdiSpecExists("busy") || !e.recordExists("busy") {
 		t.Errorf("after B's Restore: spec %v, record %v", e.cdiSpecExists("busy"), e.recordExists("busy"))
 	}
