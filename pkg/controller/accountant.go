@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -18,19 +19,16 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
-// pendingTTL bounds how long an admitted claim that never showed up in the
-// cache (a later admission step refused it) keeps its reservation.
-const pendingTTL = 2 * time.Minute
-
 // Accountant is what the webhook and the reconcilers share: a pricing
 // snapshot of the catalog (slices, classes, profiles), the tenancy (quotas
 // and namespaces), a cache of claim charges, and the claims admitted but
-// not yet in the informer cache. Everything it reports is computed from
-// the API objects in the cache; the in-memory parts only save work or cover
-// the milliseconds between admission and the informer seeing the claim.
+// not yet in the informer cache, which the ledger shares with the other
+// replicas. Everything it reports is computed from API objects; the
+// in-memory parts only save work.
 type Accountant struct {
 	reader    client.Reader // the informer cache
 	apiReader client.Reader // live reads, for a namespace the cache has not seen yet
+	ledger    *Ledger
 	// DenyUnassigned: see Options.
 	DenyUnassigned bool
 
@@ -41,8 +39,11 @@ type Accountant struct {
 	ten     *tenancy
 	charges map[types.UID]cachedCharge
 	nsUsage map[string]*namespaceUsage
-	pending map[types.NamespacedName]pendingClaim
-	now     func() time.Time
+	// gone remembers deleted claims for reservationGrace: a reservation
+	// of a claim this cache saw come and go holds nothing.
+	gone      map[types.UID]time.Time
+	lastSweep time.Time
+	now       func() time.Time
 
 	// nsMu guards the claim generations, bumped by informer handlers
 	// that must not wait for an admission holding mu.
@@ -73,21 +74,16 @@ type cachedCharge struct {
 	charged         quota.Charged
 }
 
-type pendingClaim struct {
-	uid     types.UID
-	charge  quota.Charge
-	expires time.Time
-}
-
 // NewAccountant reads objects from reader (the manager's cache) and, for
-// namespaces the cache misses, from apiReader.
-func NewAccountant(reader, apiReader client.Reader) *Accountant {
+// namespaces the cache misses, from apiReader; it reserves admitted claims
+// in ledger.
+func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant {
 	a := &Accountant{
-		reader: reader, apiReader: apiReader,
+		reader: reader, apiReader: apiReader, ledger: ledger,
 		charges: map[types.UID]cachedCharge{},
 		nsUsage: map[string]*namespaceUsage{},
 		nsGen:   map[string]int64{},
-		pending: map[types.NamespacedName]pendingClaim{},
+		gone:    map[types.UID]time.Time{},
 		now:     time.Now,
 	}
 	a.catalogGen.Store(1)
@@ -101,11 +97,22 @@ func (a *Accountant) InvalidateCatalog() { a.catalogGen.Add(1) }
 // InvalidateTenancy is called when quotas or namespaces change.
 func (a *Accountant) InvalidateTenancy() { a.tenancyGen.Add(1) }
 
-// ForgetClaim drops the cached charge of a deleted claim.
+// ForgetClaim drops the cached charge of a deleted claim and remembers
+// that it is gone.
 func (a *Accountant) ForgetClaim(uid types.UID) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	delete(a.charges, uid)
-	a.mu.Unlock()
+	now := a.now()
+	a.gone[uid] = now
+	if now.Sub(a.lastSweep) > reservationGrace {
+		for u, at := range a.gone {
+			if now.Sub(at) > reservationGrace {
+				delete(a.gone, u)
+			}
+		}
+		a.lastSweep = now
+	}
 }
 
 func (a *Accountant) catalogLocked(ctx context.Context) (*catalog, error) {
@@ -240,8 +247,8 @@ func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *reso
 
 // usageLocked sums what a tenant holds: every claim in its namespaces
 // (allocated ones at their allocation, the others at their worst case),
-// plus claims admitted a moment ago that the cache does not show yet.
-func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string) (quota.Usage, error) {
+// plus the reservations in held of claims the cache does not show yet.
+func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held []reservation) (quota.Usage, error) {
 	var tally quota.Tally
 	counted := map[string]*namespaceUsage{}
 	for _, ns := range ten.assign.Namespaces[tenant] {
@@ -253,16 +260,69 @@ func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy
 		tally.AddUsage(nu.usage)
 	}
 	now := a.now()
-	for key, p := range a.pending {
-		nu, mine := counted[key.Namespace]
-		switch {
-		case now.After(p.expires) || (mine && nu.claims[key] == p.uid):
-			delete(a.pending, key) // gone, or now counted from the cache
-		case mine && nu.claims[key] == "":
-			tally.Add(p.charge, false)
+	for _, r := range held {
+		if _, mine := counted[r.Namespace]; !mine || !a.stillReservedLocked(r, now) {
+			continue
 		}
+		c, err := r.charge()
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Ignoring a damaged reservation")
+			continue
+		}
+		tally.Add(c, false)
 	}
 	return tally.Usage(), nil
+}
+
+// stillReservedLocked: a reservation counts until the cache shows its claim
+// (which then counts itself) or the claim's deletion, and never past
+// reservationGrace (its create failed).
+func (a *Accountant) stillReservedLocked(r reservation, now time.Time) bool {
+	return now.Sub(r.At) < reservationGrace && !a.seenLocked(r)
+}
+
+// seenLocked: this replica's cache showed the reserved claim, or its
+// deletion. The per-namespace snapshot is as fresh as the last decision.
+func (a *Accountant) seenLocked(r reservation) bool {
+	if _, gone := a.gone[r.UID]; gone {
+		return true
+	}
+	nu := a.nsUsage[r.Namespace]
+	return nu != nil && nu.claims[r.key()] == r.UID
+}
+
+// reserve is the book after admitting claim: the new reservation, minus
+// those that hold nothing any more and those every replica has surely
+// seen resolved.
+func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClaim, cost quota.Charge) []reservation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	out := make([]reservation, 0, len(book)+1)
+	for _, r := range book {
+		age := now.Sub(r.At)
+		if age >= reservationGrace || (age >= settleDelay && a.seenLocked(r)) || r.UID == claim.UID {
+			continue
+		}
+		out = append(out, r)
+	}
+	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
+	return append(out, newReservation(key, claim.UID, cost, now))
+}
+
+// heldFor is what this replica last read of the book a quota is charged in.
+func (a *Accountant) heldFor(ctx context.Context, name string) []reservation {
+	a.mu.Lock()
+	ten, err := a.tenancyLocked(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil
+	}
+	t, ok := ten.tenants[name]
+	if !ok {
+		return nil
+	}
+	return a.ledger.bookFor(t).snapshot()
 }
 
 // namespaceUsage is what the claims of one namespace hold, as of the
@@ -314,7 +374,7 @@ func (a *Accountant) namespaceUsageLocked(ctx context.Context, cat *catalog, ns 
 
 // peersLocked are the other members of a tenant's cohort with what they
 // hold.
-func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy, t quota.Tenant) ([]quota.Peer, error) {
+func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy, t quota.Tenant, held []reservation) ([]quota.Peer, error) {
 	if t.Cohort == "" {
 		return nil, nil
 	}
@@ -323,7 +383,7 @@ func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy
 		if q.Name == t.Name || q.Spec.Cohort != t.Cohort || ten.invalid[q.Name] != "" {
 			continue
 		}
-		u, err := a.usageLocked(ctx, cat, ten, q.Name)
+		u, err := a.usageLocked(ctx, cat, ten, q.Name, held)
 		if err != nil {
 			return nil, err
 		}

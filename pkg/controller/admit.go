@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
@@ -22,26 +22,72 @@ type Admission struct {
 	Cost quota.Charge
 }
 
-// Admit decides on a claim being created. Decisions are serialized: two
-// claims arriving together cannot both take the last unit. An admitted
-// claim that costs anything is reserved until the informer cache shows it
-// (unless dryRun), even when no quota covers its namespace yet: a quota
-// created a moment ago must still see it.
+// Admit decides on a claim being created. An admitted claim that costs
+// anything is reserved in its tenant's book of the ledger before the answer
+// (unless dryRun), so that every replica counts it until its cache shows
+// the claim. Decisions on one book are serialized in this process and
+// checked across processes by the book's resourceVersion: a replica that
+// lost the race decides again on what the winner wrote.
 func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (Admission, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	adm, err := a.decideLocked(ctx, claim)
+	tenant, ok, err := a.tenantOf(ctx, claim.Namespace)
 	if err != nil {
-		return adm, err
+		return Admission{}, err
 	}
-	if adm.Allowed && !dryRun && !adm.Cost.IsZero() {
-		key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
-		a.pending[key] = pendingClaim{uid: claim.UID, charge: adm.Cost, expires: a.now().Add(pendingTTL)}
+	if !ok { // no quota applies: nothing to reserve
+		return a.decide(ctx, claim, nil)
 	}
-	return adm, nil
+	b := a.ledger.bookFor(tenant)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.loaded {
+		if err := b.load(ctx, a.ledger.client); err != nil {
+			return Admission{}, err
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		adm, err := a.decide(ctx, claim, b.snapshot())
+		if err != nil || !adm.Allowed || dryRun || adm.Cost.IsZero() {
+			return adm, err
+		}
+		err = b.write(ctx, a.ledger.client, a.reserve(b.snapshot(), claim, adm.Cost))
+		if err == nil {
+			return adm, nil
+		}
+		if !conflicted(err) || attempt == ledgerAttempts {
+			return Admission{}, err
+		}
+		klog.FromContext(ctx).V(4).Info("Quota ledger changed by another replica, deciding again", "book", b.key, "claim", klog.KObj(claim))
+		if err := b.load(ctx, a.ledger.client); err != nil {
+			return Admission{}, err
+		}
+	}
 }
 
-func (a *Accountant) decideLocked(ctx context.Context, claim *resourceapi.ResourceClaim) (Admission, error) {
+// tenantOf is the valid tenant a namespace is charged to; ok is false when
+// no quota, or an invalid one, applies (nothing to reserve then).
+func (a *Accountant) tenantOf(ctx context.Context, namespace string) (quota.Tenant, bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ten, err := a.tenancyLocked(ctx)
+	if err != nil {
+		return quota.Tenant{}, false, err
+	}
+	owner, err := a.ownerLocked(ctx, ten, namespace)
+	if err != nil || owner == "" || ten.invalid[owner] != "" {
+		return quota.Tenant{}, false, err
+	}
+	return ten.tenants[owner], true, nil
+}
+
+// decide prices and judges a claim against the cache plus the book's
+// reservations.
+func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation) (Admission, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.decideLocked(ctx, claim, held)
+}
+
+func (a *Accountant) decideLocked(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation) (Admission, error) {
 	cat, err := a.catalogLocked(ctx)
 	if err != nil {
 		return Admission{}, err
@@ -71,11 +117,11 @@ func (a *Accountant) decideLocked(ctx context.Context, claim *resourceapi.Resour
 	}
 	tenant := ten.tenants[owner]
 	adm.Cohort = tenant.Cohort
-	usage, err := a.usageLocked(ctx, cat, ten, owner)
+	usage, err := a.usageLocked(ctx, cat, ten, owner, held)
 	if err != nil {
 		return adm, err
 	}
-	peers, err := a.peersLocked(ctx, cat, ten, tenant)
+	peers, err := a.peersLocked(ctx, cat, ten, tenant, held)
 	if err != nil {
 		return adm, err
 	}
@@ -94,8 +140,10 @@ type TenantReport struct {
 	Peers      []quota.Peer
 }
 
-// Report computes a tenant's status from the cache.
+// Report computes a tenant's status from the cache and what this replica
+// last read of its book.
 func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, error) {
+	held := a.heldFor(ctx, name)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	cat, err := a.catalogLocked(ctx)
@@ -112,10 +160,10 @@ func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, err
 		Conflicts:  ten.assign.Conflicts[name],
 		Invalid:    ten.invalid[name],
 	}
-	if r.Usage, err = a.usageLocked(ctx, cat, ten, name); err != nil {
+	if r.Usage, err = a.usageLocked(ctx, cat, ten, name, held); err != nil {
 		return r, err
 	}
-	r.Peers, err = a.peersLocked(ctx, cat, ten, r.Tenant)
+	r.Peers, err = a.peersLocked(ctx, cat, ten, r.Tenant, held)
 	return r, err
 }
 

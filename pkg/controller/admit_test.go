@@ -143,8 +143,9 @@ func TestAdmit(t *testing.T) {
 }
 
 // Two claims admitted back to back, before the informer shows the first:
-// the second sees the first's reservation. A dry run reserves nothing, and
-// a reservation that never shows up expires.
+// the second sees the first's reservation. A dry run reserves nothing, a
+// claim the cache shows is counted once, a deleted one not at all, and a
+// reservation whose create never persisted expires.
 func TestAdmitReservesUntilTheCacheCatchesUp(t *testing.T) {
 	acct, c := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "1"))...)
 	if adm, _ := acct.Admit(ctx(t), claim("a", "dry", "h100", 1), true); !adm.Allowed {
@@ -166,36 +167,37 @@ func TestAdmitReservesUntilTheCacheCatchesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Usage.Claims != 1 || len(acct.pending) != 0 {
-		t.Fatalf("claims counted %d, pending %d; want 1 and 0", rep.Usage.Claims, len(acct.pending))
+	if rep.Usage.Claims != 1 {
+		t.Fatalf("claims counted %d; want 1 (the claim, not also its reservation)", rep.Usage.Claims)
 	}
-	// A reservation that never shows up expires.
+	// Deleted (the informer tells the accountant): its reservation holds
+	// nothing either.
 	if err := c.Delete(ctx(t), first); err != nil {
 		t.Fatal(err)
 	}
+	acct.ForgetClaim(first.UID)
 	if adm, _ := acct.Admit(ctx(t), claim("a", "third", "h100", 1), false); !adm.Allowed {
 		t.Fatalf("third claim denied: %s", adm.Reason)
 	}
-	acct.now = func() time.Time { return time.Now().Add(pendingTTL + time.Second) }
+	// The third's create never persisted: its reservation lapses.
+	acct.now = func() time.Time { return time.Now().Add(reservationGrace + time.Second) }
 	if adm, _ := acct.Admit(ctx(t), claim("a", "fourth", "h100", 1), false); !adm.Allowed {
 		t.Fatalf("fourth claim denied after the third's reservation expired: %s", adm.Reason)
 	}
 }
 
-// A claim admitted before its namespace's quota reached the cache is still
-// reserved: the quota, once seen, counts it.
-func TestAdmitReservesBeforeTheQuotaIsSeen(t *testing.T) {
-	acct, c := newAccountant(t, append(world(t), ns("a", nil))...)
-	if adm, _ := acct.Admit(ctx(t), claim("a", "early", "h100", 1), false); !adm.Allowed || adm.Tenant != "" {
-		t.Fatalf("early claim: %+v", adm)
+// A claim deleted and created again under the same name is a new claim:
+// the old one in the cache does not hide the new one's reservation.
+func TestAdmitCountsARecreatedClaim(t *testing.T) {
+	old := claim("a", "train", "h100", 1)
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "2"), old)...)
+	again := claim("a", "train", "h100", 1) // same name, new UID; the cache still shows the old
+	if adm, _ := acct.Admit(ctx(t), again, false); !adm.Allowed {
+		t.Fatalf("recreated claim denied: %s", adm.Reason)
 	}
-	if err := c.Create(ctx(t), teamQuota("team-a", "a", "1")); err != nil {
-		t.Fatal(err)
-	}
-	acct.InvalidateTenancy()
-	adm, _ := acct.Admit(ctx(t), claim("a", "late", "h100", 1), false)
-	if adm.Allowed || !strings.Contains(adm.Reason, "reserved 1") {
-		t.Fatalf("late claim: allowed %v %q; want denied counting the early one", adm.Allowed, adm.Reason)
+	adm, _ := acct.Admit(ctx(t), claim("a", "other", "h100", 1), false)
+	if adm.Allowed {
+		t.Fatal("a third device was admitted under a limit of 2: the recreated claim's reservation was hidden by the old claim of the same name")
 	}
 }
 

@@ -176,7 +176,7 @@ func benchCluster(b *testing.B) (*memReader, [][]*resourceapi.ResourceClaim) {
 // Reported: claims/s of one serial caller and the p50/p99 latency.
 func BenchmarkClaimAdmission(b *testing.B) {
 	mem, claims := benchCluster(b)
-	acct := NewAccountant(mem, mem)
+	acct := NewAccountant(mem, mem, NewLedger(newFakeClient(b), "gpuaas"))
 	h, _ := newClaimWebhook(b, acct)
 	reqs := make([]admission.Request, 0, 64)
 	for i := range 64 {
@@ -242,7 +242,7 @@ func reportLatency(b *testing.B, lat []time.Duration, capacity bool) {
 // shows the lock's cost.
 func BenchmarkClaimAdmissionParallel(b *testing.B) {
 	mem, _ := benchCluster(b)
-	acct := NewAccountant(mem, mem)
+	acct := NewAccountant(mem, mem, NewLedger(newFakeClient(b), "gpuaas"))
 	acct.ClaimChanged("") // an informer would be feeding it
 	h, _ := newClaimWebhook(b, acct)
 	ctx := context.Background()
@@ -281,7 +281,7 @@ func ptrTrue() *bool { t := true; return &t }
 // DESIGN budget is p99 under 5 ms. ns/op is the pacing, not the cost.
 func BenchmarkClaimAdmissionAt200PerSecond(b *testing.B) {
 	mem, claims := benchCluster(b)
-	acct := NewAccountant(mem, mem)
+	acct := NewAccountant(mem, mem, NewLedger(newFakeClient(b), "gpuaas"))
 	h, _ := newClaimWebhook(b, acct)
 	ctx := context.Background()
 	tick := time.NewTicker(5 * time.Millisecond)

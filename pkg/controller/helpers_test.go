@@ -153,7 +153,7 @@ func newFakeClient(t testing.TB, objs ...client.Object) client.WithWatch {
 
 func newAccountant(t testing.TB, objs ...client.Object) (*Accountant, client.WithWatch) {
 	c := newFakeClient(t, objs...)
-	return NewAccountant(c, c), c
+	return NewAccountant(c, c, NewLedger(c, "gpuaas")), c
 }
 
 func ctx(t testing.TB) context.Context { return t.Context() }

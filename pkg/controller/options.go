@@ -28,6 +28,10 @@ type Options struct {
 
 	Webhook WebhookOptions
 
+	// LedgerNamespace holds the quota ledger: the reservations of claims
+	// admitted a moment ago, shared by all replicas; default "default".
+	LedgerNamespace string
+
 	// ExemptNamespaces are left out of the quota webhook by the webhook
 	// configuration's namespaceSelector (so an outage of this controller
 	// never blocks them); namespaces starting with "kube-" and those
@@ -92,6 +96,9 @@ type WebhookOptions struct {
 func (o *Options) Validate() error {
 	if o.LeaderElectionID == "" {
 		o.LeaderElectionID = DefaultLeaderElectionID
+	}
+	if o.LedgerNamespace == "" {
+		o.LedgerNamespace = "default"
 	}
 	if o.Resync <= 0 {
 		o.Resync = defaultResync

@@ -18,7 +18,7 @@ import (
 
 func reconcileProfile(t *testing.T, c client.Client, name string) *gpuaas.GpuProfile {
 	t.Helper()
-	r := &profileReconciler{client: c, acct: NewAccountant(c, c), resync: time.Minute}
+	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute}
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -142,7 +142,7 @@ func TestProfileReconcilerDisableDrains(t *testing.T) {
 
 func reconcileQuota(t *testing.T, c client.Client, name string) *gpuaas.TenantQuota {
 	t.Helper()
-	r := &quotaReconciler{client: c, acct: NewAccountant(c, c), billing: newBilling(), resync: time.Minute, now: time.Now}
+	r := &quotaReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

@@ -101,7 +101,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err != nil {
 		return fmt.Errorf("indexing ResourceClaims: %w", err)
 	}
-	acct := NewAccountant(mgr.GetCache(), mgr.GetAPIReader())
+	acct := NewAccountant(mgr.GetCache(), mgr.GetAPIReader(), NewLedger(direct, opts.LedgerNamespace))
 	acct.DenyUnassigned = opts.DenyUnassigned
 	nudge := newNudger(mgr.GetClient(), opts.NudgeWaitingPods)
 	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {

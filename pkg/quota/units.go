@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"fmt"
 	"math/big"
 	"strings"
 
@@ -123,4 +124,16 @@ func (u Units) CeilQuantity() resource.Quantity {
 		q.Add(q, big.NewInt(1))
 	}
 	return *resource.NewMilliQuantity(q.Int64(), resource.DecimalSI)
+}
+
+// Exact writes u as a rational that ParseUnits reads back: "3/7", "2".
+func (u Units) Exact() string { return u.rat().RatString() }
+
+// ParseUnits reads what Exact wrote.
+func ParseUnits(s string) (Units, error) {
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return Units{}, fmt.Errorf("invalid GPU units %q", s)
+	}
+	return Units{r: r}, nil
 }

@@ -1,0 +1,210 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
+)
+
+// The ledger is how every replica of the controller sees the claims the
+// others admitted a moment ago: reservations live in the API, one
+// ConfigMap ("book") per cohort, or per tenant outside any cohort, and are
+// written with optimistic concurrency, as the ResourceQuota admission
+// writes a quota's status. Two replicas that decide on the same version of
+// a book cannot both write it: the loser re-reads the book, sees the
+// winner's reservation and decides again. A cohort shares one book because
+// borrowing makes its members' decisions depend on each other.
+//
+// A reservation counts on a replica until that replica's cache shows the
+// claim (then the claim itself counts) or its deletion, and at most
+// reservationGrace after admission: by then the create has either been
+// persisted (and every cache shows it) or failed (a later webhook refused
+// it), and either way the reservation holds nothing any more.
+const (
+	ledgerLabel      = "gpuaas.io/quota-ledger"
+	ledgerDataKey    = "reservations"
+	reservationGrace = 35 * time.Second // > the longest webhook timeout (30 s)
+	// settleDelay: a reservation whose claim this replica's cache already
+	// shows is dropped from the book after this long, when every other
+	// replica's cache has surely seen the claim too; it keeps books small.
+	settleDelay = 10 * time.Second
+	// ledgerAttempts bounds the re-decisions after write conflicts; two
+	// replicas serialize in-process, so conflicts come in ones.
+	ledgerAttempts = 8
+)
+
+// reservation is one admitted claim in a book.
+type reservation struct {
+	UID       types.UID        `json:"uid"`
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	Units     string           `json:"units"` // exact: "3/7"
+	Memory    int64            `json:"memory,omitempty"`
+	Devices   map[string]int64 `json:"devices,omitempty"`
+	At        time.Time        `json:"at"`
+}
+
+func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, at time.Time) reservation {
+	return reservation{UID: uid, Namespace: claim.Namespace, Name: claim.Name,
+		Units: c.Units.Exact(), Memory: c.Memory, Devices: c.Devices, At: at}
+}
+
+func (r reservation) key() types.NamespacedName {
+	return types.NamespacedName{Namespace: r.Namespace, Name: r.Name}
+}
+
+func (r reservation) charge() (quota.Charge, error) {
+	u, err := quota.ParseUnits(r.Units)
+	if err != nil {
+		return quota.Charge{}, fmt.Errorf("reservation of claim %s: %w", r.key(), err)
+	}
+	return quota.Charge{Units: u, Memory: r.Memory, Devices: r.Devices}, nil
+}
+
+// Ledger keeps this process's view of the books and writes them.
+type Ledger struct {
+	client    client.Client // uncached: books are read and written live
+	namespace string
+
+	mu    sync.Mutex
+	books map[string]*book
+}
+
+// NewLedger keeps its books as ConfigMaps in namespace (the controller's
+// own), read and written through c, which must not be a cached client.
+func NewLedger(c client.Client, namespace string) *Ledger {
+	return &Ledger{client: c, namespace: namespace, books: map[string]*book{}}
+}
+
+// book is one ConfigMap of reservations. Its mutex serializes this
+// process's admissions on the book: a conflict then only comes from
+// another process.
+type book struct {
+	mu     sync.Mutex
+	key    types.NamespacedName
+	owner  string            // "cohort/<name>" or "tenant/<name>", for people
+	cm     *corev1.ConfigMap // as last read or written; nil: not in the API yet
+	loaded bool
+	// entries are the reservations as last read or written; readers that
+	// do not hold mu (status reports) load them atomically.
+	entries atomic.Pointer[[]reservation]
+}
+
+// bookFor returns the book of a tenant: its cohort's, or its own.
+func (l *Ledger) bookFor(t quota.Tenant) *book {
+	owner := "tenant/" + t.Name
+	if t.Cohort != "" {
+		owner = "cohort/" + t.Cohort
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.books[owner]
+	if !ok {
+		b = &book{owner: owner, key: types.NamespacedName{Namespace: l.namespace, Name: bookName(owner)}}
+		l.books[owner] = b
+	}
+	return b
+}
+
+// bookName is readable where the owner's name allows it.
+func bookName(owner string) string {
+	kind, name := owner[:6], owner[7:] // "cohort" or "tenant"
+	readable := "gpuaas-quota-" + kind + "-" + name
+	if len(validation.IsDNS1123Subdomain(readable)) == 0 {
+		return readable
+	}
+	sum := sha256.Sum256([]byte(owner))
+	return "gpuaas-quota-" + kind + "-" + hex.EncodeToString(sum[:8])
+}
+
+// snapshot is what the book said when last read or written.
+func (b *book) snapshot() []reservation {
+	if e := b.entries.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// load reads the book from the API (caller holds b.mu).
+func (b *book) load(ctx context.Context, c client.Client) error {
+	var cm corev1.ConfigMap
+	err := c.Get(ctx, b.key, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		b.cm = nil
+		b.entries.Store(nil)
+	case err != nil:
+		return fmt.Errorf("reading quota ledger %s: %w", b.key, err)
+	default:
+		entries, err := decodeBook(&cm)
+		if err != nil {
+			// A damaged book must not stop admission: it is rewritten by
+			// the next admission, and the claims it held are in the
+			// caches within seconds anyway.
+			klog.FromContext(ctx).Error(err, "Quota ledger unreadable, starting it afresh", "book", b.key)
+		}
+		b.cm = &cm
+		b.entries.Store(&entries)
+	}
+	b.loaded = true
+	return nil
+}
+
+func decodeBook(cm *corev1.ConfigMap) ([]reservation, error) {
+	raw := cm.Data[ledgerDataKey]
+	if raw == "" {
+		return nil, nil
+	}
+	var entries []reservation
+	if err := json.Unmarshal([]byte(raw), &entries); err != nil {
+		return nil, fmt.Errorf("decoding quota ledger %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return entries, nil
+}
+
+// write stores entries with the version last read as precondition (caller
+// holds b.mu). A conflict means another replica wrote first.
+func (b *book) write(ctx context.Context, c client.Client, entries []reservation) error {
+	raw, err := json.Marshal(entries)
+	if err != nil {
+		return fmt.Errorf("encoding quota ledger %s: %w", b.key, err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Namespace: b.key.Namespace, Name: b.key.Name,
+		Labels:      map[string]string{ledgerLabel: "true", "app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
+		Annotations: map[string]string{ledgerLabel: b.owner},
+	}}
+	if b.cm != nil {
+		cm = b.cm.DeepCopy()
+	}
+	cm.Data = map[string]string{ledgerDataKey: string(raw)}
+	if b.cm == nil {
+		err = c.Create(ctx, cm)
+	} else {
+		err = c.Update(ctx, cm)
+	}
+	if err != nil {
+		return fmt.Errorf("writing quota ledger %s: %w", b.key, err)
+	}
+	b.cm = cm
+	b.entries.Store(&entries)
+	return nil
+}
+
+// conflicted tells a lost race from a failure.
+func conflicted(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
