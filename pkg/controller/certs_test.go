@@ -1,8 +1,11 @@
 package controller
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +15,9 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -149,5 +154,45 @@ func TestMetricsRegistered(t *testing.T) {
 		if !found {
 			t.Errorf("metric %s not on the controller-runtime registry", name)
 		}
+	}
+}
+
+// The webhook server answers over HTTP/1.1 even to a client that prefers
+// HTTP/2, as the kube-apiserver does: only then does the apiserver spread
+// reviews over the replicas behind the Service.
+func TestWebhookServerSpeaksHTTP1Only(t *testing.T) {
+	dir := t.TempDir()
+	b, err := newCertBundle(nil, []string{"127.0.0.1"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir,
+		TLSOpts: []func(*tls.Config){webhookHTTP1Only}})
+	go func() { _ = srv.Start(ctx(t)) }()
+	var state tls.ConnectionState
+	err = wait.PollUntilContextTimeout(ctx(t), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port),
+			&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2", "http/1.1"}}) //nolint:gosec // a local test server
+		if err != nil {
+			return false, nil
+		}
+		defer func() { _ = conn.Close() }()
+		state = conn.ConnectionState()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("webhook server never answered: %v", err)
+	}
+	if state.NegotiatedProtocol != "http/1.1" {
+		t.Fatalf("negotiated %q with a client offering h2; want http/1.1", state.NegotiatedProtocol)
 	}
 }

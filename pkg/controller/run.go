@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
@@ -83,6 +84,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: opts.Webhook.Host, Port: opts.Webhook.Port, CertDir: opts.Webhook.CertDir,
+			TLSOpts: []func(*tls.Config){webhookHTTP1Only},
 		}),
 		// A controller restarted inside one process (tests) registers
 		// its controllers under the same names again.
@@ -169,3 +171,11 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) erro
 	}
 	return nil
 }
+
+// webhookHTTP1Only turns HTTP/2 off on the webhook server. The
+// kube-apiserver keeps one HTTP/2 connection per webhook Service and sends
+// every review over it, so with HTTP/2 one replica takes all the traffic
+// until the connection drops; over HTTP/1.1 it dials a connection per
+// concurrent request, each to an endpoint it picks at random. It also
+// takes HTTP/2's rapid-reset attack (CVE-2023-44487) off the table.
+func webhookHTTP1Only(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
