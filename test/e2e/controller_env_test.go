@@ -45,6 +45,7 @@ var (
 func installCRDs(t *testing.T) client.Client {
 	t.Helper()
 	crdOnce.Do(func() {
+		ctrl.SetLogger(klog.Background().WithName("controller-runtime"))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, crdErr = cp.Apply(ctx, filepath.Join(repoRoot, "config", "crd"), ""); crdErr != nil {
@@ -63,7 +64,6 @@ func installCRDs(t *testing.T) client.Client {
 			b := ctrlClient.List(ctx, &gpuaas.TenantQuotaList{})
 			return a == nil && b == nil, nil
 		})
-		ctrl.SetLogger(klog.Background().WithName("controller-runtime"))
 	})
 	if crdErr != nil {
 		t.Fatalf("installing CRDs: %v", crdErr)

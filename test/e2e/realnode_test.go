@@ -62,6 +62,7 @@ func TestRealNode(t *testing.T) {
 		{"ExtendedResource", testExtendedResourceContainer},
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
+		{"TwoControllerReplicas", testTwoControllerReplicas},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
 		{"Uninstall", testUninstall},
 		{"Reinstall", testReinstall},

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -11,9 +12,12 @@ import (
 	"os"
 	"path/filepath"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 )
 
 // writeServiceAccountKey generates the RSA key the apiserver signs
@@ -87,4 +91,18 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
 	}
 	return nil
+}
+
+// ServiceAccountKubeconfig writes a kubeconfig at path that acts as the
+// ServiceAccount namespace/name, with a token from the TokenRequest API: a
+// process started with it has exactly the RBAC a pod of that account has.
+func (cp *ControlPlane) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string) error {
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+	tok, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, req, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token of ServiceAccount %s/%s: %w", namespace, name, err)
+	}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.BearerToken, cfg.BearerTokenFile = tok.Status.Token, ""
+	return writeKubeconfig(path, cfg)
 }
