@@ -71,8 +71,16 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name:  "another driver's class is free",
-			objs:  []client.Object{ns("a", nil), teamQuota("team-a", "a", "0")},
+			objs:  []client.Object{ns("a", nil), teamQuota("team-a", "a", "0"), nicClass()},
 			claim: claim("a", "nic", "nic.example.com", 1), allowed: true,
+		},
+		{
+			// Issue 12 item 5: it was free, then allocated past quota
+			// once someone created the class.
+			name:   "a class that does not exist yet is priced as a GPU",
+			objs:   []client.Object{ns("a", nil), teamQuota("team-a", "a", "0")},
+			claim:  claim("a", "later", "not-yet", 1),
+			reason: []string{"requested 1, limit 0"},
 		},
 		{
 			name: "namespace found by label selector",
@@ -251,4 +259,11 @@ func TestInvalidateCatalog(t *testing.T) {
 	if got := rep.Usage.Reserved.Units.String(); got != "3/7 (~0.429)" {
 		t.Fatalf("after: reserved %s, want 3/7", got)
 	}
+}
+
+// nicClass is another driver's DeviceClass.
+func nicClass() *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "nic.example.com"`}}}}}
 }

@@ -142,9 +142,12 @@ func (p *Pricer) compute(ctx context.Context, class string, sel []resourceapi.De
 		nodeTotal = nodeTotal.Max(onNode)
 	}
 	pr.node = nodeTotal
-	pr.ours = pr.matches > 0 || p.isOurs(class)
+	pr.ours = pr.matches > 0 || p.isOurs(class) || p.classes[class] == nil
 	if pr.matches == 0 && pr.ours {
+		// Nothing to price against. Free would let the claim through now
+		// and onto a device once one (or the class) appears, past quota.
 		pr.device, pr.guessed = p.fallback(class, capReq), true
+		pr.node = pr.device.Times(max(p.inv.MaxGPUsPerNode(), 1))
 	}
 	return pr
 }
@@ -164,7 +167,9 @@ func (p *Pricer) fallback(class string, capReq *resourceapi.CapacityRequirements
 }
 
 // isOurs tells a class of this driver that matches nothing right now from
-// someone else's class (a NIC, say), which costs nothing here.
+// someone else's class (a NIC, say), which costs nothing here. A class that
+// does not exist yet is priced as ours by compute: whoever creates it
+// decides what it selects, and the claim waits for it.
 func (p *Pricer) isOurs(class string) bool {
 	if p.profiles[class] {
 		return true

@@ -199,9 +199,18 @@ func TestClaimCost(t *testing.T) {
 			want: Charge{},
 		},
 		{
-			name: "unknown class that is no profile of ours costs nothing",
-			spec: claimSpec(exact("x", "somebody-elses", 1)),
-			want: Charge{},
+			// Issue 12 item 5: it was free, and allocated once the class
+			// was created, past quota.
+			name: "class that does not exist yet: a whole GPU and the largest memory",
+			spec: claimSpec(exact("x", "not-yet", 1)),
+			want: charge(WholeUnits(1), gi(80), map[string]int64{"not-yet": 1}),
+		},
+		{
+			// Issue 12 item 5: allocationMode All over nothing published
+			// was free.
+			name: "allocationMode All before any device matches: every GPU of the largest node",
+			spec: claimSpec(exact("all", "future", 0, allMode)),
+			want: charge(WholeUnits(2), gi(160), map[string]int64{"future": 2}),
 		},
 		{
 			name: "profile without devices yet: a whole GPU and the largest memory",

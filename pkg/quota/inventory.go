@@ -2,6 +2,8 @@ package quota
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
 
 // DriverName is the DRA driver whose devices are charged.
@@ -95,3 +97,20 @@ func (inv *Inventory) MaxMemory() int64 { return inv.maxMemory }
 
 // Len is the number of devices.
 func (inv *Inventory) Len() int { return len(inv.list) }
+
+// MaxGPUsPerNode is the most whole GPUs one pool (node) publishes: what an
+// allocationMode All request can take at most when its class matches
+// nothing yet.
+func (inv *Inventory) MaxGPUsPerNode() int64 {
+	var most int64
+	for _, devices := range inv.pools {
+		var n int64
+		for _, d := range devices {
+			if d.Type == string(gpuaas.DeviceTypeGPU) {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
+}
