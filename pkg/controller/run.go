@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -109,7 +110,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {
 		return err
 	}
-	registerWebhooks(mgr, acct, nudge)
+	registerWebhooks(mgr, acct, nudge, opts.exemptNamespaces())
 	if err := setupReconcilers(mgr, acct, opts); err != nil {
 		return err
 	}
@@ -134,11 +135,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	return nil
 }
 
-func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger) {
+func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, exempt []string) {
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
-		acct: acct, decoder: dec, nudger: nudge, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
+		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
 	}})
 	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
 	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})

@@ -32,6 +32,13 @@ const (
 // components must keep working while the controller is down.
 var defaultExemptNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
+// exemptNamespaces is the exact list of namespaces whose claims skip quota:
+// the defaults and the configured ones, nothing matched by a prefix (a
+// tenant could name a namespace "kube-anything").
+func (o *Options) exemptNamespaces() []string {
+	return append(append([]string(nil), defaultExemptNamespaces...), o.ExemptNamespaces...)
+}
+
 // WebhookConfiguration is the configuration the controller writes for o,
 // without a CA bundle. The Helm chart renders the same webhooks itself (it
 // owns them); a test of the chart compares the two.
@@ -42,11 +49,10 @@ func WebhookConfiguration(o *Options) *admissionregv1.ValidatingWebhookConfigura
 // webhookConfiguration renders the ValidatingWebhookConfiguration. Every
 // webhook fails closed (an unreachable controller refuses claims rather than
 // letting them past quota), so the namespaceSelector keeps system
-// namespaces and those labelled gpuaas.io/quota-exempt out of reach; the
-// handler itself also passes any namespace starting with "kube-", which a
-// label selector cannot express.
+// namespaces and those labelled gpuaas.io/quota-exempt out of reach (the
+// chart's namespace-label policy keeps tenants from setting that label).
 func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.ValidatingWebhookConfiguration {
-	exempt := append(append([]string(nil), defaultExemptNamespaces...), o.ExemptNamespaces...)
+	exempt := o.exemptNamespaces()
 	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: exempt},
 		{Key: gpuaas.QuotaExemptLabel, Operator: metav1.LabelSelectorOpDoesNotExist},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -13,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -31,6 +31,7 @@ const reasonQuotaExceeded = "QuotaExceeded"
 // claimWebhook charges ResourceClaims against quotas and validates their
 // opaque configuration.
 type claimWebhook struct {
+	exempt   sets.Set[string] // namespaces whose claims skip quota, exactly
 	acct     *Accountant
 	decoder  admission.Decoder
 	recorder events.EventRecorder
@@ -52,7 +53,7 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 	if errs := validateOpaque(field.NewPath("spec", "devices", "config"), claim.Spec.Devices.Config); len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
 	}
-	if req.Operation != admissionv1.Create || strings.HasPrefix(claim.Namespace, "kube-") {
+	if req.Operation != admissionv1.Create || h.exempt.Has(claim.Namespace) {
 		return admission.Allowed("")
 	}
 	dryRun := ptr.Deref(req.DryRun, false)

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -83,12 +84,19 @@ func TestClaimWebhook(t *testing.T) {
 			t.Fatalf("denied: %+v", resp.Result)
 		}
 	})
-	t.Run("kube- namespaces are exempt", func(t *testing.T) {
-		acctExempt, _ := newAccountant(t, append(world(t), ns("kube-gpu", nil), teamQuota("sys", "kube-gpu", "0"))...)
+	// Issue 12 item 6: any namespace starting with "kube-" was exempt, so
+	// a tenant escaped quota by naming its namespace kube-anything.
+	t.Run("exactly the listed namespaces are exempt", func(t *testing.T) {
+		objs := append(world(t), ns("kube-gpu", nil), ns("kube-system", nil), ns("batch", nil),
+			teamQuota("sys", "kube-gpu", "0"), teamQuota("sys2", "kube-system", "0"), teamQuota("ops", "batch", "0"))
+		acctExempt, _ := newAccountant(t, objs...)
 		hx, _ := newClaimWebhook(t, acctExempt)
-		c := claim("kube-gpu", "x", "h100", 1)
-		if resp := hx.Handle(ctx(t), request(t, admissionv1.Create, "kube-gpu", c.Name, c)); !resp.Allowed {
-			t.Fatalf("denied: %+v", resp.Result)
+		hx.exempt = sets.New((&Options{ExemptNamespaces: []string{"batch"}}).exemptNamespaces()...)
+		for ns, exempt := range map[string]bool{"kube-gpu": false, "kube-system": true, "batch": true} {
+			c := claim(ns, "x", "h100", 1)
+			if resp := hx.Handle(ctx(t), request(t, admissionv1.Create, ns, c.Name, c)); resp.Allowed != exempt {
+				t.Errorf("claim in %s: allowed %v, want %v (%+v)", ns, resp.Allowed, exempt, resp.Result)
+			}
 		}
 	})
 }
