@@ -80,8 +80,8 @@ type Decision struct {
 // Decide admits a claim costing req for tenant t, which holds usage, in a
 // cohort with peers (t itself excluded). Device limits per profile are
 // strict; gpuUnits and gpuMemory beyond the limit may be borrowed from the
-// cohort: up to t's borrowing limit, and only while the cohort as a whole
-// stays within the sum of its members' limits.
+// cohort: up to t's borrowing limit. Every admission, borrowing or not,
+// keeps the cohort as a whole within the sum of its members' limits.
 func Decide(t Tenant, usage Usage, req Charge, peers []Peer) Decision {
 	var violations []string
 	d := Decision{Allowed: true}
@@ -157,12 +157,12 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok,
 	}
 	used, reserved := dim.get(usage.Used), dim.get(usage.Reserved)
 	after := used.Add(reserved).Add(want)
-	if after.Cmp(*limit) <= 0 {
-		return true, false, ""
-	}
 	f := dim.format
 	reason = fmt.Sprintf("%s: used %s, reserved %s, requested %s, limit %s",
 		dim.name, f(used), f(reserved), f(want), f(*limit))
+	if after.Cmp(*limit) <= 0 {
+		return dim.withinCohort(t, usage, want, peers, reason)
+	}
 	if t.Cohort == "" {
 		return false, false, reason
 	}
@@ -180,6 +180,25 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok,
 			t.Cohort, f(lendable), f(want.Sub(headroom)))
 	}
 	return true, true, ""
+}
+
+// withinCohort admits a claim that fits its tenant's own limit only while
+// the cohort stays within the sum of its members' limits. The invariant
+// holds always, so a lender whose quota is out on loan waits until the
+// borrowers give it back (its claims are denied with that reason and
+// retried when quota frees); admitting it anyway would take the cohort past
+// the capacity its limits promise, with nothing to reclaim the loan. A
+// lender that must not wait caps its peers' borrowingLimit.
+func (dim dimension) withinCohort(t Tenant, usage Usage, want Units, peers []Peer, reason string) (ok, borrows bool, _ string) {
+	if t.Cohort == "" {
+		return true, false, ""
+	}
+	idle := dim.cohortIdle(t, usage, peers)
+	if want.Cmp(idle) <= 0 {
+		return true, false, ""
+	}
+	return false, false, reason + fmt.Sprintf(" (within its own limit, but cohort %q has lent it out: %s idle in the cohort; admitted once the borrowers give quota back)",
+		t.Cohort, dim.format(MaxUnits(idle, Units{})))
 }
 
 // cohortIdle is the sum of the limits minus the sum of the usage of every

@@ -122,6 +122,20 @@ func TestDecide(t *testing.T) {
 			allowed: true, borrows: true,
 		},
 		{
+			// Issue 12 item 10: the lender was admitted within its own
+			// limit and the cohort reached 4 units against limits of 3.
+			name: "a lender whose quota is on loan waits for it", tenant: tenant("team-b", "research", units(2, 1), nil),
+			usage: used(WholeUnits(1)), req: gpu(1),
+			peers:  []Peer{{Tenant: tenant("team-a", "research", units(1, 1), nil), Total: Charge{Units: WholeUnits(2)}}},
+			reason: []string{"limit 2", `within its own limit, but cohort "research" has lent it out: 0 idle`},
+		},
+		{
+			name: "a lender takes back what the borrowers gave back", tenant: tenant("team-b", "research", units(2, 1), nil),
+			usage: used(WholeUnits(1)), req: gpu(1),
+			peers:   []Peer{{Tenant: tenant("team-a", "research", units(1, 1), nil), Total: Charge{Units: WholeUnits(1)}}},
+			allowed: true,
+		},
+		{
 			name: "a peer in another cohort lends nothing", tenant: tenant("team-a", "research", units(1, 1), nil),
 			usage: used(WholeUnits(1)), req: gpu(1),
 			peers:  []Peer{{Tenant: tenant("team-c", "prod", units(8, 1), nil)}},

@@ -79,8 +79,9 @@ func TestControllerQuotaDenialAndRetry(t *testing.T) {
 }
 
 // TestControllerCohortBorrowing: a tenant borrows its cohort peer's idle
-// quota up to its borrowing limit; the peer keeps its own quota even while
-// lent out; once the peer uses it, there is nothing left to borrow.
+// quota up to its borrowing limit; the lending peer gets its own quota back
+// only as the borrower gives it back (the cohort never holds more than the
+// sum of its limits); once the peer uses it, there is nothing left to borrow.
 // Claims here are never allocated (no node), so they are charged their
 // worst case: a whole GPU each.
 func TestControllerCohortBorrowing(t *testing.T) {
@@ -108,16 +109,21 @@ func TestControllerCohortBorrowing(t *testing.T) {
 	mustDeny(t, createClaim(ctx, gpuClaim(nsA, "a3", class, 1)),
 		"gpuUnits: used 0, reserved 2, requested 1, limit 1", `borrowing 2 from cohort "`+cohort+`" would exceed the borrowing limit 1`)
 
-	for _, name := range []string{"b1", "b2"} { // team-b's own quota, lent or not
-		if err := createClaim(ctx, gpuClaim(nsB, name, class, 1)); err != nil {
-			t.Fatalf("team-b claim %s within its own quota: %v", name, err)
-		}
+	// team-b lent one of its 2 units: its first claim fits, its second
+	// waits for the loan (the cohort never holds more than its limits, 3).
+	if err := createClaim(ctx, gpuClaim(nsB, "b1", class, 1)); err != nil {
+		t.Fatalf("team-b claim b1 within its own quota: %v", err)
 	}
+	mustDeny(t, createClaim(ctx, gpuClaim(nsB, "b2", class, 1)),
+		`within its own limit, but cohort "`+cohort+`" has lent it out: 0 idle`)
 	if err := cp.Client.ResourceV1().ResourceClaims(nsA).Delete(ctx, "a2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitForClaimGone(ctx, nsA, "a2"); err != nil {
 		t.Fatal(err)
+	}
+	if err := createClaim(ctx, gpuClaim(nsB, "b2", class, 1)); err != nil {
+		t.Fatalf("team-b taking back the unit team-a gave back: %v", err)
 	}
 	mustDeny(t, createClaim(ctx, gpuClaim(nsA, "a4", class, 1)), `cohort "`+cohort+`" has 0 idle to lend, 1 needed`)
 
