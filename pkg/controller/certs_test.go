@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache/informertest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -194,5 +196,20 @@ func TestWebhookServerSpeaksHTTP1Only(t *testing.T) {
 	}
 	if state.NegotiatedProtocol != "http/1.1" {
 		t.Fatalf("negotiated %q with a client offering h2; want http/1.1", state.NegotiatedProtocol)
+	}
+}
+
+// Issue 12 item 7: a replica whose informers have not synced is not ready,
+// so the Service sends it no reviews (they would wait out the apiserver's
+// webhook timeout).
+func TestNotReadyUntilCachesSync(t *testing.T) {
+	informers := &informertest.FakeInformers{Synced: ptr.To(false)}
+	check := cachesSynced(informers)
+	if err := check(nil); err == nil {
+		t.Fatal("ready before the caches synced")
+	}
+	informers.Synced = ptr.To(true)
+	if err := check(nil); err != nil {
+		t.Fatalf("not ready with synced caches: %v", err)
 	}
 }

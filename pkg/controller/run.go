@@ -3,7 +3,9 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -132,7 +135,25 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := mgr.AddReadyzCheck("webhook-config", registrar.Configured); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
+	if err := mgr.AddReadyzCheck("caches", cachesSynced(mgr.GetCache())); err != nil {
+		return fmt.Errorf("adding readiness check: %w", err)
+	}
 	return nil
+}
+
+// cachesSynced keeps a replica out of the webhook Service until its
+// informers have listed everything: before that, a review waits for the
+// sync and runs into the apiserver's webhook timeout (a refused claim
+// during every rollout).
+func cachesSynced(c cache.Cache) healthz.Checker {
+	return func(*http.Request) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches not synced yet")
+		}
+		return nil
+	}
 }
 
 func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, exempt []string) {
