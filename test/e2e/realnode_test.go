@@ -63,6 +63,8 @@ func TestRealNode(t *testing.T) {
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"TwoControllerReplicas", testTwoControllerReplicas},
+		{"ControllerLeastPrivilege", testControllerLeastPrivilege},
+		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
 		{"Uninstall", testUninstall},
 		{"Reinstall", testReinstall},

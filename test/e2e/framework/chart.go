@@ -91,6 +91,8 @@ controller:
   # One replica: on the host network of a single node two would collide on
   # their ports.
   replicas: 1
+  # The tests' namespaces belong to no tenant unless a test makes one.
+  denyUnassigned: false
   hostNetwork: true
   metricsPort: %d
   healthPort: %d
