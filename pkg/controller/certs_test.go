@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -205,11 +207,12 @@ func TestWebhookServerSpeaksHTTP1Only(t *testing.T) {
 func TestNotReadyUntilCachesSync(t *testing.T) {
 	informers := &informertest.FakeInformers{Synced: ptr.To(false)}
 	check := cachesSynced(informers)
-	if err := check(nil); err == nil {
+	probe := httptest.NewRequest(http.MethodGet, "/readyz", nil)
+	if err := check(probe); err == nil {
 		t.Fatal("ready before the caches synced")
 	}
 	informers.Synced = ptr.To(true)
-	if err := check(nil); err != nil {
+	if err := check(probe); err != nil {
 		t.Fatalf("not ready with synced caches: %v", err)
 	}
 }

@@ -146,8 +146,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 // sync and runs into the apiserver's webhook timeout (a refused claim
 // during every rollout).
 func cachesSynced(c cache.Cache) healthz.Checker {
-	return func(*http.Request) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)
 		defer cancel()
 		if !c.WaitForCacheSync(ctx) {
 			return errors.New("informer caches not synced yet")

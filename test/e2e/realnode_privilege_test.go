@@ -162,7 +162,8 @@ func grantNamespaceEdit(t *testing.T, ctx context.Context, user string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// The test's context may be done by now.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		_ = rbac.ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
 		_ = rbac.ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})

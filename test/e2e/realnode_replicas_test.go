@@ -291,7 +291,8 @@ func addEndpoint(t *testing.T, ctx context.Context, service, ip string, port int
 		t.Fatalf("adding the second replica to Service %s: %v", service, err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// The test's context may be done by now.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if err := slices.Delete(ctx, slice.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("removing the second replica's endpoint: %v", err)
