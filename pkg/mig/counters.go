@@ -147,3 +147,49 @@ func WholeGPUConsumption(counterSet string, totals GPUTotals) []resourceapi.Devi
 		Counters:   totalAmounts(totals).counters(),
 	}}
 }
+
+// Withhold takes consumptions out of a counter set: the share of MIG
+// devices that exist but that no claim holds, which the scheduler must not
+// hand out again. Counters that run out stay in the set at zero (the API
+// accepts any quantity), so the devices naming them stay valid and simply
+// never fit.
+func Withhold(set resourceapi.CounterSet, taken []resourceapi.DeviceCounterConsumption) resourceapi.CounterSet {
+	out := resourceapi.CounterSet{Name: set.Name, Counters: make(map[string]resourceapi.Counter, len(set.Counters))}
+	for name, c := range set.Counters {
+		out.Counters[name] = resourceapi.Counter{Value: c.Value.DeepCopy()}
+	}
+	for _, t := range taken {
+		if t.CounterSet != set.Name {
+			continue
+		}
+		for name, c := range t.Counters {
+			have, ok := out.Counters[name]
+			if !ok {
+				continue
+			}
+			have.Value.Sub(c.Value)
+			if have.Value.Sign() < 0 {
+				have.Value = *resource.NewQuantity(0, have.Value.Format)
+			}
+			out.Counters[name] = have
+		}
+	}
+	return out
+}
+
+// Fits reports whether a device's consumption of the set fits in what the
+// set has.
+func Fits(set resourceapi.CounterSet, consumes []resourceapi.DeviceCounterConsumption) bool {
+	for _, c := range consumes {
+		if c.CounterSet != set.Name {
+			continue
+		}
+		for name, need := range c.Counters {
+			have, ok := set.Counters[name]
+			if !ok || have.Value.Cmp(need.Value) < 0 {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -161,3 +161,25 @@ func StaticDevice(parent Parent, p Profile, inst Instance, totals GPUTotals) res
 		Capacity:   MigCapacity(p),
 	}
 }
+
+// Remaining is the layout's counter set less the share of GPU instances
+// that exist but that no claim holds. Each takes what the partition of its
+// GPU-instance profile at its placement consumes (a compute variant's GPU
+// instance is its full profile's); one at a placement this layout does not
+// offer takes the whole GPU, as nothing smaller is known to be safe.
+func (l *Layout) Remaining(gis []GPUInstance) resourceapi.CounterSet {
+	var taken []resourceapi.DeviceCounterConsumption
+	for _, gi := range gis {
+		taken = append(taken, l.occupied(gi)...)
+	}
+	return Withhold(l.CounterSet, taken)
+}
+
+func (l *Layout) occupied(gi GPUInstance) []resourceapi.DeviceCounterConsumption {
+	for _, p := range l.Partitions {
+		if p.Profile.GIProfileID == gi.GIProfileID && p.Placement == gi.Placement {
+			return p.Device.ConsumesCounters
+		}
+	}
+	return l.WholeGPU
+}

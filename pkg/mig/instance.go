@@ -14,6 +14,12 @@ import (
 // the instance no longer exists.
 var ErrReplaced = errors.New("MIG instance was replaced by another")
 
+// ErrLeftBehind marks a failed Create whose own rollback failed too: part
+// of the MIG device may still exist at the placement. Any other failure of
+// Create left nothing behind, so whatever is at the placement then is not
+// the caller's (it may be why Create failed).
+var ErrLeftBehind = errors.New("a failed MIG device creation left part of it behind")
+
 // Instance is one MIG device: a GPU instance and its compute instance.
 // It is what a checkpoint keeps to destroy exactly this device later.
 type Instance struct {
@@ -97,14 +103,14 @@ func describe(dev nvml.Device, giInfo nvml.GpuInstanceInfo, ci nvml.ComputeInsta
 
 func rollbackGI(gi nvml.GpuInstance) error {
 	if ret := gi.Destroy(); ret != nvml.SUCCESS {
-		return fmt.Errorf("rolling back: destroying GPU instance: %w", ret)
+		return fmt.Errorf("%w: rolling back: destroying GPU instance: %w", ErrLeftBehind, ret)
 	}
 	return nil
 }
 
 func rollbackCI(ci nvml.ComputeInstance) error {
 	if ret := ci.Destroy(); ret != nvml.SUCCESS {
-		return fmt.Errorf("rolling back: destroying compute instance: %w", ret)
+		return fmt.Errorf("%w: rolling back: destroying compute instance: %w", ErrLeftBehind, ret)
 	}
 	return nil
 }

@@ -69,8 +69,8 @@ func BenchmarkPrepareWithPrepared(b *testing.B) {
 
 // BenchmarkPrepareUnprepareDynamicMIG measures one claim on a dynamic MIG
 // device: MIG mode check, GPU + compute instance creation and destruction
-// on the mock NVML, CDI spec and checkpoint records (three fsynced writes:
-// PrepareStarted, the created instance, PrepareCompleted).
+// on the mock NVML, CDI spec and checkpoint records (four fsynced writes:
+// PrepareStarted, the intent, the created instance, PrepareCompleted).
 func BenchmarkPrepareUnprepareDynamicMIG(b *testing.B) {
 	e := newTestEnvWith(b, "dgxh100", dynamicAll())
 	var name string

@@ -22,13 +22,15 @@ type Inventory struct {
 	// ownSlice marks devices that start a slice of their own: each dynamic
 	// MIG GPU's devices are published together in one slice.
 	ownSlice map[int]bool
+	// layouts are the dynamic MIG GPUs' layouts, by GPU UUID.
+	layouts map[string]*mig.Layout
 }
 
 // Discover builds the inventory from the GPUs and the node configuration.
 // A GPU whose mode cannot be honoured falls back to whole (or is skipped)
 // with the reason logged; it never yields an invalid slice.
 func Discover(logger klog.Logger, lib nvdev.Interface, cfg *configapi.NodeConfig) Inventory {
-	inv := Inventory{ownSlice: map[int]bool{}}
+	inv := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}}
 	for _, gpu := range lib.GPUs() {
 		mode := cfg.ModeFor(gpu.Index, gpu.UUID)
 		log := logger.WithValues("gpu", gpu.UUID, "index", gpu.Index, "mig", mode.MIG)
@@ -120,6 +122,7 @@ func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode config
 	}
 	inv.ownSlice[len(inv.Devices)] = true
 	inv.CounterSets = append(inv.CounterSets, layout.CounterSet)
+	inv.layouts[gpu.UUID] = &layout
 	if toggles {
 		// Hopper and newer switch MIG off for a whole-GPU claim at once.
 		whole := WholeGPUDevice(gpu, lib.System())

@@ -76,6 +76,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
+	// Placements held by MIG devices that no claim owns are not offered.
+	d.inv = d.state.withhold(d.inv)
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)

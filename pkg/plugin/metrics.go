@@ -14,6 +14,7 @@ type Metrics struct {
 	damaged          prometheus.Counter
 	staleCleaned     prometheus.Counter
 	publishedDevices *prometheus.GaugeVec
+	unownedMIG       *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -47,9 +48,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		publishedDevices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "published_devices", Help: "Devices published in ResourceSlices, by type.",
 		}, []string{"type"}),
+		unownedMIG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "unowned_mig_instances",
+			Help: "GPU instances found at start-up on a dynamic-MIG GPU that no claim owns, by GPU UUID: left alone, and their placements not offered.",
+		}, []string{"gpu"}),
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
-		m.damaged, m.staleCleaned, m.publishedDevices)
+		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG)
 	return m
 }
 
@@ -95,5 +100,11 @@ func (m *Metrics) setPublished(devices []AllocatableDevice) {
 	}
 	for t, n := range counts {
 		m.publishedDevices.WithLabelValues(string(t)).Set(float64(n))
+	}
+}
+
+func (m *Metrics) setUnownedMIG(gpu string, n int) {
+	if m != nil {
+		m.unownedMIG.WithLabelValues(gpu).Set(float64(n))
 	}
 }

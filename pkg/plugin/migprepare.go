@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
@@ -24,9 +25,10 @@ func needsSetUp(plan []plannedDevice) bool {
 
 // setUpAll prepares the GPUs of a plan: a dynamic MIG device is created
 // (MIG mode enabled first where that needs no reset); a whole GPU offered
-// in dynamic mode gets MIG mode switched off. Each created MIG device is
-// recorded in rec at once, so a later failure can tear it down. Admin
-// access changes no GPU: it gets the MIG device already there.
+// in dynamic mode gets MIG mode switched off. Each MIG device is recorded
+// in rec before and after it is created (see createMIG), so a later
+// failure or a crash can tear it down. Admin access changes no GPU: it gets
+// the MIG device already there.
 func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 	for i, p := range plan {
 		if p.device.Mode != configapi.MigDynamic {
@@ -53,17 +55,40 @@ func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 		if err := mig.EnableMigMode(dev); err != nil {
 			return fmt.Errorf("preparing %s: %w", p.device.Name(), err)
 		}
-		inst, err := mig.Create(dev, p.device.Partition.Profile, p.device.Partition.Placement)
-		if err != nil {
-			return fmt.Errorf("creating MIG device %s: %w", p.device.Name(), err)
-		}
-		rec.Devices[i].CreatedMIG = &inst
-		// Recorded at once: a crash from here on is undone at restart.
-		if err := s.store.Save(rec); err != nil {
+		if err := s.createMIG(dev, p, rec, i); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// createMIG creates the MIG device of the plan's partition for device i of
+// rec. The intent (profile, placement) is recorded first: a process killed
+// inside Create, or before the device is recorded, leaves a record that
+// says where to look, and the undo (rollback, retry or Restore) destroys
+// what is there. Once created, the device is recorded by identity.
+func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Claim, i int) error {
+	part, d := p.device.Partition, &rec.Devices[i]
+	intent := mig.IntentOf(part.Profile, part.Placement)
+	d.MIGIntent = &intent
+	if err := s.store.Save(rec); err != nil {
+		d.MIGIntent = nil // nothing was created
+		return fmt.Errorf("recording the intent to create MIG device %s: %w", p.device.Name(), err)
+	}
+	inst, err := mig.Create(dev, part.Profile, part.Placement)
+	if err != nil {
+		err = fmt.Errorf("creating MIG device %s: %w", p.device.Name(), err)
+		if errors.Is(err, mig.ErrLeftBehind) {
+			return err // the intent stays: the undo destroys what is left
+		}
+		// Create undid what it made. What is at the placement now may be
+		// why it failed (someone else's); the intent must not name it.
+		d.MIGIntent = nil
+		return errors.Join(err, s.store.Save(rec))
+	}
+	d.CreatedMIG = &inst
+	// Recorded at once: from here on the undo destroys exactly this device.
+	return s.store.Save(rec)
 }
 
 // tearDown destroys the MIG devices the plugin created for a claim and
@@ -72,20 +97,38 @@ func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
 	errs := []error{s.releaseSharing(ctx, rec)}
 	for i := range rec.Devices {
 		d := &rec.Devices[i]
-		if d.CreatedMIG == nil {
+		if d.CreatedMIG == nil && d.MIGIntent == nil {
 			continue
 		}
-		dev, err := s.nvml.DeviceByUUID(d.GPUUUID)
-		if err == nil {
-			err = mig.Destroy(dev, *d.CreatedMIG)
-		}
-		if err != nil && !errors.Is(err, mig.ErrReplaced) {
-			errs = append(errs, fmt.Errorf("destroying MIG device %s of %s: %w", d.CreatedMIG.UUID, d.Device, err))
+		if err := s.destroyMIG(d); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		d.CreatedMIG = nil
+		d.CreatedMIG, d.MIGIntent = nil, nil
 	}
 	return errors.Join(errs...)
+}
+
+// destroyMIG destroys the MIG device a record names: exactly the one it
+// created or, where the prepare was cut short before recording that one,
+// whatever is at the placement it meant to create one at (the scheduler
+// gave that placement to this claim alone).
+func (s *State) destroyMIG(d *checkpoint.Device) error {
+	dev, err := s.nvml.DeviceByUUID(d.GPUUUID)
+	if err != nil {
+		return fmt.Errorf("destroying MIG device of %s: %w", d.Device, err)
+	}
+	if d.CreatedMIG != nil {
+		err := mig.Destroy(dev, *d.CreatedMIG)
+		if err != nil && !errors.Is(err, mig.ErrReplaced) {
+			return fmt.Errorf("destroying MIG device %s of %s: %w", d.CreatedMIG.UUID, d.Device, err)
+		}
+		return nil
+	}
+	if err := mig.DestroyAt(dev, *d.MIGIntent); err != nil {
+		return fmt.Errorf("destroying what an interrupted prepare of %s left: %w", d.Device, err)
+	}
+	return nil
 }
 
 // observedPartition is what admin access to a dynamic MIG partition gets:

@@ -2,14 +2,11 @@ package plugin
 
 import (
 	"cmp"
-	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"k8s.io/klog/v2"
@@ -83,39 +80,4 @@ func recordedMode(name string, configured configapi.GpuMode) configapi.GpuMode {
 	}
 	mode := configapi.MigStrategy(name)
 	return configapi.GpuMode{MIG: mode, MigModeEnabledByAdmin: mode != ""}
-}
-
-// reportUnknownMIG logs MIG devices on dynamic-MIG GPUs that no prepared
-// claim accounts for: made by hand, or left by a crash the checkpoint did
-// not see. They are reported, not destroyed: they might be someone's.
-func (s *State) reportUnknownMIG(ctx context.Context) {
-	known := map[string]bool{}
-	for _, rec := range s.index.list() {
-		for _, d := range rec.Devices {
-			if d.CreatedMIG != nil {
-				known[d.CreatedMIG.UUID] = true
-			}
-		}
-	}
-	gpus := map[string]bool{}
-	for _, d := range s.devices {
-		if d.Mode == configapi.MigDynamic {
-			gpus[d.GPU.UUID] = true
-		}
-	}
-	for uuid := range gpus {
-		dev, err := s.nvml.DeviceByUUID(uuid)
-		if err != nil {
-			continue
-		}
-		insts, err := mig.List(dev)
-		if err != nil {
-			klog.FromContext(ctx).Error(err, "Listing MIG devices", "gpu", uuid)
-			continue
-		}
-		for _, inst := range slices.DeleteFunc(insts, func(i mig.Instance) bool { return known[i.UUID] }) {
-			klog.FromContext(ctx).Error(nil, "MIG device not created for any prepared claim; leaving it alone",
-				"gpu", uuid, "mig", inst.UUID, "profile", inst.Profile, "placement", inst.Placement)
-		}
-	}
 }

@@ -20,7 +20,8 @@ import (
 //   - claims deleted while the plugin was down are unprepared;
 //   - damaged records are reported and rebuilt from the claim in the API
 //     (prepare is a function of the claim), or cleaned up if it is gone;
-//   - CDI specs that no record explains are deleted.
+//   - CDI specs that no record explains are deleted;
+//   - MIG devices that no record names are found, for withhold.
 //
 // During a rolling update the old instance keeps serving meanwhile, so what
 // Restore reads and undoes it does under the lock of every GPU: a record
@@ -46,7 +47,9 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error 
 	s.metrics.setPrepared(s.index.counts())
 	claims, devices := s.index.counts()
 	logger.Info("Restored prepared claims", "claims", claims, "devices", devices, "damaged", len(damaged))
-	s.reportUnknownMIG(ctx)
+	if err := s.findUnownedMIG(ctx); err != nil {
+		logger.Error(err, "Looking for MIG devices that no claim owns")
+	}
 	return nil
 }
 

@@ -72,6 +72,9 @@ type State struct {
 	index    *claimIndex
 	inflight *inflight
 	sharing  *Sharing
+	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
+	// owned at Restore, by GPU UUID; withhold reads them before serving.
+	unowned map[string][]mig.GPUInstance
 }
 
 // NewState builds an empty state; Restore loads what a previous run left.

@@ -59,6 +59,11 @@ type Device struct {
 	// Sharing are the GPU settings this device holds (time-slice interval,
 	// MPS); unprepare releases them and the last holder resets the GPU.
 	Sharing *timeslice.Settings `json:"sharing,omitempty"`
+	// MIGIntent is the MIG device the plugin is about to create for this
+	// claim (dynamic MIG), recorded before it creates it: when a prepare is
+	// cut short before CreatedMIG is recorded, the undo destroys whatever
+	// is at this placement on the GPU.
+	MIGIntent *mig.Intent `json:"migIntent,omitempty"`
 	// CreatedMIG is the MIG device the plugin created for this claim
 	// (dynamic MIG); unprepare destroys exactly it.
 	CreatedMIG *mig.Instance `json:"createdMIG,omitempty"`

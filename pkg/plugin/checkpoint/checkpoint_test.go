@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 )
 
 func testClaim(uid string) *Claim {
@@ -188,5 +190,24 @@ func TestRemoveTemp(t *testing.T) {
 	assertNoTempFiles(t, dir)
 	if c, err := s.Load("a"); err != nil || c == nil {
 		t.Errorf("RemoveTemp took a record: %v", err)
+	}
+}
+
+// A record written before a MIG device is created names the intent, and
+// reads back with it: the undo after a crash depends on it.
+func TestMIGIntentRoundTrips(t *testing.T) {
+	s, err := NewStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testClaim("m")
+	c.State = PrepareStarted
+	c.Devices[0].MIGIntent = &mig.Intent{Profile: "2g.20gb", GIProfileID: 14, Placement: mig.Placement{Start: 4, Size: 2}}
+	if err := s.Save(c); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load("m")
+	if err != nil || !reflect.DeepEqual(got, c) {
+		t.Fatalf("Load = %+v, %v; want %+v", got, err, c)
 	}
 }

@@ -1,0 +1,172 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+)
+
+// migKey names a GPU instance by where it is: two GPU instances never
+// share a placement, and unlike its IDs the placement is known before the
+// instance is created.
+type migKey struct {
+	gpu       string
+	giProfile int
+	placement mig.Placement
+}
+
+// findUnownedMIG finds, on each dynamic-MIG GPU, the GPU instances that no
+// record names (as created, or as about to be): an admin's, or left by
+// something the checkpoint never saw. They are left alone, as they might be
+// someone's, but logged, counted, and kept for withhold, so that their
+// placements are not offered: a claim given one would fail at every
+// prepare. It holds every GPU, so that no prepare of the other instance of
+// a rolling update is half-way.
+func (s *State) findUnownedMIG(ctx context.Context) error {
+	held, err := s.lockAll()
+	if err != nil {
+		return err
+	}
+	defer held.unlock()
+	records, _, err := s.store.List()
+	if err != nil {
+		return fmt.Errorf("reading the checkpoint: %w", err)
+	}
+	owned := ownedMIG(records)
+	s.unowned = map[string][]mig.GPUInstance{}
+	for _, uuid := range s.dynamicGPUs() {
+		gis, err := s.unownedOn(uuid, owned)
+		if err != nil {
+			// Unknown is not unowned: the GPU is offered as configured.
+			klog.FromContext(ctx).Error(err, "Looking for MIG devices that no claim owns", "gpu", uuid)
+			continue
+		}
+		s.unowned[uuid] = gis
+		s.metrics.setUnownedMIG(uuid, len(gis))
+		logUnowned(ctx, uuid, gis)
+	}
+	return nil
+}
+
+// ownedMIG are the GPU instances the records name.
+func ownedMIG(records []*checkpoint.Claim) map[migKey]bool {
+	owned := map[migKey]bool{}
+	for _, rec := range records {
+		for _, d := range rec.Devices {
+			if m := d.CreatedMIG; m != nil {
+				owned[migKey{d.GPUUUID, m.GIProfileID, m.Placement}] = true
+			}
+			if m := d.MIGIntent; m != nil {
+				owned[migKey{d.GPUUUID, m.GIProfileID, m.Placement}] = true
+			}
+		}
+	}
+	return owned
+}
+
+// dynamicGPUs are the GPUs offered in dynamic MIG mode, sorted.
+func (s *State) dynamicGPUs() []string {
+	var out []string
+	for _, d := range s.devices {
+		if d.Mode == configapi.MigDynamic {
+			out = append(out, d.GPU.UUID)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// unownedOn lists a GPU's GPU instances, bare ones included, less the owned.
+func (s *State) unownedOn(uuid string, owned map[migKey]bool) ([]mig.GPUInstance, error) {
+	dev, err := s.nvml.DeviceByUUID(uuid)
+	if err != nil {
+		return nil, err
+	}
+	gis, err := mig.ListGPUInstances(dev)
+	if err != nil {
+		return nil, fmt.Errorf("listing GPU instances: %w", err)
+	}
+	return slices.DeleteFunc(gis, func(gi mig.GPUInstance) bool {
+		return owned[migKey{uuid, gi.GIProfileID, gi.Placement}]
+	}), nil
+}
+
+func logUnowned(ctx context.Context, gpu string, gis []mig.GPUInstance) {
+	for _, gi := range gis {
+		var devices []string
+		for _, inst := range gi.Devices {
+			devices = append(devices, inst.Profile+" "+inst.UUID)
+		}
+		klog.FromContext(ctx).Error(nil, "MIG device that no claim owns: leaving it alone, and not offering its placement",
+			"gpu", gpu, "gpuInstance", gi.GIID, "placement", gi.Placement, "migDevices", devices)
+	}
+}
+
+// withhold returns the inventory less what the MIG devices that Restore
+// found unowned occupy, and stops preparing the devices it leaves out. It
+// runs once, after Restore and before the plugin serves the kubelet.
+func (s *State) withhold(inv Inventory) Inventory {
+	out, dropped := inv.withhold(s.unowned)
+	for _, name := range dropped {
+		delete(s.devices, name)
+	}
+	return out
+}
+
+// withhold takes the share of unowned GPU instances out of their GPUs'
+// counter sets, so the scheduler cannot over-commit what is left, and
+// leaves out the devices that no longer fit: those at or overlapping their
+// placements, the whole GPU, any that needs an engine they hold. It
+// returns the names of the devices left out.
+func (inv Inventory) withhold(unowned map[string][]mig.GPUInstance) (Inventory, []string) {
+	sets := map[string]resourceapi.CounterSet{}
+	for uuid, gis := range unowned {
+		if l := inv.layouts[uuid]; l != nil && len(gis) > 0 {
+			sets[l.CounterSet.Name] = l.Remaining(gis)
+		}
+	}
+	if len(sets) == 0 {
+		return inv, nil
+	}
+	out := Inventory{ownSlice: map[int]bool{}, layouts: inv.layouts}
+	for _, cs := range inv.CounterSets {
+		if remaining, ok := sets[cs.Name]; ok {
+			cs = remaining
+		}
+		out.CounterSets = append(out.CounterSets, cs)
+	}
+	var dropped []string
+	newSlice := false // a left-out device's slice start passes to the next
+	for i, d := range inv.Devices {
+		newSlice = newSlice || inv.ownSlice[i]
+		if !fitsRemaining(d, sets) {
+			dropped = append(dropped, d.Name())
+			continue
+		}
+		if newSlice {
+			out.ownSlice[len(out.Devices)], newSlice = true, false
+		}
+		out.add(d)
+	}
+	if newSlice {
+		out.ownSlice[len(out.Devices)] = true
+	}
+	return out, dropped
+}
+
+// fitsRemaining reports whether a device's consumption fits in what is
+// left of the counter sets it draws on.
+func fitsRemaining(d AllocatableDevice, sets map[string]resourceapi.CounterSet) bool {
+	for _, c := range d.API.ConsumesCounters {
+		if set, ok := sets[c.CounterSet]; ok && !mig.Fits(set, d.API.ConsumesCounters) {
+			return false
+		}
+	}
+	return true
+}
