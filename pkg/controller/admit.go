@@ -25,9 +25,11 @@ type Admission struct {
 // Admit decides on a claim being created. An admitted claim that costs
 // anything is reserved in its tenant's book of the ledger before the answer
 // (unless dryRun), so that every replica counts it until its cache shows
-// the claim. Decisions on one book are serialized in this process and
-// checked across processes by the book's resourceVersion: a replica that
-// lost the race decides again on what the winner wrote.
+// the claim. Admissions on one book are committed in groups: whoever finds
+// the book free decides every claim waiting for it, in order, and writes
+// their reservations at once; the book's resourceVersion checks the write
+// across processes, and a replica that lost the race decides the group
+// again on what the winner wrote.
 func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (Admission, error) {
 	tenant, ok, err := a.tenantOf(ctx, claim.Namespace)
 	if err != nil {
@@ -37,30 +39,78 @@ func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim
 		return a.decide(ctx, claim, nil)
 	}
 	b := a.ledger.bookFor(tenant)
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	if dryRun { // nothing is written: the last read of the book will do
+		return a.decide(ctx, claim, b.snapshot())
+	}
+	req := &pendingAdmission{claim: claim, done: make(chan admitResult, 1)}
+	b.enqueue(req)
+	select {
+	case r := <-req.done: // decided in another caller's group
+		return r.adm, r.err
+	case b.turn <- struct{}{}:
+	}
+	defer func() { <-b.turn }()
+	select {
+	case r := <-req.done:
+		return r.adm, r.err
+	default:
+	}
+	// The group's callers wait on this one: its write must not fail
+	// because this caller's request was cancelled.
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupTimeout)
+	defer cancel()
+	a.commitGroup(gctx, b, b.takeQueue())
+	r := <-req.done
+	return r.adm, r.err
+}
+
+// commitGroup decides the waiting admissions in order, each counting the
+// reservations of those before it, writes the new reservations in one
+// update of the book and answers every caller.
+func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingAdmission) {
 	if !b.loaded {
 		if err := b.load(ctx, a.ledger.client); err != nil {
-			return Admission{}, err
+			answerAll(group, err)
+			return
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		adm, err := a.decide(ctx, claim, b.snapshot())
-		if err != nil || !adm.Allowed || dryRun || adm.Cost.IsZero() {
-			return adm, err
+		results, entries, reserved := a.decideGroup(ctx, b.snapshot(), group)
+		if !reserved {
+			answer(group, results)
+			return
 		}
-		err = b.write(ctx, a.ledger.client, a.reserve(b.snapshot(), claim, adm.Cost))
+		err := b.write(ctx, a.ledger.client, entries)
 		if err == nil {
-			return adm, nil
+			answer(group, results)
+			return
 		}
 		if !conflicted(err) || attempt == ledgerAttempts {
-			return Admission{}, err
+			answerAll(group, err)
+			return
 		}
-		klog.FromContext(ctx).V(4).Info("Quota ledger changed by another replica, deciding again", "book", b.key, "claim", klog.KObj(claim))
+		klog.FromContext(ctx).V(4).Info("Quota ledger changed by another replica, deciding again", "book", b.key, "claims", len(group))
 		if err := b.load(ctx, a.ledger.client); err != nil {
-			return Admission{}, err
+			answerAll(group, err)
+			return
 		}
 	}
+}
+
+// decideGroup decides each admission against the book plus the group's
+// earlier reservations; reserved tells whether the book changed.
+func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group []*pendingAdmission) ([]admitResult, []reservation, bool) {
+	results := make([]admitResult, len(group))
+	reserved := false
+	for i, req := range group {
+		adm, err := a.decide(ctx, req.claim, held)
+		results[i] = admitResult{adm: adm, err: err}
+		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
+			held = a.reserve(held, req.claim, adm.Cost)
+			reserved = true
+		}
+	}
+	return results, held, reserved
 }
 
 // tenantOf is the valid tenant a namespace is charged to; ok is false when

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,11 +42,17 @@ const (
 	reservationGrace = 35 * time.Second // > the longest webhook timeout (30 s)
 	// settleDelay: a reservation whose claim this replica's cache already
 	// shows is dropped from the book after this long, when every other
-	// replica's cache has surely seen the claim too; it keeps books small.
-	settleDelay = 10 * time.Second
+	// replica's cache has seen the claim too (watch latency is milliseconds
+	// in a healthy cluster). It keeps books small, and a book's size is
+	// what each admission writes: with 10 s, 200 claims in a burst made
+	// every write carry them all and doubled the admission latency.
+	settleDelay = 3 * time.Second
 	// ledgerAttempts bounds the re-decisions after write conflicts; two
 	// replicas serialize in-process, so conflicts come in ones.
 	ledgerAttempts = 8
+	// groupTimeout bounds one group commit (reads and the write), past
+	// the longest webhook timeout its callers may be waiting with.
+	groupTimeout = 30 * time.Second
 )
 
 // reservation is one admitted claim in a book.
@@ -91,11 +98,13 @@ func NewLedger(c client.Client, namespace string) *Ledger {
 	return &Ledger{client: c, namespace: namespace, books: map[string]*book{}}
 }
 
-// book is one ConfigMap of reservations. Its mutex serializes this
-// process's admissions on the book: a conflict then only comes from
-// another process.
+// book is one ConfigMap of reservations. Its turn serializes this
+// process's commits on the book (a conflict then only comes from another
+// process); admissions that arrive during a commit queue for the next one.
 type book struct {
-	mu     sync.Mutex
+	turn   chan struct{} // holds one token while a group commits
+	qmu    sync.Mutex
+	queue  []*pendingAdmission
 	key    types.NamespacedName
 	owner  string            // "cohort/<name>" or "tenant/<name>", for people
 	cm     *corev1.ConfigMap // as last read or written; nil: not in the API yet
@@ -115,7 +124,8 @@ func (l *Ledger) bookFor(t quota.Tenant) *book {
 	defer l.mu.Unlock()
 	b, ok := l.books[owner]
 	if !ok {
-		b = &book{owner: owner, key: types.NamespacedName{Namespace: l.namespace, Name: bookName(owner)}}
+		b = &book{owner: owner, turn: make(chan struct{}, 1),
+			key: types.NamespacedName{Namespace: l.namespace, Name: bookName(owner)}}
 		l.books[owner] = b
 	}
 	return b
@@ -140,7 +150,7 @@ func (b *book) snapshot() []reservation {
 	return nil
 }
 
-// load reads the book from the API (caller holds b.mu).
+// load reads the book from the API (caller holds b.turn).
 func (b *book) load(ctx context.Context, c client.Client) error {
 	var cm corev1.ConfigMap
 	err := c.Get(ctx, b.key, &cm)
@@ -178,7 +188,7 @@ func decodeBook(cm *corev1.ConfigMap) ([]reservation, error) {
 }
 
 // write stores entries with the version last read as precondition (caller
-// holds b.mu). A conflict means another replica wrote first.
+// holds b.turn). A conflict means another replica wrote first.
 func (b *book) write(ctx context.Context, c client.Client, entries []reservation) error {
 	raw, err := json.Marshal(entries)
 	if err != nil {
@@ -208,3 +218,41 @@ func (b *book) write(ctx context.Context, c client.Client, entries []reservation
 
 // conflicted tells a lost race from a failure.
 func conflicted(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+
+// pendingAdmission is a caller waiting for its claim's decision.
+type pendingAdmission struct {
+	claim *resourceapi.ResourceClaim
+	done  chan admitResult // buffered: answered once
+}
+
+type admitResult struct {
+	adm Admission
+	err error
+}
+
+func (b *book) enqueue(req *pendingAdmission) {
+	b.qmu.Lock()
+	b.queue = append(b.queue, req)
+	b.qmu.Unlock()
+}
+
+// takeQueue hands the waiting admissions to the caller that holds b.turn.
+func (b *book) takeQueue() []*pendingAdmission {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	q := b.queue
+	b.queue = nil
+	return q
+}
+
+func answer(group []*pendingAdmission, results []admitResult) {
+	for i, req := range group {
+		req.done <- results[i]
+	}
+}
+
+func answerAll(group []*pendingAdmission, err error) {
+	for _, req := range group {
+		req.done <- admitResult{err: err}
+	}
+}
