@@ -42,7 +42,7 @@ var (
 
 // installCRDs applies config/crd once per test binary and waits until the
 // types are served.
-func installCRDs(t *testing.T) client.Client {
+func installCRDs(t testing.TB) client.Client {
 	t.Helper()
 	crdOnce.Do(func() {
 		ctrl.SetLogger(klog.Background().WithName("controller-runtime"))
@@ -80,7 +80,7 @@ type runningController struct {
 // startController installs the CRDs, starts a controller and waits until
 // the kube-apiserver calls its webhook. It is stopped when the test ends
 // (or earlier with stop).
-func startController(t *testing.T) *runningController {
+func startController(t testing.TB) *runningController {
 	t.Helper()
 	installCRDs(t)
 	ports, err := framework.FreePorts(1)
@@ -105,7 +105,7 @@ func startController(t *testing.T) *runningController {
 }
 
 // stop ends the controller and checks it did not fail on its own.
-func (rc *runningController) stop(t *testing.T) {
+func (rc *runningController) stop(t testing.TB) {
 	t.Helper()
 	if rc.cancel == nil {
 		return
@@ -123,7 +123,7 @@ func (rc *runningController) stop(t *testing.T) {
 }
 
 // alive fails the test if the controller exited (crashed) by itself.
-func (rc *runningController) alive(t *testing.T) {
+func (rc *runningController) alive(t testing.TB) {
 	t.Helper()
 	select {
 	case err := <-rc.done:
@@ -136,7 +136,7 @@ func (rc *runningController) alive(t *testing.T) {
 // waitForWebhook waits until the kube-apiserver routes requests to the
 // webhook: a server-side dry run of a template with a bad opaque config is
 // refused by it, with the field named.
-func waitForWebhook(t *testing.T, rc *runningController) error {
+func waitForWebhook(t testing.TB, rc *runningController) error {
 	t.Helper()
 	ctx := framework.Context(t, time.Minute)
 	tmpl := &resourceapi.ResourceClaimTemplate{
@@ -162,7 +162,7 @@ func waitForWebhook(t *testing.T, rc *runningController) error {
 
 // createObject creates one of our objects and deletes it when the test
 // ends.
-func createObject(t *testing.T, obj client.Object) {
+func createObject(t testing.TB, obj client.Object) {
 	t.Helper()
 	ctx := framework.Context(t, 30*time.Second)
 	if err := ctrlClient.Create(ctx, obj); err != nil {
@@ -171,7 +171,7 @@ func createObject(t *testing.T, obj client.Object) {
 	deleteAtCleanup(t, obj)
 }
 
-func deleteAtCleanup(t *testing.T, obj client.Object) {
+func deleteAtCleanup(t testing.TB, obj client.Object) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -205,7 +205,7 @@ func waitForProfileReady(t *testing.T, name string) *gpuaas.GpuProfile {
 	})
 }
 
-func waitForProfile(t *testing.T, name, what string, cond func(*gpuaas.GpuProfile) bool) *gpuaas.GpuProfile {
+func waitForProfile(t testing.TB, name, what string, cond func(*gpuaas.GpuProfile) bool) *gpuaas.GpuProfile {
 	t.Helper()
 	ctx := framework.Context(t, time.Minute)
 	var p gpuaas.GpuProfile
@@ -221,7 +221,7 @@ func waitForProfile(t *testing.T, name, what string, cond func(*gpuaas.GpuProfil
 	return &p
 }
 
-func waitForQuota(t *testing.T, name, what string, cond func(*gpuaas.TenantQuota) bool) *gpuaas.TenantQuota {
+func waitForQuota(t testing.TB, name, what string, cond func(*gpuaas.TenantQuota) bool) *gpuaas.TenantQuota {
 	t.Helper()
 	ctx := framework.Context(t, time.Minute)
 	var q gpuaas.TenantQuota
