@@ -15,14 +15,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -185,14 +180,11 @@ func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now ti
 		}
 		return ca, nil
 	}
-	dns, ips := w.dnsNames()
-	var b *certBundle
-	var err error
 	if w.CertSecret != "" {
-		b, err = sharedBundle(ctx, c, w.CertSecret, dns, ips, now)
-	} else {
-		b, err = newCertBundle(dns, ips, now)
+		return nil, secretExists(ctx, c, w)
 	}
+	dns, ips := w.dnsNames()
+	b, err := newCertBundle(dns, ips, now)
 	if err != nil {
 		return nil, err
 	}
@@ -202,56 +194,16 @@ func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now ti
 	return b.CA, nil
 }
 
-// sharedBundle reads the bundle from a Secret, or makes one and stores it:
-// replicas then serve with one CA. When two replicas race to create it, the
-// loser reads the winner's.
-func sharedBundle(ctx context.Context, c client.Client, secret string, dns, ips []string, now time.Time) (*certBundle, error) {
-	logger := klog.FromContext(ctx)
-	ns, name, _ := strings.Cut(secret, "/")
-	key := types.NamespacedName{Namespace: ns, Name: name}
-	for range 3 {
-		var s corev1.Secret
-		err := c.Get(ctx, key, &s)
-		switch {
-		case err == nil:
-			b := &certBundle{CA: s.Data[caFile], Cert: s.Data[corev1.TLSCertKey], Key: s.Data[corev1.TLSPrivateKeyKey]}
-			reason := b.usable(dns, ips, now)
-			if reason == nil {
-				return b, nil
-			}
-			logger.Info("Replacing webhook certificate", "secret", secret, "reason", reason.Error())
-			fresh, err := newCertBundle(dns, ips, now)
-			if err != nil {
-				return nil, err
-			}
-			s.Data = fresh.secretData()
-			if err := c.Update(ctx, &s); err == nil {
-				return fresh, nil
-			} else if !apierrors.IsConflict(err) {
-				return nil, fmt.Errorf("updating webhook certificate secret %s: %w", secret, err)
-			}
-		case apierrors.IsNotFound(err):
-			fresh, err := newCertBundle(dns, ips, now)
-			if err != nil {
-				return nil, err
-			}
-			s = corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-				Type:       corev1.SecretTypeTLS,
-				Data:       fresh.secretData(),
-			}
-			if err := c.Create(ctx, &s); err == nil {
-				return fresh, nil
-			} else if !apierrors.IsAlreadyExists(err) {
-				return nil, fmt.Errorf("creating webhook certificate secret %s: %w", secret, err)
-			}
-		default:
-			return nil, fmt.Errorf("reading webhook certificate secret %s: %w", secret, err)
-		}
+// secretExists checks the certificate Secret the rotator keeps: the chart
+// creates it empty, and the controller may not create Secrets.
+func secretExists(ctx context.Context, c client.Client, w *WebhookOptions) error {
+	key, err := w.secretKey()
+	if err != nil {
+		return err
 	}
-	return nil, fmt.Errorf("webhook certificate secret %s keeps changing under us", secret)
-}
-
-func (b *certBundle) secretData() map[string][]byte {
-	return map[string][]byte{corev1.TLSCertKey: b.Cert, corev1.TLSPrivateKeyKey: b.Key, caFile: b.CA}
+	var s corev1.Secret
+	if err := c.Get(ctx, key, &s); err != nil {
+		return fmt.Errorf("webhook certificate Secret %s (the chart creates it empty; the controller fills it): %w", key, err)
+	}
+	return nil
 }

@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,8 +18,10 @@ import (
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache/informertest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -54,31 +58,38 @@ func TestCertBundle(t *testing.T) {
 	}
 }
 
-func TestSharedBundle(t *testing.T) {
-	c := newFakeClient(t)
-	dns := []string{"ctrl.gpuaas.svc"}
-	first, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now())
-	if err != nil {
-		t.Fatal(err)
+// Issue 12 item 3: a replica served the certificate it made or read at its
+// start until it restarted, so after a renewal by another replica it served
+// one the webhook configuration no longer trusted, or an expired one. Each
+// replica now serves what the Secret holds, from the moment it changes.
+func TestServingCertFollowsTheSecret(t *testing.T) {
+	dir := t.TempDir()
+	s := &servingCert{key: types.NamespacedName{Namespace: "gpuaas", Name: "webhook-tls"}, dir: dir}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "gpuaas", Name: "webhook-tls", ResourceVersion: "1"}}
+	s.update(klog.Background(), secret) // as the chart creates it: empty
+	if _, err := s.getCertificate(nil); err == nil || s.Ready(nil) == nil {
+		t.Fatal("a certificate served before the Secret holds one")
 	}
-	second, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(first.CA) != string(second.CA) {
-		t.Fatal("second replica made its own CA instead of sharing the first's")
-	}
-	// A certificate close to expiry is replaced, in the secret too.
-	third, err := sharedBundle(ctx(t), c, "gpuaas/webhook-tls", dns, nil, time.Now().Add(servingValidity))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s corev1.Secret
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: "webhook-tls"}, &s); err != nil {
-		t.Fatal(err)
-	}
-	if string(third.CA) == string(first.CA) || string(s.Data[caFile]) != string(third.CA) {
-		t.Fatal("expiring certificate not replaced in the secret")
+	for round := range 2 {
+		b, err := newCertBundle([]string{"svc.gpuaas.svc"}, nil, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret = secret.DeepCopy()
+		secret.ResourceVersion = fmt.Sprint(round + 2)
+		secret.Data = map[string][]byte{corev1.TLSCertKey: b.Cert, corev1.TLSPrivateKeyKey: b.Key, caFile: b.CA}
+		s.update(klog.Background(), secret)
+		got, err := s.getCertificate(nil)
+		if err != nil || s.Ready(nil) != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		want, _ := pem.Decode(b.Cert)
+		if !bytes.Equal(got.Certificate[0], want.Bytes) {
+			t.Fatalf("round %d: serving an older certificate than the Secret's", round)
+		}
+		if onDisk, err := os.ReadFile(filepath.Join(dir, certFile)); err != nil || !bytes.Equal(onDisk, b.Cert) {
+			t.Fatalf("round %d: %s not the Secret's certificate (%v)", round, certFile, err)
+		}
 	}
 }
 

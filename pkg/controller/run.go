@@ -62,11 +62,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)
 	}
-	mgr, err := newManager(ctx, cfg, scheme, &opts)
+	served, err := newServingCert(&opts.Webhook)
+	if err != nil {
+		return err
+	}
+	mgr, err := newManager(ctx, cfg, scheme, &opts, served)
 	if err != nil {
 		return err
 	}
 	if err := setup(ctx, mgr, direct, &opts, caBundle); err != nil {
+		return err
+	}
+	if err := setupRotation(ctx, mgr, &opts.Webhook, served); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).Info("Starting dra-controller", "webhookPort", opts.Webhook.Port, "leaderElection", opts.LeaderElection)
@@ -76,8 +83,15 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	return nil
 }
 
-func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options) (manager.Manager, error) {
+func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *servingCert) (manager.Manager, error) {
+	tlsOpts := []func(*tls.Config){webhookHTTP1Only}
+	var cacheOpts cache.Options
+	if served != nil {
+		tlsOpts = append(tlsOpts, served.tlsOption)
+		cacheOpts.ByObject = map[client.Object]cache.ByObject{&corev1.Secret{}: secretCacheOptions(served.key)}
+	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Cache:                         cacheOpts,
 		Scheme:                        scheme,
 		Logger:                        klog.FromContext(ctx),
 		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
@@ -88,7 +102,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: opts.Webhook.Host, Port: opts.Webhook.Port, CertDir: opts.Webhook.CertDir,
-			TLSOpts: []func(*tls.Config){webhookHTTP1Only},
+			TLSOpts: tlsOpts,
 		}),
 		// A controller restarted inside one process (tests) registers
 		// its controllers under the same names again.

@@ -63,6 +63,7 @@ func TestRealNode(t *testing.T) {
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"TwoControllerReplicas", testTwoControllerReplicas},
+		{"CertificateRenewal", testCertificateRenewal},
 		{"ControllerLeastPrivilege", testControllerLeastPrivilege},
 		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
