@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
@@ -17,6 +18,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 )
 
@@ -43,13 +45,28 @@ type Options struct {
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
 type Driver struct {
-	state   *State
-	helper  *kubeletplugin.Helper
-	inv     Inventory
-	metrics *Metrics
+	state    *State
+	helper   *kubeletplugin.Helper
+	nodeName string
+	metrics  *Metrics
 	// socket is the DRA gRPC socket the kubelet calls, which the health
 	// check calls too.
 	socket string
+
+	// mu guards what is published: HandleError runs on the slice
+	// controller's goroutine and may change it (see withdrawDynamicMIG).
+	mu  sync.Mutex
+	inv Inventory
+	pub publisher
+	// withdrawn: dynamic MIG is no longer offered, because the cluster
+	// drops the counters that keep its devices apart.
+	withdrawn bool
+}
+
+// publisher is what Driver needs of the kubelet plugin helper to publish
+// slices; an interface so that tests see what is published.
+type publisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -68,7 +85,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
-	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics,
+	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
@@ -82,13 +99,30 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
 	}
-	if err := d.helper.PublishResources(ctx, Resources(opts.NodeName, d.inv)); err != nil {
+	// Counted before publishing: from then on HandleError may change d.inv.
+	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
+	d.pub = d.helper
+	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
-		return nil, fmt.Errorf("publishing devices: %w", err)
+		return nil, err
 	}
-	opts.Metrics.setPublished(d.inv.Devices)
-	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", len(d.inv.Devices), "counterSets", len(d.inv.CounterSets))
+	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
+}
+
+// publish hands the inventory to the slice controller.
+func (d *Driver) publish(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.publishLocked(ctx)
+}
+
+func (d *Driver) publishLocked(ctx context.Context) error {
+	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, d.inv)); err != nil {
+		return fmt.Errorf("publishing devices: %w", err)
+	}
+	d.metrics.setPublished(d.inv.Devices)
+	return nil
 }
 
 // maxSocketPath is the longest path a Unix socket can be bound at on Linux
@@ -181,8 +215,13 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 
 // HandleError implements kubeletplugin.DRAPlugin. Publishing errors that
 // retrying cannot fix (the API server rejects or drops our slices) are
-// reported loudly; they mean this build and the cluster disagree.
+// reported loudly; they mean this build and the cluster disagree. Dropped
+// counters are acted on: see withdrawDynamicMIG.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) && countersDropped(dropped) {
+		d.withdrawDynamicMIG(ctx, dropped)
+	}
 	if !errors.Is(err, kubeletplugin.ErrRecoverable) {
 		msg = "Non-recoverable error (check the cluster's Kubernetes version and feature gates): " + msg
 	}

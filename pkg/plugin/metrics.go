@@ -15,6 +15,7 @@ type Metrics struct {
 	staleCleaned     prometheus.Counter
 	publishedDevices *prometheus.GaugeVec
 	unownedMIG       *prometheus.GaugeVec
+	withdrawnMIG     prometheus.Gauge
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -52,9 +53,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: metricsNamespace, Name: "unowned_mig_instances",
 			Help: "GPU instances found at start-up on a dynamic-MIG GPU that no claim owns, by GPU UUID: left alone, and their placements not offered.",
 		}, []string{"gpu"}),
+		withdrawnMIG: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "dynamic_mig_withdrawn_gpus",
+			Help: "Dynamic-MIG GPUs no longer offered because the cluster drops the counters of partitionable devices (feature gate DRAPartitionableDevices off in the API server); 0 when dynamic MIG is offered as configured.",
+		}),
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
-		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG)
+		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG)
 	return m
 }
 
@@ -94,6 +99,8 @@ func (m *Metrics) setPublished(devices []AllocatableDevice) {
 	if m == nil {
 		return
 	}
+	// A type no longer published (dynamic MIG withdrawn) must read 0.
+	m.publishedDevices.Reset()
 	counts := map[DeviceType]int{}
 	for _, d := range devices {
 		counts[d.Type]++
@@ -106,5 +113,11 @@ func (m *Metrics) setPublished(devices []AllocatableDevice) {
 func (m *Metrics) setUnownedMIG(gpu string, n int) {
 	if m != nil {
 		m.unownedMIG.WithLabelValues(gpu).Set(float64(n))
+	}
+}
+
+func (m *Metrics) setDynamicMIGWithdrawn(gpus int) {
+	if m != nil {
+		m.withdrawnMIG.Set(float64(gpus))
 	}
 }

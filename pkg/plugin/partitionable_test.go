@@ -1,0 +1,160 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// capturePublisher keeps what the driver publishes, in place of the
+// kubelet plugin helper.
+type capturePublisher struct {
+	mu        sync.Mutex
+	published []resourceslice.DriverResources
+}
+
+func (c *capturePublisher) PublishResources(_ context.Context, r resourceslice.DriverResources) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.published = append(c.published, r)
+	return nil
+}
+
+func (c *capturePublisher) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.published)
+}
+
+func (c *capturePublisher) last(t *testing.T) resourceslice.Pool {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.published) == 0 {
+		t.Fatal("nothing published")
+	}
+	return c.published[len(c.published)-1].Pools[testNode]
+}
+
+// dynamicFirstFour: GPUs 0-3 in dynamic MIG, the others whole.
+func dynamicFirstFour() *configapi.NodeConfig {
+	return &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
+		{Indexes: []int{0, 1, 2, 3}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}},
+	}}
+}
+
+// testDriver is a Driver over the env's state that publishes into a
+// capturePublisher, as Start wires it with the helper.
+func testDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) (*Driver, *capturePublisher) {
+	pub := &capturePublisher{}
+	e.metrics = NewMetrics(prometheus.NewRegistry())
+	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	return &Driver{state: e.state, nodeName: testNode, metrics: e.metrics, inv: inv, pub: pub}, pub
+}
+
+// storedWithout is the error the slice controller reports when the API
+// server stored slice i of pool without what drop removes from it.
+func storedWithout(pool resourceslice.Pool, i int, drop func(*resourceapi.ResourceSliceSpec)) error {
+	s := pool.Slices[i]
+	desired := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{SharedCounters: s.SharedCounters, Devices: s.Devices}}
+	actual := desired.DeepCopy()
+	drop(&actual.Spec)
+	// Wrapped, as the kubelet plugin helper hands it on.
+	return fmt.Errorf("create ResourceSlice: %w", &resourceslice.DroppedFieldsError{
+		PoolName: testNode, SliceIndex: i, DesiredSlice: desired, ActualSlice: actual})
+}
+
+func dropCounters(spec *resourceapi.ResourceSliceSpec) {
+	spec.SharedCounters = nil
+	for i := range spec.Devices {
+		spec.Devices[i].ConsumesCounters = nil
+	}
+}
+
+func usesCounters(pool resourceslice.Pool) bool {
+	for _, s := range pool.Slices {
+		if len(s.SharedCounters) > 0 {
+			return true
+		}
+		for _, d := range s.Devices {
+			if len(d.ConsumesCounters) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Item 11: the API server drops the counters (partitionable devices off);
+// the next publish offers no dynamic-MIG device and nothing that uses
+// counters, keeps the whole GPUs, and says so in a gauge.
+func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", dynamicFirstFour())
+	d, pub := testDriver(t, e, dynamicFirstFour())
+	if err := d.publish(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := pub.last(t)
+	if !usesCounters(first) {
+		t.Fatal("the first publish uses no counters; nothing to test")
+	}
+	// Every slice of the first publish comes back without its counters.
+	for i := range first.Slices {
+		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+	}
+	if n := pub.count(); n != 2 {
+		t.Fatalf("%d publishes, want the first and one without dynamic MIG", n)
+	}
+	after := pub.last(t)
+	if usesCounters(after) {
+		t.Error("republished slices still use counters")
+	}
+	names := map[string]bool{}
+	for _, s := range after.Slices {
+		for _, dev := range s.Devices {
+			names[dev.Name] = true
+			if *dev.Attributes["type"].StringValue == string(TypeMIG) {
+				t.Errorf("dynamic MIG device %s still offered", dev.Name)
+			}
+			if i := strings.TrimPrefix(dev.Name, "gpu-"); len(i) == 1 && i < "4" {
+				t.Errorf("dynamic-MIG GPU offered as %s", dev.Name)
+			}
+		}
+	}
+	for i := 4; i < 8; i++ {
+		if !names[GPUDeviceName(i)] {
+			t.Errorf("whole GPU %d no longer offered", i)
+		}
+	}
+	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 4 {
+		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 4", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.publishedDevices.WithLabelValues(string(TypeMIG))); got != 0 {
+		t.Errorf("published_devices{type=mig} = %v, want 0", got)
+	}
+}
+
+// Fields other than counters dropped (here device taints) leave dynamic
+// MIG offered: only counters keep its devices apart.
+func TestOtherDroppedFieldsKeepDynamicMIG(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", dynamicFirstFour())
+	d, pub := testDriver(t, e, dynamicFirstFour())
+	if err := d.publish(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := pub.last(t)
+	first.Slices[1].Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "gpu.gpuaas.io/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	d.HandleError(e.ctx, storedWithout(first, 1, func(s *resourceapi.ResourceSliceSpec) { s.Devices[0].Taints = nil }), "update ResourceSlice")
+	if n := pub.count(); n != 1 || testutil.ToFloat64(e.metrics.withdrawnMIG) != 0 {
+		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.metrics.withdrawnMIG))
+	}
+}
