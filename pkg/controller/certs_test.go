@@ -63,7 +63,7 @@ func TestCertBundle(t *testing.T) {
 // one the webhook configuration no longer trusted, or an expired one. Each
 // replica now serves what the Secret holds, from the moment it changes.
 func TestServingCertFollowsTheSecret(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "certs") // made on the first certificate
 	s := &servingCert{key: types.NamespacedName{Namespace: "gpuaas", Name: "webhook-tls"}, dir: dir}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "gpuaas", Name: "webhook-tls", ResourceVersion: "1"}}
 	s.update(klog.Background(), secret) // as the chart creates it: empty

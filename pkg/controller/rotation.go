@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -113,6 +114,9 @@ func (s *servingCert) update(logger klog.Logger, obj any) {
 	if err != nil {
 		logger.Error(err, "Webhook certificate Secret holds no usable key pair", "secret", s.key)
 		return
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		logger.Error(err, "Creating the webhook certificate directory", "dir", s.dir)
 	}
 	for name, data := range map[string][]byte{certFile: certPEM, keyFile: keyPEM, caFile: secret.Data[caFile]} {
 		if err := writeAtomic(filepath.Join(s.dir, name), data); err != nil {
