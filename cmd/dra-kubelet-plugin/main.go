@@ -35,7 +35,7 @@ type flags struct {
 	nodeName, kubeconfig, pluginDataDir, registrarDir  string
 	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
 	hostDriverRoot                                     string
-	podUID, cdiHookPath, nodeConfig                    string
+	podUID, cdiHookPath, nodeConfig, bootIDPath        string
 }
 
 func main() {
@@ -65,6 +65,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
+	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", plugin.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -98,7 +99,7 @@ func run(ctx context.Context, f flags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	driver, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
-		DriverRoot:    f.driverRoot,
+		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath,
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg),
 	})

@@ -41,6 +41,9 @@ type Options struct {
 	// means none: replicas and shares with the Default interval still
 	// work; claims asking for more fail at prepare, saying why.
 	DriverRoot string
+	// BootIDPath is where the node's boot ID is read (a simulated node
+	// fakes its reboots there); empty means DefaultBootIDPath.
+	BootIDPath string
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -89,7 +92,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
 	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
-		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks")})
+		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
+		BootIDPath: opts.BootIDPath})
 	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}

@@ -36,6 +36,9 @@ type testEnv struct {
 	// sharing wires each (re)started State's sharing settings; the zero
 	// value has no driver tools.
 	sharing SharingOptions
+	// machine is the mock machine's name; bootID a fake boot_id file.
+	machine string
+	bootID  string
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
@@ -53,7 +56,10 @@ func newTestEnvWith(t testing.TB, machine string, cfg *configapi.NodeConfig) *te
 	dir := t.TempDir()
 	_, ctx := ktesting.NewTestContext(t)
 	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"),
-		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx}
+		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx, machine: machine, bootID: filepath.Join(dir, "boot_id")}
+	if err := os.WriteFile(e.bootID, []byte("boot-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if tt, ok := t.(*testing.T); ok {
 		e.t = tt
 	}
@@ -81,7 +87,7 @@ func (e *testEnv) newState(t testing.TB) *State {
 		t.Fatal(err)
 	}
 	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: handler, Store: store,
-		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing)})
+		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing), BootIDPath: e.bootID})
 }
 
 func fileExists(path string) bool {

@@ -124,8 +124,9 @@ func (x *claimIndex) list() []*checkpoint.Claim {
 	return out
 }
 
-// reload replaces what the index knows of the given GPUs by the completed
-// records on them, after another process changed their claims.
+// reload replaces what the index knows of the given GPUs by the records
+// on them it keeps (see indexed), after another process changed their
+// claims.
 func (x *claimIndex) reload(gpus []string, records []*checkpoint.Claim) {
 	on := toSet(gpus)
 	for _, c := range x.list() {
@@ -134,10 +135,17 @@ func (x *claimIndex) reload(gpus []string, records []*checkpoint.Claim) {
 		}
 	}
 	for _, c := range records {
-		if c.State == checkpoint.PrepareCompleted && touches(c, on) {
+		if indexed(c) && touches(c, on) {
 			x.add(c)
 		}
 	}
+}
+
+// indexed reports whether the index keeps a record: a prepared claim, or
+// one lost in a reboot, which still holds its devices in the cluster's
+// eyes until it is unprepared (and is cleaned up if deleted meanwhile).
+func indexed(c *checkpoint.Claim) bool {
+	return c.State == checkpoint.PrepareCompleted || c.State == checkpoint.PrepareLost
 }
 
 // touches reports whether a claim has a device on one of the GPUs.

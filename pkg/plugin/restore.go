@@ -17,6 +17,8 @@ import (
 // Restore rebuilds the state a previous run left on the node, before the
 // plugin serves the kubelet:
 //   - records of interrupted prepares are undone;
+//   - after a node reboot, what the records promise (MIG devices, sharing
+//     settings, CDI specs) is made again, or the promise dropped;
 //   - claims deleted while the plugin was down are unprepared;
 //   - damaged records are reported and rebuilt from the claim in the API
 //     (prepare is a function of the claim), or cleaned up if it is gone;
@@ -29,6 +31,9 @@ import (
 // API errors never drop a record: a claim that cannot be checked is kept.
 func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error {
 	logger := klog.FromContext(ctx)
+	if s.bootIDErr != nil {
+		logger.Error(s.bootIDErr, "Node reboots are not detected: what a reboot takes (MIG devices, sharing settings, CDI specs on a tmpfs) is not made again")
+	}
 	damaged, err := s.restoreRecords(ctx)
 	if err != nil {
 		return err
@@ -75,7 +80,11 @@ func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error
 		return nil, err
 	}
 	s.adoptAll(ctx, records)
+	rebooted := s.forgetReboot(ctx, records)
+	// Not cut short by a shutdown: a half-undone claim is worse.
+	ctx = context.WithoutCancel(ctx)
 	s.undoInterrupted(ctx, records)
+	s.reestablishAll(ctx, rebooted)
 	return damaged, nil
 }
 
@@ -99,12 +108,16 @@ func (s *State) lockAll() (*heldGPUs, error) {
 // adoptAll counts every record's sharing holds, interrupted ones included,
 // before anything is undone: undoing an interrupted prepare first would
 // find it the GPU's only holder and reset the GPU under a running claim.
+// Records of an earlier boot hold nothing: the reboot reset the GPUs.
 func (s *State) adoptAll(ctx context.Context, records []*checkpoint.Claim) {
 	for _, rec := range records {
+		if s.fromOtherBoot(rec) {
+			continue
+		}
 		if err := s.adoptSharing(rec, allGPUs); err != nil {
 			klog.FromContext(ctx).Error(err, "Restoring sharing settings", "claimUID", rec.UID)
 		}
-		if rec.State == checkpoint.PrepareCompleted {
+		if indexed(rec) {
 			s.index.add(rec)
 		}
 	}
@@ -112,12 +125,11 @@ func (s *State) adoptAll(ctx context.Context, records []*checkpoint.Claim) {
 
 func (s *State) undoInterrupted(ctx context.Context, records []*checkpoint.Claim) {
 	for _, rec := range records {
-		if rec.State == checkpoint.PrepareCompleted {
+		if rec.State != checkpoint.PrepareStarted {
 			continue
 		}
 		klog.FromContext(ctx).Info("Undoing interrupted prepare", "claim", klog.KRef(rec.Namespace, rec.Name), "claimUID", rec.UID)
-		// Not cut short by a shutdown: a half-undone claim is worse.
-		if err := s.undo(context.WithoutCancel(ctx), rec); err != nil {
+		if err := s.undo(ctx, rec); err != nil {
 			klog.FromContext(ctx).Error(err, "Undoing interrupted prepare", "claimUID", rec.UID)
 		}
 	}

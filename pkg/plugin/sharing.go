@@ -157,6 +157,14 @@ func (p *sharingPlan) settingsOrNil() *timeslice.Settings {
 	return &s
 }
 
+func (p *sharingPlan) limitsOrNil() *mps.Limits {
+	if p == nil || p.limits == nil {
+		return nil
+	}
+	l := *p.limits
+	return &l
+}
+
 // needsSharing reports whether preparing the plan may change a GPU's
 // settings, which must be recorded before it happens. Default-interval
 // time-slicing changes nothing, so it costs no extra checkpoint write.

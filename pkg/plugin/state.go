@@ -48,6 +48,9 @@ type StateConfig struct {
 	// instance of a rolling update; empty means "locks" beside the
 	// checkpoint directory.
 	LockDir string
+	// BootIDPath is where the ID of the node's current boot is read;
+	// empty means DefaultBootIDPath.
+	BootIDPath string
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
@@ -75,6 +78,11 @@ type State struct {
 	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
 	// owned at Restore, by GPU UUID; withhold reads them before serving.
 	unowned map[string][]mig.GPUInstance
+	// bootID is the node's current boot, recorded with each claim so that
+	// Restore knows what a reboot took; empty if it could not be read
+	// (bootIDErr), and then reboots go unnoticed.
+	bootID    string
+	bootIDErr error
 }
 
 // NewState builds an empty state; Restore loads what a previous run left.
@@ -83,7 +91,7 @@ func NewState(cfg StateConfig) *State {
 	for i := range cfg.Devices {
 		devices[cfg.Devices[i].Name()] = &cfg.Devices[i]
 	}
-	return &State{
+	s := &State{
 		nodeName: cfg.NodeName,
 		devices:  devices,
 		nvml:     cfg.NVML,
@@ -96,6 +104,8 @@ func NewState(cfg StateConfig) *State {
 		inflight: newInflight(),
 		sharing:  cmp.Or(cfg.Sharing, NewSharing(SharingOptions{})),
 	}
+	s.bootID, s.bootIDErr = readBootID(cmp.Or(cfg.BootIDPath, DefaultBootIDPath))
+	return s
 }
 
 // plannedDevice is one allocation result resolved to our device and its
@@ -165,11 +175,18 @@ func (s *State) preparedBefore(ctx context.Context, uid types.UID) ([]kubeletplu
 	return kubeletDevices(rec), true, nil
 }
 
-// completedRecord is the claim's record if its prepare completed.
+// completedRecord is the claim's record if its prepare completed; an error
+// if what it was prepared with was lost in a reboot.
 func (s *State) completedRecord(uid types.UID) (*checkpoint.Claim, error) {
 	rec, err := s.store.Load(string(uid))
-	if err != nil || rec == nil || rec.State != checkpoint.PrepareCompleted {
+	if err != nil || rec == nil {
 		return nil, err
+	}
+	if err := lostErr(rec); err != nil {
+		return nil, err
+	}
+	if rec.State != checkpoint.PrepareCompleted {
+		return nil, nil
 	}
 	return rec, nil
 }
@@ -179,6 +196,9 @@ func (s *State) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	logger := klog.FromContext(ctx)
 	rec, err := s.store.Load(string(claim.UID))
 	if err != nil {
+		return nil, err
+	}
+	if err := lostErr(rec); err != nil {
 		return nil, err
 	}
 	if rec != nil && rec.State == checkpoint.PrepareCompleted {
@@ -312,6 +332,7 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 // which Restore deletes. A failure rolls back everything done so far.
 func (s *State) prepareDevices(ctx context.Context, claim *resourceapi.ResourceClaim, plan []plannedDevice) (*checkpoint.Claim, error) {
 	rec := newRecord(claim, plan)
+	rec.BootID = s.bootID
 	if needsSetUp(plan) || needsSharing(plan) {
 		if err := s.store.Save(rec); err != nil {
 			return nil, err
@@ -355,6 +376,7 @@ func newRecord(claim *resourceapi.ResourceClaim, plan []plannedDevice) *checkpoi
 			Shared:      p.device.multiAllocatable(),
 			ShareID:     string(ptr.Deref(p.result.ShareID, "")),
 			Sharing:     p.sharing.settingsOrNil(),
+			MPSLimits:   p.sharing.limitsOrNil(),
 		})
 	}
 	return rec

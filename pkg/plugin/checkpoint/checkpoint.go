@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
 
@@ -38,6 +39,16 @@ type State string
 const (
 	PrepareStarted   State = "PrepareStarted"
 	PrepareCompleted State = "PrepareCompleted"
+	// ReestablishStarted: the claim was prepared in an earlier boot of the
+	// node, and what the reboot lost (MIG devices, sharing settings, CDI
+	// spec) is being made again. One left in it was interrupted: what it
+	// made is torn down and made again at the next start.
+	ReestablishStarted State = "ReestablishStarted"
+	// PrepareLost: what the claim was prepared with was lost in a node
+	// reboot and could not be made again (Lost says why). The record holds
+	// nothing on the node; preparing the claim fails, unpreparing it
+	// deletes the record.
+	PrepareLost State = "Lost"
 )
 
 // Device is one prepared device of a claim.
@@ -67,6 +78,9 @@ type Device struct {
 	// CreatedMIG is the MIG device the plugin created for this claim
 	// (dynamic MIG); unprepare destroys exactly it.
 	CreatedMIG *mig.Instance `json:"createdMIG,omitempty"`
+	// MPSLimits are the client limits of an MPS device, kept so that its
+	// CDI spec can be written again after a reboot.
+	MPSLimits *mps.Limits `json:"mpsLimits,omitempty"`
 }
 
 // Claim is the record of one prepared claim.
@@ -76,6 +90,13 @@ type Claim struct {
 	Name      string   `json:"name"`
 	State     State    `json:"state"`
 	Devices   []Device `json:"devices"`
+	// BootID is the node's boot (Linux boot_id) in which the record's MIG
+	// devices, sharing settings and CDI spec were made; none of them
+	// outlives a reboot. Empty: not known (written before boot IDs were
+	// recorded, or none could be read), taken as the current boot.
+	BootID string `json:"bootID,omitempty"`
+	// Lost says why a PrepareLost claim could not be set up again.
+	Lost string `json:"lost,omitempty"`
 }
 
 // file is the on-disk envelope. The checksum covers the exact bytes of the
