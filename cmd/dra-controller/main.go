@@ -53,6 +53,7 @@ func parseFlags() *flags {
 	fs.BoolVar(&o.LeaderElection, "leader-elect", false, "Elect a leader among replicas; only the leader reconciles, every replica serves the webhook.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader-election Lease; empty means the namespace the controller runs in. [$POD_NAMESPACE]")
 	fs.StringVar(&o.LeaderElectionID, "leader-elect-id", controller.DefaultLeaderElectionID, "Name of the leader-election Lease.")
+	fs.BoolVar(&o.ApplyCRDs, "apply-crds", false, "Apply this version's gpuaas.io CRDs at start (server-side apply; a newer live CRD is left alone). The chart sets it: helm does not upgrade CRDs.")
 	fs.StringVar(&o.LedgerNamespace, "quota-ledger-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the quota ledger's ConfigMaps (reservations every replica sees); empty means \"default\". [$POD_NAMESPACE]")
 	fs.StringVar(&w.Host, "webhook-host", "", "Address the webhook server listens on; empty means all.")
 	fs.IntVar(&w.Port, "webhook-port", controller.DefaultWebhookPort, "Port of the webhook server.")

@@ -31,6 +31,9 @@ type Options struct {
 	// LedgerNamespace holds the quota ledger: the reservations of claims
 	// admitted a moment ago, shared by all replicas; default "default".
 	LedgerNamespace string
+	// ApplyCRDs brings the gpuaas.io CRDs to this binary's version at
+	// start (helm never upgrades a chart's crds/).
+	ApplyCRDs bool
 
 	// ExemptNamespaces are left out of the quota webhook by the webhook
 	// configuration's namespaceSelector (so an outage of this controller

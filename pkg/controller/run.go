@@ -58,6 +58,11 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating client: %w", err)
 	}
+	if opts.ApplyCRDs {
+		if err := ApplyCRDs(ctx, direct); err != nil {
+			return err
+		}
+	}
 	caBundle, err := ensureCerts(ctx, direct, &opts.Webhook, time.Now())
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)

@@ -1,0 +1,110 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuaas/gpu-dra-driver/config/crd"
+)
+
+// crdFieldOwner is the field manager of the CRDs the controller applies.
+const crdFieldOwner = "gpuaas-dra-controller"
+
+// ApplyCRDs brings the cluster's gpuaas.io CRDs to the version this binary
+// was built with, by server-side apply: helm installs a chart's crds/ once
+// and skips them on upgrade, so a newer chart's fields were silently
+// dropped. A live CRD with a field this binary does not know is newer (an
+// old replica during a rollout, a rollback) and left alone: applying would
+// drop that field.
+func ApplyCRDs(ctx context.Context, c client.Client) error {
+	files, err := fs.Glob(crd.Files, "*.yaml")
+	if err != nil {
+		return fmt.Errorf("listing embedded CRDs: %w", err)
+	}
+	for _, name := range files {
+		if err := applyCRD(ctx, c, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyCRD(ctx context.Context, c client.Client, file string) error {
+	raw, err := crd.Files.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("reading embedded CRD %s: %w", file, err)
+	}
+	want := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(raw, &want.Object); err != nil {
+		return fmt.Errorf("decoding embedded CRD %s: %w", file, err)
+	}
+	logger := klog.FromContext(ctx).WithValues("crd", want.GetName())
+	live := &unstructured.Unstructured{}
+	live.SetGroupVersionKind(want.GroupVersionKind())
+	err = c.Get(ctx, client.ObjectKey{Name: want.GetName()}, live)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading CRD %s: %w", want.GetName(), err)
+	}
+	if err == nil {
+		if extra := unknownFields(schemaFields(live), schemaFields(want)); len(extra) > 0 {
+			logger.Info("Live CRD is newer than this controller; leaving it", "unknownFields", extra)
+			return nil
+		}
+	}
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(crdFieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying CRD %s: %w", want.GetName(), err)
+	}
+	logger.V(2).Info("Applied CRD")
+	return nil
+}
+
+// schemaFields lists the property paths of every version's schema, e.g.
+// "v1alpha1:.spec.cohort".
+func schemaFields(u *unstructured.Unstructured) []string {
+	versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+	var out []string
+	for _, v := range versions {
+		vm, ok := v.(map[string]any)
+		if !ok {
+			continue
+		}
+		schema, _, _ := unstructured.NestedMap(vm, "schema", "openAPIV3Schema")
+		name, _, _ := unstructured.NestedString(vm, "name")
+		out = appendProperties(out, name+":", schema)
+	}
+	return out
+}
+
+func appendProperties(out []string, prefix string, schema map[string]any) []string {
+	props, _, _ := unstructured.NestedMap(schema, "properties")
+	for name, p := range props {
+		out = append(out, prefix+"."+name)
+		if pm, ok := p.(map[string]any); ok {
+			out = appendProperties(out, prefix+"."+name, pm)
+			if items, ok := pm["items"].(map[string]any); ok {
+				out = appendProperties(out, prefix+"."+name+"[]", items)
+			}
+		}
+	}
+	return out
+}
+
+// unknownFields are the paths of live that want lacks.
+func unknownFields(live, want []string) []string {
+	var extra []string
+	for _, f := range live {
+		if !slices.Contains(want, f) {
+			extra = append(extra, f)
+		}
+	}
+	slices.Sort(extra)
+	return extra
+}
