@@ -253,18 +253,28 @@ func List(dev nvml.Device) ([]Instance, error) {
 	return slices.CompactFunc(out, func(a, b Instance) bool { return a.GIID == b.GIID && a.CIID == b.CIID }), nil
 }
 
-// listProfile lists the instances of one GPU-instance profile index.
-func listProfile(dev nvml.Device, giProfile int, memTotal uint64, uuids map[[2]int]string) ([]Instance, error) {
+// profileGIs is a GPU-instance profile index's info and GPU instances; no
+// instances where the GPU does not support the profile.
+func profileGIs(dev nvml.Device, giProfile int) (nvml.GpuInstanceProfileInfo, []nvml.GpuInstance, error) {
 	info, ret := dev.GetGpuInstanceProfileInfo(giProfile)
 	if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
-		return nil, nil
+		return info, nil, nil
 	}
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("getting GPU instance profile %d: %w", giProfile, ret)
+		return info, nil, fmt.Errorf("getting GPU instance profile %d: %w", giProfile, ret)
 	}
 	gis, ret := dev.GetGpuInstances(&info)
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("getting GPU instances of profile %d: %w", giProfile, ret)
+		return info, nil, fmt.Errorf("getting GPU instances of profile %d: %w", giProfile, ret)
+	}
+	return info, gis, nil
+}
+
+// listProfile lists the instances of one GPU-instance profile index.
+func listProfile(dev nvml.Device, giProfile int, memTotal uint64, uuids map[[2]int]string) ([]Instance, error) {
+	info, gis, err := profileGIs(dev, giProfile)
+	if err != nil {
+		return nil, err
 	}
 	var out []Instance
 	for _, gi := range gis {

@@ -142,16 +142,9 @@ func ListGPUInstances(dev nvml.Device) ([]GPUInstance, error) {
 
 // gpuInstancesOf lists the GPU instances of one GPU-instance profile index.
 func gpuInstancesOf(dev nvml.Device, giProfile int) ([]GPUInstance, error) {
-	info, ret := dev.GetGpuInstanceProfileInfo(giProfile)
-	if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
-		return nil, nil
-	}
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("getting GPU instance profile %d: %w", giProfile, ret)
-	}
-	gis, ret := dev.GetGpuInstances(&info)
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("getting GPU instances of profile %d: %w", giProfile, ret)
+	_, gis, err := profileGIs(dev, giProfile)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]GPUInstance, 0, len(gis))
 	for _, gi := range gis {
