@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -221,5 +222,34 @@ func TestBilling(t *testing.T) {
 	b.forget("billing-test", t0.Add(80*time.Second))                    // 1 unit for 10 s = 10
 	if got := counterValue(t, "billing-test") - before; got < 39.999 || got > 40.001 {
 		t.Fatalf("gpu-unit-seconds = %v, want 40", got)
+	}
+}
+
+// Issue 12 item 13: every TenantQuota status write requeued every quota
+// (N^2 reconciles with N tenants). Only spec changes of a quota, and label
+// changes of a namespace, concern the other quotas.
+func TestQuotaWatchesIgnoreStatusWrites(t *testing.T) {
+	old := teamQuota("team-a", "a", "1")
+	old.Generation = 1
+	statusOnly := old.DeepCopy()
+	statusOnly.Status.ClaimsCounted = 3
+	specChanged := old.DeepCopy()
+	specChanged.Generation = 2
+	if quotaSpecChanged.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: statusOnly}) {
+		t.Error("a status write of one quota requeues every quota")
+	}
+	if !quotaSpecChanged.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: specChanged}) {
+		t.Error("a spec change of one quota does not requeue the others")
+	}
+	nsOld := ns("a", map[string]string{"team": "a"})
+	annotated := nsOld.DeepCopy()
+	annotated.Annotations = map[string]string{"note": "x"}
+	relabelled := nsOld.DeepCopy()
+	relabelled.Labels = map[string]string{"team": "b"}
+	if namespaceTenancyChanged.Update(event.UpdateEvent{ObjectOld: nsOld, ObjectNew: annotated}) {
+		t.Error("an annotation on a namespace requeues every quota")
+	}
+	if !namespaceTenancyChanged.Update(event.UpdateEvent{ObjectOld: nsOld, ObjectNew: relabelled}) {
+		t.Error("a namespace's new labels do not requeue the quotas")
 	}
 }

@@ -17,12 +17,14 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -200,9 +202,11 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) erro
 	everyQuota := handler.EnqueueRequestsFromMapFunc(allOf(quotaNames(c)))
 	err = ctrl.NewControllerManagedBy(mgr).Named("tenantquota").
 		For(&gpuaas.TenantQuota{}).
-		// One quota's namespaces decide the others' conflicts.
-		Watches(&gpuaas.TenantQuota{}, everyQuota).
-		Watches(&corev1.Namespace{}, everyQuota).
+		// One quota's namespaces decide the others' conflicts: its spec,
+		// not its status, which every reconcile writes (requeueing all
+		// quotas on each status write cost N^2 with N tenants).
+		Watches(&gpuaas.TenantQuota{}, everyQuota, builder.WithPredicates(quotaSpecChanged)).
+		Watches(&corev1.Namespace{}, everyQuota, builder.WithPredicates(namespaceTenancyChanged)).
 		Watches(&resourceapi.ResourceSlice{}, everyQuota).
 		Watches(&resourceapi.DeviceClass{}, everyQuota).
 		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
@@ -212,6 +216,14 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) erro
 	}
 	return nil
 }
+
+// quotaSpecChanged passes a TenantQuota's creation, deletion and spec
+// changes (its generation), not its status writes.
+var quotaSpecChanged = predicate.GenerationChangedPredicate{}
+
+// namespaceTenancyChanged passes a namespace's creation, deletion and label
+// changes: labels are what TenantQuotas select namespaces by.
+var namespaceTenancyChanged = predicate.LabelChangedPredicate{}
 
 // webhookHTTP1Only turns HTTP/2 off on the webhook server. The
 // kube-apiserver keeps one HTTP/2 connection per webhook Service and sends
