@@ -14,11 +14,12 @@ COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY api/ api/
 COPY cmd/ cmd/
+COPY config/ config/
 COPY pkg/ pkg/
 ARG VERSION=dev
 RUN --mount=type=cache,target=/root/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "-s -w" -o /out/ \
+    go build -trimpath -ldflags "-s -w -X github.com/gpuaas/gpu-dra-driver/pkg/cli.Version=${VERSION}" -o /out/ \
         ./cmd/dra-kubelet-plugin ./cmd/dra-controller
 
 # Run stage: glibc (for the cgo binary), CA certificates, no shell, no

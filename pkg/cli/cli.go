@@ -11,6 +11,11 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// Version is the release the binary was built from. The image build sets
+// it: -ldflags "-X github.com/gpuaas/gpu-dra-driver/pkg/cli.Version=<version>"
+// (Dockerfile, from the Makefile's VERSION).
+var Version = "dev"
+
 // Env returns the environment variable name, or def when it is unset.
 func Env(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok {
@@ -31,5 +36,11 @@ func Parse(fs *pflag.FlagSet, about string) {
 		fmt.Fprintf(os.Stderr, "%s\n\nFlags (environment variables in brackets):\n", about)
 		fs.PrintDefaults()
 	}
+	version := fs.Bool("version", false, "Print the version and exit.")
 	pflag.Parse()
+	if *version {
+		fmt.Println(Version)
+		os.Exit(0)
+	}
+	klog.Background().Info("Starting", "version", Version)
 }

@@ -161,6 +161,11 @@ func TestMetricsRegistered(t *testing.T) {
 	}
 	want := map[string]bool{"gpuaas_claim_admissions_total": false, "gpuaas_claim_denials_total": false}
 	for _, f := range families {
+		if f.GetName() == "gpuaas_webhook_duration_seconds" {
+			t.Error("gpuaas_webhook_duration_seconds duplicates controller_runtime_webhook_latency_seconds")
+		}
+	}
+	for _, f := range families {
 		if _, ok := want[f.GetName()]; ok {
 			want[f.GetName()] = true
 		}

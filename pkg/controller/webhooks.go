@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,7 +38,6 @@ type claimWebhook struct {
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
-	defer observe("resourceclaim", time.Now())
 	var claim resourceapi.ResourceClaim
 	if err := h.decoder.Decode(req, &claim); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaim: %w", err))
@@ -109,7 +107,6 @@ type templateWebhook struct {
 }
 
 func (h *templateWebhook) Handle(_ context.Context, req admission.Request) admission.Response {
-	defer observe("resourceclaimtemplate", time.Now())
 	var tmpl resourceapi.ResourceClaimTemplate
 	if err := h.decoder.Decode(req, &tmpl); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaimTemplate: %w", err))
@@ -128,7 +125,6 @@ type profileWebhook struct {
 }
 
 func (h *profileWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
-	defer observe("gpuprofile", time.Now())
 	var p gpuaas.GpuProfile
 	if err := h.decoder.Decode(req, &p); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding GpuProfile: %w", err))
@@ -151,7 +147,6 @@ type quotaWebhook struct {
 }
 
 func (h *quotaWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
-	defer observe("tenantquota", time.Now())
 	var q gpuaas.TenantQuota
 	if err := h.decoder.Decode(req, &q); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding TenantQuota: %w", err))
@@ -177,6 +172,3 @@ func invalid(gk schema.GroupKind, name string, errs field.ErrorList) admission.R
 	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
 }
 
-func observe(webhook string, start time.Time) {
-	webhookLatency.WithLabelValues(webhook).Observe(time.Since(start).Seconds())
-}
