@@ -171,4 +171,3 @@ func invalid(gk schema.GroupKind, name string, errs field.ErrorList) admission.R
 	status := apierrors.NewInvalid(gk, name, errs).ErrStatus
 	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
 }
-
