@@ -25,9 +25,10 @@ import (
 )
 
 type flags struct {
-	kubeconfig     string
-	webhookService string
-	opts           controller.Options
+	kubeconfig        string
+	webhookService    string
+	releaseFinalizers bool
+	opts              controller.Options
 }
 
 func main() {
@@ -53,6 +54,7 @@ func parseFlags() *flags {
 	fs.BoolVar(&o.LeaderElection, "leader-elect", false, "Elect a leader among replicas; only the leader reconciles, every replica serves the webhook.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader-election Lease; empty means the namespace the controller runs in. [$POD_NAMESPACE]")
 	fs.StringVar(&o.LeaderElectionID, "leader-elect-id", controller.DefaultLeaderElectionID, "Name of the leader-election Lease.")
+	fs.BoolVar(&f.releaseFinalizers, "release-finalizers", false, "Remove the controller's finalizer from every GpuProfile and exit: the chart's pre-delete hook, so helm uninstall leaves no profile stuck.")
 	fs.BoolVar(&o.ApplyCRDs, "apply-crds", false, "Apply this version's gpuaas.io CRDs at start (server-side apply; a newer live CRD is left alone). The chart sets it: helm does not upgrade CRDs.")
 	fs.StringVar(&o.LedgerNamespace, "quota-ledger-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the quota ledger's ConfigMaps (reservations every replica sees); empty means \"default\". [$POD_NAMESPACE]")
 	fs.StringVar(&w.Host, "webhook-host", "", "Address the webhook server listens on; empty means all.")
@@ -86,6 +88,9 @@ func run(ctx context.Context, f *flags) error {
 	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
+	}
+	if f.releaseFinalizers {
+		return controller.ReleaseFinalizers(ctx, cfg)
 	}
 	return controller.Run(ctx, cfg, f.opts)
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -26,9 +27,10 @@ import (
 // says (hand edits are reverted), removes a disabled profile's class once no
 // claim uses it, and reports matching, allocated and free devices.
 type profileReconciler struct {
-	client client.Client
-	acct   *Accountant
-	resync time.Duration
+	client  client.Client
+	acct    *Accountant
+	resync  time.Duration
+	started time.Time // see released
 }
 
 func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -39,6 +41,12 @@ func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("reading GpuProfile %s: %w", req.Name, err)
+	}
+	if !p.DeletionTimestamp.IsZero() {
+		return r.drainDeleted(ctx, &p)
+	}
+	if err := r.addFinalizer(ctx, &p); err != nil {
+		return reconcile.Result{}, err
 	}
 	status := p.Status.DeepCopy()
 	status.ObservedGeneration = p.Generation
@@ -82,7 +90,7 @@ func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile,
 		return metav1.Condition{}, err
 	}
 	if !p.IsEnabled() {
-		return r.disable(ctx, p, have, status)
+		return r.disable(ctx, p, have, status, "disabled")
 	}
 	want, err := deviceclass.Build(p, migs)
 	if err != nil {
@@ -93,6 +101,58 @@ func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile,
 	}
 	status.DeviceClassName = want.Name
 	return condition(gpuaas.ConditionReady, true, gpuaas.ReasonDeviceClassReady, fmt.Sprintf("DeviceClass %q is in sync", want.Name)), nil
+}
+
+// addFinalizer makes a later deletion wait for the drain (drainDeleted),
+// unless the chart's uninstall released the profile after this controller
+// started (ReleasedAnnotation): the controller is going away with it.
+func (r *profileReconciler) addFinalizer(ctx context.Context, p *gpuaas.GpuProfile) error {
+	if controllerutil.ContainsFinalizer(p, gpuaas.DrainFinalizer) || r.released(p) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.AddFinalizer(p, gpuaas.DrainFinalizer)
+	delete(p.Annotations, gpuaas.ReleasedAnnotation)
+	if err := r.client.Patch(ctx, p, patch); err != nil {
+		return fmt.Errorf("adding finalizer to GpuProfile %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+func (r *profileReconciler) released(p *gpuaas.GpuProfile) bool {
+	at, err := time.Parse(time.RFC3339, p.Annotations[gpuaas.ReleasedAnnotation])
+	return err == nil && !at.Before(r.started.Truncate(time.Second))
+}
+
+// drainDeleted treats a deleted profile like a disabled one: its class
+// stays while claims name it, then goes, and only then does the profile.
+func (r *profileReconciler) drainDeleted(ctx context.Context, p *gpuaas.GpuProfile) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(p, gpuaas.DrainFinalizer) {
+		return reconcile.Result{}, nil
+	}
+	have, err := r.getClass(ctx, p.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if have != nil && !ownedBy(have, p) {
+		have = nil // someone else's class: not ours to drain or delete
+	}
+	status := p.Status.DeepCopy()
+	ready, err := r.disable(ctx, p, have, status, "deleted")
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if ready.Reason == gpuaas.ReasonDraining {
+		meta.SetStatusCondition(&status.Conditions, ready)
+		return reconcile.Result{RequeueAfter: r.resync}, r.updateStatus(ctx, p, status)
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	controllerutil.RemoveFinalizer(p, gpuaas.DrainFinalizer)
+	if err := r.client.Patch(ctx, p, patch); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, fmt.Errorf("removing finalizer of GpuProfile %s: %w", p.Name, err)
+	}
+	klog.FromContext(ctx).Info("Deleted GpuProfile drained", "profile", p.Name)
+	return reconcile.Result{}, nil
 }
 
 func (r *profileReconciler) getClass(ctx context.Context, name string) (*resourceapi.DeviceClass, error) {
@@ -190,11 +250,12 @@ func without(m map[string]string, keys ...string) map[string]string {
 	return out
 }
 
-// disable removes the class of a disabled profile once no claim names it;
-// until then pending claims can still be allocated.
-func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, have *resourceapi.DeviceClass, status *gpuaas.GpuProfileStatus) (metav1.Condition, error) {
+// disable removes the class of a disabled (or deleted: why) profile once
+// no claim names it; until then pending claims can still be allocated.
+func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, have *resourceapi.DeviceClass,
+	status *gpuaas.GpuProfileStatus, why string) (metav1.Condition, error) {
 	if have == nil {
-		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile disabled; it has no DeviceClass"), nil
+		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile "+why+"; it has no DeviceClass"), nil
 	}
 	var claims resourceapi.ResourceClaimList
 	if err := r.client.List(ctx, &claims, client.MatchingFields{indexClaimClasses: p.Name}); err != nil {
@@ -202,15 +263,15 @@ func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, h
 	}
 	if n := len(claims.Items); n > 0 {
 		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDraining, fmt.Sprintf(
-			"profile disabled; DeviceClass %q stays until its %d ResourceClaim(s) are gone (e.g. %s/%s)",
-			p.Name, n, claims.Items[0].Namespace, claims.Items[0].Name)), nil
+			"profile %s; DeviceClass %q stays until its %d ResourceClaim(s) are gone (e.g. %s/%s)",
+			why, p.Name, n, claims.Items[0].Namespace, claims.Items[0].Name)), nil
 	}
 	if err := r.client.Delete(ctx, have, client.Preconditions{UID: &have.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return metav1.Condition{}, fmt.Errorf("deleting DeviceClass %s: %w", p.Name, err)
 	}
-	klog.FromContext(ctx).Info("Deleted DeviceClass of disabled profile", "deviceClass", p.Name)
+	klog.FromContext(ctx).Info("Deleted DeviceClass of "+why+" profile", "deviceClass", p.Name)
 	status.DeviceClassName = ""
-	return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile disabled; its DeviceClass was removed"), nil
+	return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile "+why+"; its DeviceClass was removed"), nil
 }
 
 func (r *profileReconciler) updateStatus(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) error {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -19,7 +20,7 @@ import (
 
 func reconcileProfile(t *testing.T, c client.Client, name string) *gpuaas.GpuProfile {
 	t.Helper()
-	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute}
+	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute, started: time.Now()}
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -251,5 +252,80 @@ func TestQuotaWatchesIgnoreStatusWrites(t *testing.T) {
 	}
 	if !namespaceTenancyChanged.Update(event.UpdateEvent{ObjectOld: nsOld, ObjectNew: relabelled}) {
 		t.Error("a namespace's new labels do not requeue the quotas")
+	}
+}
+
+// Issue 12 item 12: deleting a GpuProfile garbage-collected its class at
+// once (owner reference), stranding pending claims; disabling drained it.
+// Deletion now drains the same way: the finalizer holds the profile, the
+// class stays while a claim names it, then both go.
+func TestProfileReconcilerDeleteDrains(t *testing.T) {
+	c := newFakeClient(t, append(world(t), claim("a", "user", "h100", 1))...)
+	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute, started: time.Now()}
+	reconcileWith(t, r, "h100")
+	var p gpuaas.GpuProfile
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if !controllerutil.ContainsFinalizer(&p, gpuaas.DrainFinalizer) {
+		t.Fatal("no drain finalizer on the profile")
+	}
+	if err := c.Delete(ctx(t), &p); err != nil {
+		t.Fatal(err)
+	}
+	reconcileWith(t, r, "h100")
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatalf("profile gone while a claim names its class: %v", err)
+	}
+	if _, reason, msg := readyCondition(t, &p); reason != gpuaas.ReasonDraining || !strings.Contains(msg, "profile deleted") {
+		t.Fatalf("Ready %s %q, want Draining", reason, msg)
+	}
+	if getClass(t, c, "h100") == nil {
+		t.Fatal("class removed while a claim uses it")
+	}
+	if err := c.Delete(ctx(t), claim("a", "user", "h100", 1)); err != nil {
+		t.Fatal(err)
+	}
+	reconcileWith(t, r, "h100")
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); !apierrors.IsNotFound(err) {
+		t.Fatalf("drained profile still there: %v", err)
+	}
+	if getClass(t, c, "h100") != nil {
+		t.Fatal("class of the drained profile still there")
+	}
+}
+
+// The chart's uninstall hook releases every profile: the finalizer goes,
+// and the controller that still runs until helm deletes it does not add it
+// back; a controller started later (a reinstall) does.
+func TestReleasedProfileGetsNoFinalizerUntilTheNextController(t *testing.T) {
+	c := newFakeClient(t, world(t)...)
+	running := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute, started: time.Now().Add(-time.Hour)}
+	reconcileWith(t, running, "h100")
+	if n, err := releaseFinalizers(ctx(t), c, time.Now()); err != nil || n != 2 {
+		t.Fatalf("released %d profiles: %v", n, err)
+	}
+	reconcileWith(t, running, "h100")
+	var p gpuaas.GpuProfile
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if controllerutil.ContainsFinalizer(&p, gpuaas.DrainFinalizer) {
+		t.Fatal("the running controller added the finalizer back after the release")
+	}
+	next := &profileReconciler{client: c, acct: running.acct, resync: time.Minute, started: time.Now().Add(time.Hour)}
+	reconcileWith(t, next, "h100")
+	if err := c.Get(ctx(t), types.NamespacedName{Name: "h100"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if !controllerutil.ContainsFinalizer(&p, gpuaas.DrainFinalizer) || p.Annotations[gpuaas.ReleasedAnnotation] != "" {
+		t.Fatalf("a later controller did not take the profile back: finalizers %v, annotations %v", p.Finalizers, p.Annotations)
+	}
+}
+
+func reconcileWith(t *testing.T, r *profileReconciler, name string) {
+	t.Helper()
+	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
 	}
 }

@@ -195,7 +195,7 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) erro
 		Watches(&resourceapi.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&resourceapi.ResourceSlice{}, delayed(statusDelay, allOf(profileNames(c)))).
 		Watches(&resourceapi.ResourceClaim{}, delayed(statusDelay, claimProfiles)).
-		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync})
+		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync, started: time.Now()})
 	if err != nil {
 		return fmt.Errorf("setting up GpuProfile controller: %w", err)
 	}

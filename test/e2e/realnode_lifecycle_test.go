@@ -10,7 +10,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
@@ -220,4 +222,17 @@ func testReinstall(t *testing.T, n *realNode) {
 		}
 	}
 	helmOnCluster(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m")
+	// The controller's drain finalizer must not outlive it: the uninstall
+	// hook releases the profile, so helm's delete removes it and its class.
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, perr := cp.Dynamic.Resource(gpuProfileGVR).Get(ctx, "reinstalled-gpu", metav1.GetOptions{})
+		_, cerr := cp.Client.ResourceV1().DeviceClasses().Get(ctx, "reinstalled-gpu", metav1.GetOptions{})
+		return apierrors.IsNotFound(perr) && apierrors.IsNotFound(cerr), nil
+	})
+	if err != nil {
+		p, _ := cp.Dynamic.Resource(gpuProfileGVR).Get(ctx, "reinstalled-gpu", metav1.GetOptions{})
+		t.Errorf("GpuProfile reinstalled-gpu or its DeviceClass left after helm uninstall: %v (finalizers %v)", err, p.GetFinalizers())
+	}
 }
+
+var gpuProfileGVR = schema.GroupVersionResource{Group: "gpuaas.io", Version: "v1alpha1", Resource: "gpuprofiles"}

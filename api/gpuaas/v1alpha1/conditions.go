@@ -41,4 +41,14 @@ const (
 	// once quota frees up: the update makes the kube-controller-manager
 	// retry creating the claim at once instead of after its back-off.
 	QuotaRetryAnnotation = "gpuaas.io/quota-retry"
+	// DrainFinalizer on a GpuProfile holds its deletion until no claim
+	// names its DeviceClass, as disabling it does: without it the class
+	// was garbage-collected at once and stranded pending claims.
+	DrainFinalizer = "gpuaas.io/drain-device-class"
+	// ReleasedAnnotation (an RFC 3339 time) on a GpuProfile says the
+	// chart's uninstall hook removed DrainFinalizer at that time: a
+	// controller that started earlier must not add it back, or the
+	// uninstall would leave the profile stuck with no controller to drain
+	// it.
+	ReleasedAnnotation = "gpuaas.io/finalizer-released"
 )
