@@ -8,6 +8,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -128,6 +129,18 @@ func (h *profileWebhook) Handle(ctx context.Context, req admission.Request) admi
 	var p gpuaas.GpuProfile
 	if err := h.decoder.Decode(req, &p); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding GpuProfile: %w", err))
+	}
+	if req.Operation == admissionv1.Update {
+		// Only the spec is validated: an invalid profile stored while no
+		// webhook ran must still take the controller's finalizer and
+		// labels, or it could never be drained.
+		var old gpuaas.GpuProfile
+		if err := h.decoder.DecodeRaw(req.OldObject, &old); err != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old GpuProfile: %w", err))
+		}
+		if equality.Semantic.DeepEqual(old.Spec, p.Spec) {
+			return admission.Allowed("")
+		}
 	}
 	migs, err := h.acct.PublishedMigProfiles(ctx)
 	if err != nil {

@@ -176,3 +176,28 @@ func TestProfileAndQuotaWebhooks(t *testing.T) {
 		t.Fatalf("overlapping quota: %+v warnings %q", resp.Result, resp.Warnings)
 	}
 }
+
+// An invalid profile stored while no webhook ran must still take the
+// controller's finalizer: the webhook refused every update of it, the
+// finalizer patch failed forever and the profile's status was never
+// written. Spec changes are still validated.
+func TestProfileWebhookValidatesOnlySpecChanges(t *testing.T) {
+	acct, _ := newAccountant(t, world(t)...)
+	s, _ := Scheme()
+	ph := &profileWebhook{acct: acct, decoder: admission.NewDecoder(s)}
+	stored := gpuProfile("bad", gpuaas.ProfileSelector{CEL: "device.nope"})
+	withFinalizer := stored.DeepCopy()
+	withFinalizer.Finalizers = []string{gpuaas.DrainFinalizer}
+	req := request(t, admissionv1.Update, "", "bad", withFinalizer)
+	req.OldObject = request(t, admissionv1.Update, "", "bad", stored).Object
+	if resp := ph.Handle(ctx(t), req); !resp.Allowed {
+		t.Fatalf("finalizer on an invalid profile refused: %+v", resp.Result)
+	}
+	changed := withFinalizer.DeepCopy()
+	changed.Spec.Selector.CEL = "device.still.nope"
+	req = request(t, admissionv1.Update, "", "bad", changed)
+	req.OldObject = request(t, admissionv1.Update, "", "bad", stored).Object
+	if resp := ph.Handle(ctx(t), req); resp.Allowed {
+		t.Fatal("an invalid spec change was allowed")
+	}
+}
