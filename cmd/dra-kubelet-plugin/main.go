@@ -36,6 +36,7 @@ type flags struct {
 	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
 	hostDriverRoot                                     string
 	podUID, cdiHookPath, nodeConfig, bootIDPath        string
+	mockStateDir                                       string
 }
 
 func main() {
@@ -62,6 +63,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", os.Getenv("NVIDIA_HOST_DRIVER_ROOT"), "The driver root as the container runtime on the host sees it, when --driver-root is where this process sees it (the chart mounts a host install, /, at /host). CDI specs name host paths. Empty: the same as --driver-root. [$NVIDIA_HOST_DRIVER_ROOT]")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), "Host path of nvidia-cdi-hook, run by the container runtime to update the container's ldcache and symlinks; empty leaves NVIDIA's CDI hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]")
 	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
+	fs.StringVar(&f.mockStateDir, "mock-nvml-state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "With a mock NVML backend: directory where the simulated machine's state (MIG mode, MIG devices, compute mode) is kept, one file per machine, so that it outlives the plugin process as a real GPU's does (restarts, rolling updates; hack/mocknvml simulates a reboot). Empty keeps it in the process's memory. [$MOCK_NVML_STATE_DIR]")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
@@ -83,7 +85,9 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	lib, err := nvdev.Open(nvdev.Options{Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName})
+	lib, err := nvdev.Open(nvdev.Options{
+		Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName, MockStateDir: f.mockStateDir,
+	})
 	if err != nil {
 		return fmt.Errorf("opening NVML: %w", err)
 	}

@@ -25,22 +25,39 @@ type Options struct {
 	DriverRoot string
 	// MockSeed makes mock GPU UUIDs stable across restarts (e.g. node name).
 	MockSeed string
+	// MockStateDir, for a mock backend, keeps the mock machine's state (MIG
+	// mode, GPU and compute instances, compute mode) in a file there, so it
+	// outlives the process as a real GPU's does (see MockStatePath and
+	// RebootMock). Empty keeps the machine in memory, gone with the process.
+	MockStateDir string
 }
 
 // Open starts the NVML session of the selected backend.
 func Open(opts Options) (Interface, error) {
 	if opts.Backend == "" || opts.Backend == BackendReal {
+		if opts.MockStateDir != "" {
+			return nil, fmt.Errorf("a mock NVML state directory (%s) needs a mock backend, not %q", opts.MockStateDir, BackendReal)
+		}
 		return openReal(opts.DriverRoot)
 	}
 	if machine, ok := strings.CutPrefix(opts.Backend, mockPrefix); ok {
-		lib, err := NewMock(machine, opts.MockSeed)
-		if err != nil {
-			return nil, err
-		}
-		return open(lib, mockTopology{})
+		return openMock(machine, opts)
 	}
 	return nil, fmt.Errorf("unknown NVML backend %q: want %q or %q+one of %v",
 		opts.Backend, BackendReal, mockPrefix, MockMachines())
+}
+
+func openMock(machine string, opts Options) (Interface, error) {
+	lib, err := NewMock(machine, opts.MockSeed)
+	if err != nil {
+		return nil, err
+	}
+	if opts.MockStateDir != "" {
+		if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
+			return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
+		}
+	}
+	return open(lib, mockTopology{})
 }
 
 // libraryCandidates are the places libnvidia-ml.so.1 lives in the common

@@ -39,6 +39,9 @@ type testEnv struct {
 	// machine is the mock machine's name; bootID a fake boot_id file.
 	machine string
 	bootID  string
+	// mockStateDir keeps the mock machine in a file when not empty, so that
+	// a new backend on it plays the restarted process (reopenMachine).
+	mockStateDir string
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
@@ -49,14 +52,22 @@ func newTestEnv(t testing.TB, machine string) *testEnv {
 // newTestEnvWith builds the env for a node configuration (GPU modes).
 func newTestEnvWith(t testing.TB, machine string, cfg *configapi.NodeConfig) *testEnv {
 	t.Helper()
-	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + machine, MockSeed: testNode})
+	return newTestEnvIn(t, machine, cfg, "")
+}
+
+// newTestEnvIn is newTestEnvWith on a mock machine kept in mockStateDir;
+// empty keeps it in memory.
+func newTestEnvIn(t testing.TB, machine string, cfg *configapi.NodeConfig, mockStateDir string) *testEnv {
+	t.Helper()
+	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + machine, MockSeed: testNode, MockStateDir: mockStateDir})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	_, ctx := ktesting.NewTestContext(t)
 	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"),
-		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx, machine: machine, bootID: filepath.Join(dir, "boot_id")}
+		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx, machine: machine, bootID: filepath.Join(dir, "boot_id"),
+		mockStateDir: mockStateDir}
 	if err := os.WriteFile(e.bootID, []byte("boot-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
