@@ -73,11 +73,12 @@ demo: k8s-bins
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/...
 
-## generate: deepcopy and CRD manifests (config/crd) from api/gpuaas
+## generate: deepcopy, CRD manifests (config/crd) and the chart's catalog schema from api/gpuaas
 generate:
 	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) \
 		object paths=./api/gpuaas/... crd paths=./api/gpuaas/... output:crd:artifacts:config=config/crd
 	cp config/crd/*.yaml deployments/helm/gpuaas-dra/crds/
+	$(GO) run ./hack/chartschema
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

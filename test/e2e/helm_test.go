@@ -310,6 +310,19 @@ kubeletPlugin:
 image:
   pullPolicy: Sometimes
 `, "pullPolicy"},
+		// Issue 12 item 14: catalog entries were untyped; the API server
+		// pruned the misspelled field and the profile matched every GPU.
+		"misspelled GpuProfile field": {`
+gpuProfiles:
+  typo:
+    selector: {typ: gpu}
+`, "'typ' not allowed"},
+		"misspelled TenantQuota limit": {`
+tenantQuotas:
+  team:
+    namespaces: [a]
+    limits: {gpuUnit: 2}
+`, "'gpuUnit' not allowed"},
 		"two modes on one GPU": {`
 kubeletPlugin:
   nodeConfig:
