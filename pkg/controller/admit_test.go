@@ -108,6 +108,16 @@ func TestAdmit(t *testing.T) {
 			reason: []string{`TenantQuota "broken" is invalid`, "spec.limits.gpuUnits", "must not be negative"},
 		},
 		{
+			// Issue 12 item 9: device limits applied to the class
+			// requested, so a generic class handed out an H100 anyway.
+			name: "a device limit holds whatever class the device comes through",
+			objs: []client.Object{ns("a", nil), genericClass(),
+				tenantQuota("no-h100", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
+					Limits: gpuaas.QuotaLimits{GpuUnits: qty("8"), Devices: map[string]int64{"h100": 0}}})},
+			claim:  claim("a", "sneaky", "any-gpu", 1),
+			reason: []string{`devices of profile "h100"`, "limit 0"},
+		},
+		{
 			name: "borrowing from an idle cohort peer",
 			objs: []client.Object{ns("a", nil), ns("b", nil),
 				tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
@@ -266,4 +276,12 @@ func nicClass() *resourceapi.DeviceClass {
 	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic.example.com"},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "nic.example.com"`}}}}}
+}
+
+// genericClass selects every device of the driver, as a catch-all class
+// an admin might add beside the catalog.
+func genericClass() *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "any-gpu"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "gpu.gpuaas.io"`}}}}}
 }

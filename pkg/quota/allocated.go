@@ -48,7 +48,7 @@ func (p *Pricer) resultCharge(ctx context.Context, claim *resourceapi.ResourceCl
 		// flight): charge one device at the request's worst case.
 		return p.priceOf(ctx, class, sel, capReq).device
 	}
-	devices := map[string]int64{class: 1}
+	devices := p.devicesOf(ctx, d, class)
 	if ptr.Deref(d.Basic.AllowMultipleAllocations, false) {
 		mem, ok := memoryOf(res.ConsumedCapacity, p.inv.Driver())
 		if !ok {

@@ -2,6 +2,8 @@ package quota
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -26,8 +28,9 @@ type Pricer struct {
 	classes  map[string]*resourceapi.DeviceClass
 	profiles map[string]bool
 
-	mu   sync.Mutex
-	memo map[string]*price
+	mu         sync.Mutex
+	memo       map[string]*price
+	profilesOf map[DeviceID][]string // see deviceProfiles
 }
 
 // price is what one request shape (class, selectors, capacity) costs.
@@ -43,7 +46,7 @@ type price struct {
 // profiles the names of GpuProfiles, whose classes are ours even before
 // they exist or match a device.
 func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, profiles map[string]bool) *Pricer {
-	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[string]*price{}}
+	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[string]*price{}, profilesOf: map[DeviceID][]string{}}
 }
 
 // Inventory is the device snapshot the pricer uses.
@@ -215,11 +218,45 @@ func (p *Pricer) deviceCharge(ctx context.Context, d *Device, class string, expr
 	if !ok {
 		return Charge{}, false
 	}
-	devices := map[string]int64{class: 1}
+	devices := p.devicesOf(ctx, d, class)
 	if ptr.Deref(d.Basic.AllowMultipleAllocations, false) {
 		return Charge{Units: shareUnits(mem, d.Memory), Memory: mem, Devices: devices}, true
 	}
 	return Charge{Units: d.Units, Memory: d.Memory, Devices: devices}, true
+}
+
+// devicesOf is the device count one allocation of d charges: one of the
+// class requested and one of every GpuProfile d belongs to. Device limits
+// are per profile, so they hold whatever class the device came through: a
+// tenant with h100: 0 got an H100 through a generic class when only the
+// class requested was counted.
+func (p *Pricer) devicesOf(ctx context.Context, d *Device, class string) map[string]int64 {
+	devices := map[string]int64{class: 1}
+	for _, profile := range p.deviceProfiles(ctx, d) {
+		devices[profile] = 1
+	}
+	return devices
+}
+
+// deviceProfiles are the GpuProfiles whose class selects d, worked out
+// once per device and pricer.
+func (p *Pricer) deviceProfiles(ctx context.Context, d *Device) []string {
+	p.mu.Lock()
+	known, ok := p.profilesOf[d.ID]
+	p.mu.Unlock()
+	if ok {
+		return known
+	}
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(p.profiles)) {
+		if p.classes[name] != nil && Matches(ctx, d, p.selectors(name, nil)) {
+			out = append(out, name)
+		}
+	}
+	p.mu.Lock()
+	p.profilesOf[d.ID] = out
+	p.mu.Unlock()
+	return out
 }
 
 // Matches evaluates DRA CEL selector expressions against a device with the

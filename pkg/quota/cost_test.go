@@ -142,14 +142,16 @@ func TestClaimCost(t *testing.T) {
 			want: charge(NewUnits(3, 7), gi(30), map[string]int64{"mig-1g": 3}),
 		},
 		{
-			name: "any MIG device: the most expensive (3g) is charged",
+			// Each device can be a 1g or a 3g: both profiles' device limits
+			// are charged (issue 12 item 9: only the class requested was).
+			name: "any MIG device: the most expensive (3g) is charged, against every profile it can be",
 			spec: claimSpec(exact("mig", "mig-any", 2)),
-			want: charge(NewUnits(6, 7), gi(80), map[string]int64{"mig-any": 2}),
+			want: charge(NewUnits(6, 7), gi(80), map[string]int64{"mig-any": 2, "mig-1g": 2, "mig-3g": 2}),
 		},
 		{
 			name: "request selector narrows the class to 1g",
 			spec: claimSpec(exact("mig", "mig-any", 1, withSelector(profileIs("1g.10gb")))),
-			want: charge(NewUnits(1, 7), gi(10), map[string]int64{"mig-any": 1}),
+			want: charge(NewUnits(1, 7), gi(10), map[string]int64{"mig-any": 1, "mig-1g": 1}),
 		},
 		{
 			name: "time-slice replica",
@@ -186,7 +188,7 @@ func TestClaimCost(t *testing.T) {
 			spec: claimSpec(exact("all", "any", 0, allMode)),
 			// 1 + 3x1/7 + 3/7 + 4x1/4 + shared 10/80
 			want: charge(NewUnits(1, 1).Add(NewUnits(6, 7)).Add(WholeUnits(1)).Add(NewUnits(1, 8)),
-				gi(80+30+40+80+10), map[string]int64{"any": 10}),
+				gi(80+30+40+80+10), map[string]int64{"any": 10, "h100": 2, "mig-1g": 3, "mig-3g": 1}),
 		},
 		{
 			name: "admin access is never charged",
@@ -264,9 +266,9 @@ func TestAllocatedCost(t *testing.T) {
 		want  Charge
 	}{
 		{
-			name:  "the MIG slice it got, not the class's worst case",
+			name:  "the MIG slice it got, not the class's worst case, and the profile it is",
 			claim: allocated(claimSpec(exact("mig", "mig-any", 1)), result("mig", "node-b", "gpu-1-mig-1g.10gb")),
-			want:  charge(NewUnits(1, 7), gi(10), map[string]int64{"mig-any": 1}),
+			want:  charge(NewUnits(1, 7), gi(10), map[string]int64{"mig-any": 1, "mig-1g": 1}),
 		},
 		{
 			name:  "whole GPU",
@@ -292,7 +294,7 @@ func TestAllocatedCost(t *testing.T) {
 		{
 			name:  "device no longer published: the request's worst case",
 			claim: allocated(claimSpec(exact("mig", "mig-any", 1)), result("mig", "node-gone", "gpu-9-mig")),
-			want:  charge(NewUnits(3, 7), gi(40), map[string]int64{"mig-any": 1}),
+			want:  charge(NewUnits(3, 7), gi(40), map[string]int64{"mig-any": 1, "mig-1g": 1, "mig-3g": 1}),
 		},
 	}
 	p := testPricer()
