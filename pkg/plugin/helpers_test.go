@@ -42,6 +42,8 @@ type testEnv struct {
 	// mockStateDir keeps the mock machine in a file when not empty, so that
 	// a new backend on it plays the restarted process (reopenMachine).
 	mockStateDir string
+	// wrapCDI, when set, wraps each new State's CDI writer (fault hooks).
+	wrapCDI func(CDIWriter) CDIWriter
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
@@ -97,7 +99,11 @@ func (e *testEnv) newState(t testing.TB) *State {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: handler, Store: store,
+	var writer CDIWriter = handler
+	if e.wrapCDI != nil {
+		writer = e.wrapCDI(handler)
+	}
+	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: writer, Store: store,
 		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing), BootIDPath: e.bootID})
 }
 
