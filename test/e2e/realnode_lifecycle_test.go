@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,6 +194,39 @@ func testUninstall(t *testing.T, n *realNode) {
 	if len(specs) > 0 {
 		t.Errorf("CDI specs left behind: %v", specs)
 	}
+	// Every claim is gone, so no MIG device may be left on the simulated
+	// GPUs, whose state outlived every plugin pod of the release (the
+	// node configuration has no static MIG).
+	if left := mockMIGDevices(t, n); left > 0 {
+		t.Errorf("%d MIG devices left on the GPUs after every claim was unprepared", left)
+	}
+}
+
+// mockMIGDevices counts the GPU instances in the simulated machine's state
+// file, which the chart keeps in the plugin's host directory.
+func mockMIGDevices(t *testing.T, n *realNode) int {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml", "mock-*.json"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("want one mock machine state file under the plugin's directory, found %v (%v)", files, err)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state struct {
+		GPUs []struct {
+			GPUInstances []json.RawMessage `json:"gpuInstances"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(data, &state); err != nil {
+		t.Fatalf("mock machine state %s: %v", files[0], err)
+	}
+	count := 0
+	for _, g := range state.GPUs {
+		count += len(g.GPUInstances)
+	}
+	return count
 }
 
 // testReinstall installs the release again after the uninstall: nothing
