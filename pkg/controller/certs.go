@@ -8,13 +8,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,8 +26,6 @@ import (
 const (
 	caValidity      = 10 * 365 * 24 * time.Hour
 	servingValidity = 365 * 24 * time.Hour
-	// renewBefore: a certificate expiring sooner is replaced at start.
-	renewBefore = 30 * 24 * time.Hour
 
 	certFile = "tls.crt"
 	keyFile  = "tls.key"
@@ -105,40 +101,6 @@ func firstOf(lists ...[]string) string {
 		}
 	}
 	return "gpuaas-dra-controller"
-}
-
-// usable reports whether the bundle serves these names for at least
-// renewBefore more, and its certificate chains to its CA.
-func (b *certBundle) usable(dns, ips []string, now time.Time) error {
-	block, _ := pem.Decode(b.Cert)
-	if block == nil {
-		return errors.New("no serving certificate")
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return fmt.Errorf("parsing serving certificate: %w", err)
-	}
-	if now.Add(renewBefore).After(cert.NotAfter) {
-		return fmt.Errorf("serving certificate expires %s", cert.NotAfter.Format(time.RFC3339))
-	}
-	for _, name := range dns {
-		if !slices.Contains(cert.DNSNames, name) {
-			return fmt.Errorf("serving certificate lacks DNS name %s", name)
-		}
-	}
-	for _, ip := range ips {
-		if !slices.ContainsFunc(cert.IPAddresses, func(a net.IP) bool { return a.Equal(net.ParseIP(ip)) }) {
-			return fmt.Errorf("serving certificate lacks IP %s", ip)
-		}
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b.CA) {
-		return errors.New("no CA certificate")
-	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now}); err != nil {
-		return fmt.Errorf("serving certificate does not chain to the CA: %w", err)
-	}
-	return nil
 }
 
 // write puts tls.crt, tls.key (and ca.crt) into dir, each atomically, so
