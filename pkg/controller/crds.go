@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -97,14 +97,7 @@ func appendProperties(out []string, prefix string, schema map[string]any) []stri
 	return out
 }
 
-// unknownFields are the paths of live that want lacks.
+// unknownFields are the paths of live that want lacks, sorted.
 func unknownFields(live, want []string) []string {
-	var extra []string
-	for _, f := range live {
-		if !slices.Contains(want, f) {
-			extra = append(extra, f)
-		}
-	}
-	slices.Sort(extra)
-	return extra
+	return sets.List(sets.New(live...).Difference(sets.New(want...)))
 }
