@@ -17,6 +17,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
@@ -101,11 +102,15 @@ func run(ctx context.Context, f flags) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	monitor := healthMonitor(nodeCfg.Health, lib, reg)
+	if monitor != nil {
+		go monitor.Run(ctx)
+	}
 	driver, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
 		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath,
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
-		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg),
+		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor,
 	})
 	if err != nil {
 		return err
@@ -177,4 +182,24 @@ func readNodeConfig(path string) (*configapi.NodeConfig, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// healthMonitor builds the GPU health monitor the node configuration asks
+// for; nil when it is disabled.
+func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometheus.Registerer) *health.Monitor {
+	if cfg == nil {
+		cfg = &configapi.HealthConfig{}
+	}
+	if cfg.Disabled {
+		return nil
+	}
+	var mc health.Config
+	if cfg.ProbeInterval != nil {
+		mc.ProbeInterval = cfg.ProbeInterval.Duration
+	}
+	if cfg.XIDQuietPeriod != nil {
+		mc.QuietPeriod = cfg.XIDQuietPeriod.Duration
+	}
+	mc.NoExecute = cfg.NoExecute
+	return health.New(lib, mc, health.NewMetrics(reg))
 }

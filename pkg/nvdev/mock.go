@@ -5,8 +5,10 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
@@ -53,6 +55,7 @@ func NewMock(machine, seed string) (*server.Server, error) {
 		return nil, fmt.Errorf("unknown mock machine %q, want one of %v", machine, MockMachines())
 	}
 	s := newServer()
+	s.EventSetCreateFunc = quietEventSet
 	for _, d := range s.Devices {
 		completeMockDevice(d.(*server.Device), machine, seed)
 	}
@@ -81,6 +84,41 @@ func completeMockDevice(d *server.Device, machine, seed string) {
 		}, nvml.SUCCESS
 	}
 	completeComputeMode(d)
+	completeEvents(d)
+	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+		d.RLock()
+		defer d.RUnlock()
+		for gi := range d.GpuInstances {
+			if int(gi.Info.Id) == id {
+				return gi, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+}
+
+// mockEventTypes are the NVML events a mock GPU supports, as a data-center
+// GPU does.
+const mockEventTypes = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
+
+// completeEvents lets the health monitor register on a mock GPU as on a
+// real one. On a machine kept in memory nothing can inject faults, so its
+// event sets never deliver; a persistent machine replaces these with sets
+// that deliver what mocknvml injects (mockfaults.go).
+func completeEvents(d *server.Device) {
+	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return mockEventTypes, nvml.SUCCESS }
+	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+}
+
+// quietEventSet is an event set on which nothing ever happens.
+func quietEventSet() (nvml.EventSet, nvml.Return) {
+	return &mock.EventSet{
+		WaitFunc: func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+			time.Sleep(time.Duration(timeoutMs) * time.Millisecond)
+			return nvml.EventData{}, nvml.ERROR_TIMEOUT
+		},
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+	}, nvml.SUCCESS
 }
 
 // completeComputeMode keeps the compute mode the plugin sets for MPS, as

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
@@ -44,6 +45,10 @@ type Options struct {
 	// BootIDPath is where the node's boot ID is read (a simulated node
 	// fakes its reboots there); empty means DefaultBootIDPath.
 	BootIDPath string
+	// Health watches the GPUs; its faults become device taints and the
+	// kubelet's device health. Nil: no health monitoring (the kubelet is
+	// told so).
+	Health *health.Monitor
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -64,6 +69,11 @@ type Driver struct {
 	// withdrawn: dynamic MIG is no longer offered, because the cluster
 	// drops the counters that keep its devices apart.
 	withdrawn bool
+
+	health *health.Monitor
+	// healthChanged is closed (and replaced) when the faults change, which
+	// wakes every health stream at once.
+	healthChanged chan struct{}
 }
 
 // publisher is what Driver needs of the kubelet plugin helper to publish
@@ -91,9 +101,13 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
-	d.state = NewState(StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
+	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
-		BootIDPath: opts.BootIDPath})
+		BootIDPath: opts.BootIDPath}
+	if opts.Health != nil {
+		stateCfg.Faults = opts.Health
+	}
+	d.state = NewState(stateCfg)
 	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
@@ -106,6 +120,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	// Counted before publishing: from then on HandleError may change d.inv.
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
 	d.pub = d.helper
+	d.watchHealth(ctx, opts.Health)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
 		return nil, err
@@ -122,7 +137,7 @@ func (d *Driver) publish(ctx context.Context) error {
 }
 
 func (d *Driver) publishLocked(ctx context.Context) error {
-	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, d.inv)); err != nil {
+	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, d.inv.withFaults(d.faults()))); err != nil {
 		return fmt.Errorf("publishing devices: %w", err)
 	}
 	d.metrics.setPublished(d.inv.Devices)
@@ -230,10 +245,4 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		msg = "Non-recoverable error (check the cluster's Kubernetes version and feature gates): " + msg
 	}
 	utilruntime.HandleErrorWithContext(ctx, err, msg)
-}
-
-// WatchHealthStatus implements kubeletplugin.DRAPlugin; device health is not
-// reported yet.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
 }

@@ -100,7 +100,12 @@ func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
 		if d.CreatedMIG == nil && d.MIGIntent == nil {
 			continue
 		}
-		if err := s.destroyMIG(d); err != nil {
+		scope := cleanupScope(d)
+		err := s.destroyMIG(d)
+		// Until a retry succeeds the placement is tainted, so that no other
+		// claim is given a device that cannot be made.
+		s.faults.SetCleanupBlocked(ctx, d.GPUUUID, scope, err)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}

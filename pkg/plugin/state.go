@@ -51,6 +51,8 @@ type StateConfig struct {
 	// BootIDPath is where the ID of the node's current boot is read;
 	// empty means DefaultBootIDPath.
 	BootIDPath string
+	// Faults is told of devices whose teardown failed; nil records nothing.
+	Faults FaultRecorder
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
@@ -75,6 +77,7 @@ type State struct {
 	index    *claimIndex
 	inflight *inflight
 	sharing  *Sharing
+	faults   FaultRecorder
 	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
 	// owned at Restore, by GPU UUID; withhold reads them before serving.
 	unowned map[string][]mig.GPUInstance
@@ -103,6 +106,10 @@ func NewState(cfg StateConfig) *State {
 		index:    newClaimIndex(),
 		inflight: newInflight(),
 		sharing:  cmp.Or(cfg.Sharing, NewSharing(SharingOptions{})),
+		faults:   cfg.Faults,
+	}
+	if s.faults == nil {
+		s.faults = noFaults{}
 	}
 	s.bootID, s.bootIDErr = readBootID(cmp.Or(cfg.BootIDPath, DefaultBootIDPath))
 	return s

@@ -58,6 +58,8 @@ type NodeConfig struct {
 	Default GpuMode `json:"default,omitempty"`
 	// GPUs override Default; the first entry that selects a GPU wins.
 	GPUs []GpuModeSelector `json:"gpus,omitempty"`
+	// Health tunes the GPU health monitor; nil uses its defaults.
+	Health *HealthConfig `json:"health,omitempty"`
 }
 
 // DeepCopyObject implements runtime.Object.
@@ -67,6 +69,7 @@ func (c *NodeConfig) DeepCopyObject() runtime.Object {
 	}
 	out := *c
 	out.Default = c.Default.deepCopy()
+	out.Health = c.Health.deepCopy()
 	out.GPUs = make([]GpuModeSelector, len(c.GPUs))
 	for i, s := range c.GPUs {
 		s.Indexes = slices.Clone(s.Indexes)
@@ -102,6 +105,11 @@ func (c *NodeConfig) Validate() error {
 		}
 		if err := s.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("gpus[%d]: %w", i, err))
+		}
+	}
+	if c.Health != nil {
+		if err := c.Health.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("health: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,0 +1,67 @@
+package plugin
+
+import (
+	"context"
+	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+)
+
+// watchHealth subscribes the driver to the monitor's changes: each one
+// republishes the slices (taints) and wakes the kubelet's health streams.
+func (d *Driver) watchHealth(ctx context.Context, monitor *health.Monitor) {
+	if monitor == nil {
+		return
+	}
+	d.health = monitor
+	d.healthChanged = make(chan struct{})
+	monitor.OnChange(func() {
+		d.mu.Lock()
+		close(d.healthChanged)
+		d.healthChanged = make(chan struct{})
+		err := d.publishLocked(ctx)
+		d.mu.Unlock()
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Publishing device taints")
+		}
+	})
+}
+
+// faults are the monitor's current faults, none without a monitor.
+func (d *Driver) faults() []health.Fault {
+	if d.health == nil {
+		return nil
+	}
+	return d.health.Faults()
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: a report of every
+// published device now, then on every change of the faults, and at least
+// every healthResendInterval so that the kubelet never calls a device's
+// health unknown while the plugin runs.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	if d.health == nil {
+		return kubeletplugin.ErrHealthNotSupported
+	}
+	ticker := time.NewTicker(healthResendInterval)
+	defer ticker.Stop()
+	for {
+		d.mu.Lock()
+		report := healthReport(d.nodeName, d.inv.Devices, d.health.Faults(), time.Now())
+		changed := d.healthChanged
+		d.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-changed:
+		}
+	}
+}
