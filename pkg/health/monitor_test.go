@@ -128,7 +128,9 @@ func xid(dev nvml.Device, code uint64) nvml.EventData {
 		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 }
 
-func count(n int) func([]health.Fault) bool { return func(f []health.Fault) bool { return len(f) == n } }
+func count(n int) func([]health.Fault) bool {
+	return func(f []health.Fault) bool { return len(f) == n }
+}
 
 func TestCriticalXIDTaintsTheGPUUntilTheQuietPeriodPasses(t *testing.T) {
 	n := newFakeNode(t)
