@@ -1,13 +1,31 @@
 // Command mocknvml acts on the persistent mock machines that
 // dra-kubelet-plugin --nvml=mock:<machine> --mock-nvml-state-dir=DIR keeps
-// in DIR, from outside the plugin, as a node's owner acts on real GPUs.
+// in DIR, from outside the plugin, as a node's owner acts on real GPUs, or
+// as a real GPU fails.
 //
 //	mocknvml reboot --state-dir DIR [--boot-id-path FILE]
+//	mocknvml xid --state-dir DIR --gpu N|UUID --code C [--gi ID] [--ci ID]
+//	mocknvml ecc --state-dir DIR --gpu N|UUID
+//	mocknvml lost --state-dir DIR --gpu N|UUID
+//	mocknvml recover --state-dir DIR --gpu N|UUID
+//	mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml clear --state-dir DIR
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
 // gets a new boot ID, which it prints. Stop the plugin first, as a reboot
 // would, and start it again after.
+//
+// The others inject faults, which running plugins see at their next NVML
+// call (events within their next event wait); a GPU is named by index or
+// UUID. xid reports XID C on the GPU, or on the MIG device of GPU instance
+// --gi and compute instance --ci; ecc reports a double-bit ECC error. lost
+// makes the GPU fall off the bus (its probes fail, and XID 79 is
+// reported), recover brings it back. mig-destroy-fails makes destroying
+// the GPU's MIG instances fail as if a process still used them, until
+// --off. clear ends every lost and mig-destroy-fails fault.
+//
+// --state-dir defaults to $MOCK_NVML_STATE_DIR.
 package main
 
 import (
@@ -15,11 +33,31 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 )
 
-const usage = "usage: mocknvml reboot --state-dir DIR [--boot-id-path FILE]"
+const usage = `usage:
+  mocknvml reboot --state-dir DIR [--boot-id-path FILE]
+  mocknvml xid --state-dir DIR --gpu N|UUID --code C [--gi ID] [--ci ID]
+  mocknvml ecc --state-dir DIR --gpu N|UUID
+  mocknvml lost --state-dir DIR --gpu N|UUID
+  mocknvml recover --state-dir DIR --gpu N|UUID
+  mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
+  mocknvml clear --state-dir DIR
+--state-dir defaults to $MOCK_NVML_STATE_DIR`
+
+var commands = map[string]func(args []string) error{
+	"reboot":            reboot,
+	"xid":               xid,
+	"ecc":               ecc,
+	"lost":              func(args []string) error { return setLost("lost", args, true) },
+	"recover":           func(args []string) error { return setLost("recover", args, false) },
+	"mig-destroy-fails": migDestroyFails,
+	"clear":             clearFaults,
+}
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -29,22 +67,118 @@ func main() {
 }
 
 func run(args []string) error {
-	if len(args) == 0 || args[0] != "reboot" {
+	if len(args) == 0 {
 		return errors.New(usage)
 	}
-	fs := flag.NewFlagSet("reboot", flag.ContinueOnError)
-	stateDir := fs.String("state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "the plugin's --mock-nvml-state-dir [$MOCK_NVML_STATE_DIR]")
-	bootIDPath := fs.String("boot-id-path", os.Getenv("BOOT_ID_PATH"), "the plugin's --boot-id-path, given a new boot ID; empty: none written [$BOOT_ID_PATH]")
-	if err := fs.Parse(args[1:]); err != nil {
+	cmd, ok := commands[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+	}
+	return cmd(args[1:])
+}
+
+// command is one subcommand's flags, --state-dir always among them.
+type command struct {
+	fs       *flag.FlagSet
+	stateDir *string
+	gpu      *string
+}
+
+func newCommand(name string, withGPU bool) *command {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	c := &command{fs: fs, stateDir: fs.String("state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "the plugin's --mock-nvml-state-dir [$MOCK_NVML_STATE_DIR]")}
+	if withGPU {
+		c.gpu = fs.String("gpu", "", "the GPU, by index or UUID")
+	}
+	return c
+}
+
+// parse parses the flags and checks that the ones every use needs are set.
+func (c *command) parse(args []string) error {
+	if err := c.fs.Parse(args); err != nil {
 		return err
 	}
-	if *stateDir == "" || fs.NArg() != 0 {
-		return errors.New(usage)
+	switch {
+	case c.fs.NArg() != 0:
+		return fmt.Errorf("unexpected arguments %q\n%s", c.fs.Args(), usage)
+	case *c.stateDir == "":
+		return fmt.Errorf("%s needs --state-dir or $MOCK_NVML_STATE_DIR\n%s", c.fs.Name(), usage)
+	case c.gpu != nil && *c.gpu == "":
+		return fmt.Errorf("%s needs --gpu\n%s", c.fs.Name(), usage)
 	}
-	id, err := nvdev.RebootMock(*stateDir, *bootIDPath)
+	return nil
+}
+
+func reboot(args []string) error {
+	c := newCommand("reboot", false)
+	bootIDPath := c.fs.String("boot-id-path", os.Getenv("BOOT_ID_PATH"), "the plugin's --boot-id-path, given a new boot ID; empty: none written [$BOOT_ID_PATH]")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	id, err := nvdev.RebootMock(*c.stateDir, *bootIDPath)
 	if err != nil {
 		return err
 	}
 	fmt.Println(id)
 	return nil
+}
+
+func xid(args []string) error {
+	c := newCommand("xid", true)
+	code := c.fs.Uint64("code", 0, "the XID, e.g. 48 (double-bit ECC), 79 (fallen off the bus), 94 (contained ECC)")
+	gi, ci := nvdev.MockWholeGPU, nvdev.MockWholeGPU
+	c.fs.Func("gi", "the GPU instance ID of the MIG device it happened on (default: the whole GPU)", instanceID(&gi))
+	c.fs.Func("ci", "the compute instance ID of the MIG device it happened on (default: the whole GPU)", instanceID(&ci))
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *code == 0 {
+		return fmt.Errorf("xid needs --code, the XID to report\n%s", usage)
+	}
+	return nvdev.InjectMockEvent(*c.stateDir, *c.gpu, nvml.EventTypeXidCriticalError, *code, gi, ci)
+}
+
+// instanceID parses a GPU or compute instance ID into id.
+func instanceID(id *uint32) func(string) error {
+	return func(s string) error {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			return fmt.Errorf("want an instance ID: %w", err)
+		}
+		*id = uint32(n)
+		return nil
+	}
+}
+
+func ecc(args []string) error {
+	c := newCommand("ecc", true)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.InjectMockEvent(*c.stateDir, *c.gpu, nvml.EventTypeDoubleBitEccError, 0, nvdev.MockWholeGPU, nvdev.MockWholeGPU)
+}
+
+func setLost(name string, args []string, lost bool) error {
+	c := newCommand(name, true)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockGPULost(*c.stateDir, *c.gpu, lost)
+}
+
+func migDestroyFails(args []string) error {
+	c := newCommand("mig-destroy-fails", true)
+	off := c.fs.Bool("off", false, "let the GPU's MIG instances be destroyed again")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockMigDestroyFails(*c.stateDir, *c.gpu, !*off)
+}
+
+func clearFaults(args []string) error {
+	c := newCommand("clear", false)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.ClearMockFaults(*c.stateDir)
 }

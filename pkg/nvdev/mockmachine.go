@@ -35,6 +35,8 @@ type mockMachine struct {
 	gpus   []*mockGPU
 	// gis are the GPU instances in memory with their unwrapped functions.
 	gis map[*server.GpuInstance]*mockGI
+	// faults are what is injected from outside (mockfaults.go).
+	faults *mockFaults
 }
 
 // mockGPU is one mock device with the functions it had before wrapping:
@@ -59,7 +61,7 @@ func persistMock(s *server.Server, dir, machine, seed string) error {
 		return fmt.Errorf("creating mock NVML state directory: %w", err)
 	}
 	m := &mockMachine{machine: machine, seed: seed, path: MockStatePath(dir, machine),
-		gis: map[*server.GpuInstance]*mockGI{}}
+		gis: map[*server.GpuInstance]*mockGI{}, faults: newMockFaults(dir, machine)}
 	m.wrapServer(s)
 	m.mu.Lock()
 	defer m.mu.Unlock()

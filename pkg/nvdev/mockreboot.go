@@ -38,6 +38,11 @@ func RebootMock(stateDir, bootIDPath string) (string, error) {
 			return "", fmt.Errorf("rebooting mock machine %s: %w", p, err)
 		}
 	}
+	// A reboot resets every GPU: one that fell off the bus answers again,
+	// and a MIG teardown that was refused is moot.
+	if err := ClearMockFaults(stateDir); err != nil {
+		return "", fmt.Errorf("clearing injected faults: %w", err)
+	}
 	id := uuid.NewString()
 	if bootIDPath == "" {
 		return id, nil

@@ -30,6 +30,7 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 		m.shutdown()
 		return shutdown()
 	}
+	m.faults.wrapServer(s)
 }
 
 func (m *mockMachine) wrapDeviceChanges(g *mockGPU) {
@@ -134,6 +135,7 @@ func (m *mockMachine) adoptGI(gi *server.GpuInstance) *mockGI {
 		})
 	}
 	m.wrapGIReads(gi)
+	m.faults.guardDestroy(gi.Info.Device, &gi.DestroyFunc)
 	return g
 }
 
@@ -159,4 +161,5 @@ func (m *mockMachine) wrapGIReads(gi *server.GpuInstance) {
 func (m *mockMachine) adoptCI(ci *server.ComputeInstance) {
 	destroy := ci.DestroyFunc
 	ci.DestroyFunc = func() nvml.Return { return m.change(destroy) }
+	m.faults.guardDestroy(ci.Info.Device, &ci.DestroyFunc)
 }

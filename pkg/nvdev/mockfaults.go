@@ -1,0 +1,655 @@
+package nvdev
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"k8s.io/klog/v2"
+)
+
+// A persistent mock machine's GPUs fail when someone outside the plugin
+// says so (mocknvml xid, ecc, lost, mig-destroy-fails), the way a real
+// GPU fails whatever the plugin does. What is injected lives in a faults
+// file beside the state file, so that the health monitor meets the
+// failures through the same NVML calls as on a real node:
+//   - events (XIDs, ECC errors) go to an append-only log, numbered; an
+//     event set delivers those logged after its devices registered;
+//   - a lost GPU (fallen off the bus) answers GetMemoryInfo and
+//     GetTemperature with ERROR_GPU_IS_LOST, and losing it logs XID 79;
+//   - a GPU whose MIG instances cannot be destroyed (a process still holds
+//     them) answers Destroy with ERROR_IN_USE.
+//
+// The file is not part of the machine's state: a fault is not something
+// the plugin does, and keeping it apart lets an injection never wait for,
+// or race with, a plugin changing MIG devices.
+
+// mockFaultsVersion is bumped on any incompatible change of the file.
+const mockFaultsVersion = 1
+
+const (
+	// mockFaultsSuffix names the faults file; it does not start with
+	// mockStatePrefix, so it is never taken for a machine's state.
+	mockFaultsSuffix = ".faults.json"
+	// maxMockEvents bounds the log: a consumer further behind than that
+	// loses the oldest events, as NVML's own event queue overflows.
+	maxMockEvents = 256
+	// mockEventPoll is how often a waiting event set rereads the file.
+	mockEventPoll = 50 * time.Millisecond
+	// mockTemperatureC is what a healthy mock GPU's sensor reads.
+	mockTemperatureC = 40
+	// xidGPULost is the XID the driver reports for a GPU that has fallen
+	// off the bus.
+	xidGPULost = 79
+)
+
+// MockWholeGPU is the GPU and compute instance ID of an event that is not
+// scoped to a MIG device, as NVML reports it.
+const MockWholeGPU uint32 = 0xFFFFFFFF
+
+type mockFaultState struct {
+	Version int    `json:"version"`
+	Machine string `json:"machine"`
+	// LastSeq is the seq of the last event ever logged, kept apart from
+	// the log so that numbers are never reused when the log is trimmed.
+	LastSeq uint64                   `json:"lastSeq"`
+	Events  []mockEvent              `json:"events"`
+	GPUs    map[string]mockGPUFaults `json:"gpus,omitempty"`
+}
+
+type mockEvent struct {
+	Seq       uint64 `json:"seq"`
+	GPU       string `json:"gpu"`
+	EventType uint64 `json:"eventType"`
+	// Data is the XID for an XID event.
+	Data              uint64    `json:"data"`
+	GpuInstanceID     uint32    `json:"gpuInstanceID"`
+	ComputeInstanceID uint32    `json:"computeInstanceID"`
+	Time              time.Time `json:"time"`
+}
+
+// mockGPUFaults are a GPU's standing faults; a GPU with none has no entry.
+type mockGPUFaults struct {
+	Lost            bool `json:"lost,omitempty"`
+	MigDestroyFails bool `json:"migDestroyFails,omitempty"`
+}
+
+// MockFaultsPath is the faults file of a mock machine in a state directory.
+func MockFaultsPath(dir, machine string) string {
+	return filepath.Join(dir, machine+mockFaultsSuffix)
+}
+
+// InjectMockEvent logs an NVML event (nvml.EventTypeXidCriticalError with
+// the XID as data, nvml.EventTypeDoubleBitEccError, ...) on a GPU of the
+// persistent mock machine in dir, named by index or UUID. gi and ci scope
+// it to a MIG device; MockWholeGPU for both means the whole GPU. Event
+// sets of every process on the machine deliver it.
+func InjectMockEvent(dir, gpu string, eventType, data uint64, gi, ci uint32) error {
+	if eventType&(eventType-1) != 0 || eventType&mockEventTypes == 0 {
+		return fmt.Errorf("event type %#x is not one of the event types a mock GPU supports (%#x)", eventType, uint64(mockEventTypes))
+	}
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
+		st.log(mockEvent{GPU: ref.uuid, EventType: eventType, Data: data, GpuInstanceID: gi, ComputeInstanceID: ci})
+	})
+}
+
+// SetMockGPULost makes a GPU of the persistent mock machine in dir fall off
+// the bus (lost) or come back. Falling off logs XID 79, once, as the
+// driver reports it.
+func SetMockGPULost(dir, gpu string, lost bool) error {
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
+		st.setGPU(ref.uuid, func(g *mockGPUFaults) {
+			if lost && !g.Lost {
+				st.log(mockEvent{GPU: ref.uuid, EventType: nvml.EventTypeXidCriticalError, Data: xidGPULost,
+					GpuInstanceID: MockWholeGPU, ComputeInstanceID: MockWholeGPU})
+			}
+			g.Lost = lost
+		})
+	})
+}
+
+// SetMockMigDestroyFails makes the GPU and compute instances of a GPU of
+// the persistent mock machine in dir refuse to be destroyed, as when a
+// process still uses them, or lets them be destroyed again.
+func SetMockMigDestroyFails(dir, gpu string, fails bool) error {
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
+		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.MigDestroyFails = fails })
+	})
+}
+
+// ClearMockFaults ends every standing fault of the persistent mock machines
+// in dir. The event log stays, so event numbers keep increasing and no
+// event set delivers an event twice.
+func ClearMockFaults(dir string) error {
+	states, err := mockMachineStates(dir)
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if err := updateMockFaults(dir, st.Machine, func(f *mockFaultState) { f.GPUs = nil }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// log appends an event with the next seq, dropping the oldest beyond
+// maxMockEvents.
+func (st *mockFaultState) log(ev mockEvent) {
+	st.LastSeq++
+	ev.Seq, ev.Time = st.LastSeq, time.Now().UTC()
+	st.Events = append(st.Events, ev)
+	if extra := len(st.Events) - maxMockEvents; extra > 0 {
+		st.Events = st.Events[extra:]
+	}
+}
+
+// setGPU changes a GPU's standing faults, dropping the entry of a GPU left
+// with none so that the file lists only faulty GPUs.
+func (st *mockFaultState) setGPU(uuid string, change func(*mockGPUFaults)) {
+	g := st.GPUs[uuid]
+	change(&g)
+	if g == (mockGPUFaults{}) {
+		delete(st.GPUs, uuid)
+		return
+	}
+	if st.GPUs == nil {
+		st.GPUs = map[string]mockGPUFaults{}
+	}
+	st.GPUs[uuid] = g
+}
+
+// mockGPURef is a GPU named from outside the plugin.
+type mockGPURef struct{ machine, uuid string }
+
+// findMockGPU finds a GPU by index or UUID in the machines of a state
+// directory. An index needs a single machine there (the usual case: one
+// plugin, one machine); a UUID is unique across machines.
+func findMockGPU(dir, gpu string) (mockGPURef, error) {
+	states, err := mockMachineStates(dir)
+	if err != nil {
+		return mockGPURef{}, err
+	}
+	if i, err := strconv.Atoi(gpu); err == nil {
+		return gpuByIndex(dir, states, i)
+	}
+	for _, st := range states {
+		for _, g := range st.GPUs {
+			if g.UUID == gpu {
+				return mockGPURef{machine: st.Machine, uuid: g.UUID}, nil
+			}
+		}
+	}
+	return mockGPURef{}, fmt.Errorf("no GPU %q on the mock machines in %s: name one by index or by UUID (GPU-...)", gpu, dir)
+}
+
+func gpuByIndex(dir string, states []*mockState, i int) (mockGPURef, error) {
+	if len(states) != 1 {
+		return mockGPURef{}, fmt.Errorf("%s holds %d mock machines: name the GPU by UUID, not index", dir, len(states))
+	}
+	st := states[0]
+	if i < 0 || i >= len(st.GPUs) {
+		return mockGPURef{}, fmt.Errorf("no GPU %d on mock machine %s: it has GPUs 0 to %d", i, st.Machine, len(st.GPUs)-1)
+	}
+	return mockGPURef{machine: st.Machine, uuid: st.GPUs[i].UUID}, nil
+}
+
+// mockMachineStates reads the state of every persistent mock machine in
+// dir, without its lock: state files are only ever replaced whole.
+func mockMachineStates(dir string) ([]*mockState, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("mock NVML state directory: %w", err)
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, mockStatePrefix+"*"+mockStateSuffix))
+	if err != nil {
+		return nil, fmt.Errorf("listing mock machines in %s: %w", dir, err)
+	}
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("no mock machine in %s: it appears when a plugin first opens --nvml=mock:<machine> with --mock-nvml-state-dir=%s", dir, dir)
+	}
+	states := make([]*mockState, 0, len(paths))
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("reading mock machine state: %w", err)
+		}
+		st, err := decodeMockState(p, data)
+		if err != nil {
+			return nil, err
+		}
+		states = append(states, st)
+	}
+	return states, nil
+}
+
+// updateMockFaults changes a machine's faults file under its own lock,
+// writing it whole, so readers (which take no lock) never see half of it.
+func updateMockFaults(dir, machine string, change func(*mockFaultState)) error {
+	path := MockFaultsPath(dir, machine)
+	err := withStateLock(path, func() error {
+		if err := removeMockTemps(path); err != nil {
+			return err
+		}
+		st, err := readMockFaults(path, machine)
+		if err != nil {
+			return err
+		}
+		change(st)
+		data, err := encodeMockFaults(st)
+		if err != nil {
+			return err
+		}
+		f, err := writeFileAtomic(path, data)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("changing the faults of mock machine %s: %w", machine, err)
+	}
+	return nil
+}
+
+// readMockFaults reads a faults file; a machine never given a fault has
+// none yet.
+func readMockFaults(path, machine string) (*mockFaultState, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return newMockFaultState(machine), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading mock machine faults: %w", err)
+	}
+	return decodeMockFaults(path, machine, data)
+}
+
+func newMockFaultState(machine string) *mockFaultState {
+	return &mockFaultState{Version: mockFaultsVersion, Machine: machine, Events: []mockEvent{}}
+}
+
+func encodeMockFaults(st *mockFaultState) ([]byte, error) {
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding mock machine faults: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+func decodeMockFaults(path, machine string, data []byte) (*mockFaultState, error) {
+	var st mockFaultState
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return nil, fmt.Errorf("mock machine faults %s are damaged (delete the file to clear them): %w", path, err)
+	}
+	if st.Version != mockFaultsVersion {
+		return nil, fmt.Errorf("mock machine faults %s have version %d, want %d", path, st.Version, mockFaultsVersion)
+	}
+	if st.Machine != machine {
+		return nil, fmt.Errorf("mock machine faults %s are of machine %q, not %q", path, st.Machine, machine)
+	}
+	return &st, nil
+}
+
+// mockFaults is a persistent mock machine's view of its faults file in one
+// process: the file as last read, and the event sets made here.
+type mockFaults struct {
+	path, machine string
+
+	mu sync.Mutex // guards below; never held while taking a set's lock
+	// held is the file last read, kept open so that its inode is not
+	// reused and comparing it with the path tells reliably whether
+	// another process replaced it (as mockMachine does with its state).
+	held *os.File
+	st   *mockFaultState // what held holds; never changed, only replaced
+	sets map[*mock.EventSet]*mockEventSet
+}
+
+func newMockFaults(dir, machine string) *mockFaults {
+	return &mockFaults{path: MockFaultsPath(dir, machine), machine: machine, sets: map[*mock.EventSet]*mockEventSet{}}
+}
+
+func (f *mockFaults) report(err error) {
+	klog.Background().Error(err, "Persistent mock NVML machine faults", "machine", f.machine, "faults", f.path)
+}
+
+// current returns the faults as the file holds them now, reading it again
+// only if another process replaced it. The result must not be changed.
+func (f *mockFaults) current() (*mockFaultState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	onDisk, err := os.Stat(f.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		f.forgetLocked()
+		return newMockFaultState(f.machine), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checking mock machine faults: %w", err)
+	}
+	if f.held != nil {
+		held, err := f.held.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("checking mock machine faults: %w", err)
+		}
+		if os.SameFile(onDisk, held) {
+			return f.st, nil
+		}
+	}
+	return f.reloadLocked()
+}
+
+func (f *mockFaults) reloadLocked() (*mockFaultState, error) {
+	file, err := os.Open(f.path)
+	if err != nil {
+		return nil, fmt.Errorf("opening mock machine faults: %w", err)
+	}
+	data, err := io.ReadAll(file)
+	if err != nil {
+		_ = file.Close()
+		return nil, fmt.Errorf("reading mock machine faults: %w", err)
+	}
+	st, err := decodeMockFaults(f.path, f.machine, data)
+	if err != nil {
+		_ = file.Close()
+		return nil, err
+	}
+	f.forgetLocked()
+	f.held, f.st = file, st
+	return st, nil
+}
+
+func (f *mockFaults) forgetLocked() {
+	if f.held != nil {
+		_ = f.held.Close()
+	}
+	f.held, f.st = nil, nil
+}
+
+// gpuFaults returns a GPU's standing faults; false, after logging why, if
+// the file cannot be read, which the call then answers with ERROR_UNKNOWN.
+func (f *mockFaults) gpuFaults(uuid string) (mockGPUFaults, bool) {
+	st, err := f.current()
+	if err != nil {
+		f.report(err)
+		return mockGPUFaults{}, false
+	}
+	return st.GPUs[uuid], true
+}
+
+// reachable is what a call that needs the GPU itself answers before
+// doing its work.
+func (f *mockFaults) reachable(uuid string) nvml.Return {
+	g, ok := f.gpuFaults(uuid)
+	switch {
+	case !ok:
+		return nvml.ERROR_UNKNOWN
+	case g.Lost:
+		return nvml.ERROR_GPU_IS_LOST
+	}
+	return nvml.SUCCESS
+}
+
+// wrapServer makes the machine's events, probes and MIG teardown follow
+// the faults file. It wraps what mockMachine.wrapServer has wrapped.
+func (f *mockFaults) wrapServer(s *server.Server) {
+	s.EventSetCreateFunc = f.createEventSet
+	for _, dev := range s.Devices {
+		f.wrapDevice(dev.(*server.Device))
+	}
+	byUUID := s.DeviceGetHandleByUUIDFunc
+	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
+		d, ret := byUUID(id)
+		return f.guardMigHandle(d), ret
+	}
+	shutdown := s.ShutdownFunc
+	s.ShutdownFunc = func() nvml.Return {
+		f.mu.Lock()
+		f.forgetLocked()
+		f.mu.Unlock()
+		return shutdown()
+	}
+}
+
+func (f *mockFaults) wrapDevice(d *server.Device) {
+	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return mockEventTypes, nvml.SUCCESS }
+	d.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return { return f.register(d, types, set) }
+	getMem := d.GetMemoryInfoFunc
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if ret := f.reachable(d.UUID); ret != nvml.SUCCESS {
+			return nvml.Memory{}, ret
+		}
+		return getMem()
+	}
+	d.GetTemperatureFunc = func(sensor nvml.TemperatureSensors) (uint32, nvml.Return) {
+		if sensor != nvml.TEMPERATURE_GPU {
+			return 0, nvml.ERROR_INVALID_ARGUMENT
+		}
+		if ret := f.reachable(d.UUID); ret != nvml.SUCCESS {
+			return 0, ret
+		}
+		return mockTemperatureC, nvml.SUCCESS
+	}
+	migByIndex := d.GetMigDeviceHandleByIndexFunc
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		m, ret := migByIndex(i)
+		return f.guardMigHandle(m), ret
+	}
+}
+
+// guardMigHandle makes a MIG device handle's memory probe fail while its
+// GPU is lost: the MIG device is on the GPU that fell off the bus. Whole
+// GPUs (*server.Device) are guarded by wrapDevice.
+func (f *mockFaults) guardMigHandle(dev nvml.Device) nvml.Device {
+	md, ok := dev.(*mock.Device)
+	if !ok || md.GetMemoryInfoFunc == nil || md.GetDeviceHandleFromMigDeviceHandleFunc == nil {
+		return dev
+	}
+	parent, ret := md.GetDeviceHandleFromMigDeviceHandle()
+	p, ok := parent.(*server.Device)
+	if ret != nvml.SUCCESS || !ok {
+		return dev
+	}
+	getMem := md.GetMemoryInfoFunc
+	md.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if ret := f.reachable(p.UUID); ret != nvml.SUCCESS {
+			return nvml.Memory{}, ret
+		}
+		return getMem()
+	}
+	return md
+}
+
+// guardDestroy makes an instance's Destroy refuse, changing nothing, while
+// its GPU's MIG teardown is set to fail. It wraps every GPU and compute
+// instance the machine adopts (made here, by another process, or restored
+// from the state file), so the refusal does not depend on who made it.
+func (f *mockFaults) guardDestroy(gpu nvml.Device, destroy *func() nvml.Return) {
+	d, ok := gpu.(*server.Device)
+	if !ok {
+		return
+	}
+	next := *destroy
+	*destroy = func() nvml.Return {
+		g, ok := f.gpuFaults(d.UUID)
+		switch {
+		case !ok:
+			return nvml.ERROR_UNKNOWN
+		case g.MigDestroyFails:
+			return nvml.ERROR_IN_USE
+		}
+		return next()
+	}
+}
+
+// mockEventSet is one event set: the devices registered on it and how far
+// it has read the log.
+type mockEventSet struct {
+	faults *mockFaults
+
+	mu    sync.Mutex // guards below
+	read  uint64     // the seq of the last logged event this set has looked at
+	regs  []mockRegistration
+	freed bool
+}
+
+// mockRegistration is one RegisterEvents call: the device gets the events
+// of those types logged after it (after: the log's last seq then).
+type mockRegistration struct {
+	dev   nvml.Device
+	uuid  string
+	types uint64
+	after uint64
+}
+
+// createEventSet makes a set that delivers only what is logged from now
+// on, as NVML reports only events that happen after registration.
+func (f *mockFaults) createEventSet() (nvml.EventSet, nvml.Return) {
+	st, err := f.current()
+	if err != nil {
+		f.report(err)
+		return nil, nvml.ERROR_UNKNOWN
+	}
+	es := &mockEventSet{faults: f, read: st.LastSeq}
+	set := &mock.EventSet{WaitFunc: es.wait}
+	set.FreeFunc = func() nvml.Return { return f.free(set, es) }
+	f.mu.Lock()
+	f.sets[set] = es
+	f.mu.Unlock()
+	return set, nvml.SUCCESS
+}
+
+func (f *mockFaults) free(set *mock.EventSet, es *mockEventSet) nvml.Return {
+	f.mu.Lock()
+	delete(f.sets, set)
+	f.mu.Unlock()
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed {
+		return nvml.ERROR_UNINITIALIZED
+	}
+	es.freed = true
+	return nvml.SUCCESS
+}
+
+// register is a device's RegisterEvents. As NVML: a set this machine did
+// not make (or freed) is an invalid argument, an event type the GPU does
+// not support is refused, and a lost GPU cannot be registered.
+func (f *mockFaults) register(d *server.Device, types uint64, set nvml.EventSet) nvml.Return {
+	ms, _ := set.(*mock.EventSet)
+	f.mu.Lock()
+	es := f.sets[ms]
+	f.mu.Unlock()
+	if es == nil {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	if types&^uint64(mockEventTypes) != 0 {
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	st, err := f.current()
+	if err != nil {
+		f.report(err)
+		return nvml.ERROR_UNKNOWN
+	}
+	if st.GPUs[d.UUID].Lost {
+		return nvml.ERROR_GPU_IS_LOST
+	}
+	return es.register(mockRegistration{dev: d, uuid: d.UUID, types: types, after: st.LastSeq})
+}
+
+func (es *mockEventSet) register(r mockRegistration) nvml.Return {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	es.regs = append(es.regs, r)
+	return nvml.SUCCESS
+}
+
+// wait is the set's Wait: the next event for it, rereading the file every
+// mockEventPoll until one is logged or the timeout passes.
+func (es *mockEventSet) wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+	for {
+		if data, ret := es.next(); ret != nvml.ERROR_TIMEOUT {
+			return data, ret
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nvml.EventData{}, nvml.ERROR_TIMEOUT
+		}
+		time.Sleep(min(mockEventPoll, left))
+	}
+}
+
+// next takes the next logged event for this set, ERROR_TIMEOUT if there is
+// none yet. Events for no device of the set are passed over for good.
+func (es *mockEventSet) next() (nvml.EventData, nvml.Return) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed {
+		return nvml.EventData{}, nvml.ERROR_UNINITIALIZED
+	}
+	st, err := es.faults.current()
+	if err != nil {
+		es.faults.report(err)
+		return nvml.EventData{}, nvml.ERROR_UNKNOWN
+	}
+	if st.LastSeq < es.read {
+		es.restartLocked() // the file was deleted and begun again
+	}
+	for _, ev := range st.Events {
+		if ev.Seq <= es.read {
+			continue
+		}
+		es.read = ev.Seq
+		if dev := es.receiverLocked(ev); dev != nil {
+			return nvml.EventData{Device: dev, EventType: ev.EventType, EventData: ev.Data,
+				GpuInstanceId: ev.GpuInstanceID, ComputeInstanceId: ev.ComputeInstanceID}, nvml.SUCCESS
+		}
+	}
+	return nvml.EventData{}, nvml.ERROR_TIMEOUT
+}
+
+// restartLocked follows a log that starts again from seq 1: everything in
+// it was logged after this set's registrations.
+func (es *mockEventSet) restartLocked() {
+	es.read = 0
+	for i := range es.regs {
+		es.regs[i].after = 0
+	}
+}
+
+// receiverLocked is the registered device an event is for, nil if none.
+func (es *mockEventSet) receiverLocked(ev mockEvent) nvml.Device {
+	for _, r := range es.regs {
+		if r.uuid == ev.GPU && r.types&ev.EventType != 0 && ev.Seq > r.after {
+			return r.dev
+		}
+	}
+	return nil
+}
