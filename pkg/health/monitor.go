@@ -63,6 +63,10 @@ type Monitor struct {
 	cfg     Config
 	metrics *Metrics
 
+	// watching is closed once every GPU is registered for events (or
+	// known not to be), so that nothing is published before it.
+	watching chan struct{}
+
 	mu       sync.Mutex
 	faults   map[id]*Fault
 	lost     map[string]bool // GPUs whose last probe failed
@@ -71,7 +75,8 @@ type Monitor struct {
 
 // New returns a monitor of lib's GPUs; Run starts it.
 func New(lib nvdev.Interface, cfg Config, metrics *Metrics) *Monitor {
-	return &Monitor{lib: lib, cfg: cfg.withDefaults(), metrics: metrics, faults: map[id]*Fault{}, lost: map[string]bool{}}
+	return &Monitor{lib: lib, cfg: cfg.withDefaults(), metrics: metrics, faults: map[id]*Fault{}, lost: map[string]bool{},
+		watching: make(chan struct{})}
 }
 
 // OnChange registers f to be called (on the monitor's goroutine, without
@@ -109,6 +114,10 @@ func cmpStr(a, b string) int {
 	return 0
 }
 
+// Watching is closed when Run has registered every GPU for events and
+// probed each once: from then on no fault goes unseen.
+func (m *Monitor) Watching() <-chan struct{} { return m.watching }
+
 // Run watches the GPUs until ctx ends: NVML events as they come, a probe
 // of every GPU each ProbeInterval, and expiry of transient faults.
 func (m *Monitor) Run(ctx context.Context) {
@@ -119,6 +128,7 @@ func (m *Monitor) Run(ctx context.Context) {
 		defer func() { _ = set.Free() }()
 	}
 	m.probe(ctx)
+	close(m.watching)
 	// Probes are paced by the real clock; Now only dates and expires faults.
 	nextProbe := time.Now().Add(m.cfg.ProbeInterval)
 	for ctx.Err() == nil {

@@ -71,6 +71,9 @@ type Driver struct {
 	withdrawn bool
 
 	health *health.Monitor
+	// status writes the prepared claims' device status; nil without a
+	// client (tests).
+	status *statusWriter
 	// healthChanged is closed (and replaced) when the faults change, which
 	// wakes every health stream at once.
 	healthChanged chan struct{}
@@ -120,6 +123,11 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	// Counted before publishing: from then on HandleError may change d.inv.
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
 	d.pub = d.helper
+	if opts.KubeClient != nil {
+		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.devices, d.faults)
+		go d.status.run(ctx)
+		d.status.all(ctx) // after a restart or an upgrade
+	}
 	d.watchHealth(ctx, opts.Health)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
@@ -213,6 +221,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
 		}
 		results[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devices}
+		d.status.prepared(claim, err)
 	}
 	return results, nil
 }

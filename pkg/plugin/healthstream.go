@@ -9,6 +9,10 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// watchingTimeout bounds how long the first publish waits for the health
+// monitor to watch every GPU.
+const watchingTimeout = 10 * time.Second
+
 // watchHealth subscribes the driver to the monitor's changes: each one
 // republishes the slices (taints) and wakes the kubelet's health streams.
 func (d *Driver) watchHealth(ctx context.Context, monitor *health.Monitor) {
@@ -16,6 +20,12 @@ func (d *Driver) watchHealth(ctx context.Context, monitor *health.Monitor) {
 		return
 	}
 	d.health = monitor
+	select {
+	case <-monitor.Watching():
+	case <-ctx.Done():
+	case <-time.After(watchingTimeout):
+		klog.FromContext(ctx).Info("Health monitor not watching yet; publishing without it", "waited", watchingTimeout)
+	}
 	d.healthChanged = make(chan struct{})
 	monitor.OnChange(func() {
 		d.mu.Lock()
@@ -26,6 +36,7 @@ func (d *Driver) watchHealth(ctx context.Context, monitor *health.Monitor) {
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Publishing device taints")
 		}
+		d.status.all(ctx)
 	})
 }
 

@@ -1,0 +1,197 @@
+package plugin
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+)
+
+// healthEnv is a driver on a persistent mock machine with a running health
+// monitor, and the directory through which faults are injected as
+// mocknvml does from outside the plugin.
+type healthEnv struct {
+	*testEnv
+	driver  *Driver
+	pub     *capturePublisher
+	monitor *health.Monitor
+	dir     string
+}
+
+func newHealthEnv(t *testing.T, cfg health.Config) *healthEnv {
+	t.Helper()
+	dir := t.TempDir()
+	e := newTestEnvIn(t, "dgxh100", everyMode(), dir)
+	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ProbeInterval = 20 * time.Millisecond
+	monitor := health.New(e.lib, cfg, nil)
+	e.state.faults = monitor
+	d, pub := testDriver(t, e, everyMode())
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() { monitor.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	d.watchHealth(ctx, monitor)
+	return &healthEnv{testEnv: e, driver: d, pub: pub, monitor: monitor, dir: dir}
+}
+
+// taintedDevices returns the published devices carrying a taint of key.
+func (h *healthEnv) taintedDevices(t *testing.T, key string) map[string]bool {
+	out := map[string]bool{}
+	if h.pub.count() == 0 {
+		return out
+	}
+	for _, s := range h.pub.last(t).Slices {
+		for _, d := range s.Devices {
+			for _, taint := range d.Taints {
+				if taint.Key == key {
+					out[d.Name] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (h *healthEnv) waitTainted(t *testing.T, key string, what string, cond func(map[string]bool) bool) map[string]bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := h.taintedDevices(t, key)
+		if cond(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; %s on %v", what, key, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (h *healthEnv) devicesOfGPU(index int) map[string]bool {
+	out := map[string]bool{}
+	for _, d := range h.devices {
+		if d.GPU.Index == index {
+			out[d.Name()] = true
+		}
+	}
+	return out
+}
+
+func sameSet(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
+	h := newHealthEnv(t, health.Config{QuietPeriod: 500 * time.Millisecond})
+	for _, index := range []int{1, 3} { // time-sliced (4 replicas), whole
+		want := h.devicesOfGPU(index)
+		if err := nvdev.InjectMockEvent(h.dir, h.lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+			t.Fatal(err)
+		}
+		h.waitTainted(t, "gpu.gpuaas.io/xid", "every device of the GPU tainted", func(got map[string]bool) bool { return sameSet(got, want) })
+		h.waitTainted(t, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
+	}
+}
+
+func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
+	h := newHealthEnv(t, health.Config{})
+	gpu := h.lib.GPUs()[2] // shared
+	if err := nvdev.SetMockGPULost(h.dir, gpu.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	want := h.devicesOfGPU(2)
+	h.waitTainted(t, "gpu.gpuaas.io/gpu-lost", "the lost GPU's devices tainted", func(got map[string]bool) bool { return sameSet(got, want) })
+	h.waitTainted(t, "gpu.gpuaas.io/xid", "XID 79 with it", func(got map[string]bool) bool { return sameSet(got, want) })
+
+	reports := make(chan kubeletplugin.DeviceHealthReport, 1)
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	go func() { _ = h.driver.WatchHealthStatus(ctx, reports) }()
+	report := <-reports
+	for _, dh := range report.Devices {
+		if want[dh.DeviceName] != (dh.Health == kubeletplugin.HealthStatusUnhealthy) {
+			t.Errorf("%s: health %s (%s)", dh.DeviceName, dh.Health, dh.Message)
+		}
+	}
+
+	if err := nvdev.SetMockGPULost(h.dir, gpu.UUID, false); err != nil {
+		t.Fatal(err)
+	}
+	h.waitTainted(t, "gpu.gpuaas.io/gpu-lost", "recovery to clear gpu-lost", func(got map[string]bool) bool { return len(got) == 0 })
+	h.waitTainted(t, "gpu.gpuaas.io/xid", "recovery (a reset) to clear XID 79", func(got map[string]bool) bool { return len(got) == 0 })
+	select {
+	case report = <-reports: // a change is reported at once, not at the next resend
+	case <-time.After(healthResendInterval / 2):
+		t.Fatal("no health report after the GPU recovered")
+	}
+	for _, dh := range report.Devices {
+		if dh.Health != kubeletplugin.HealthStatusHealthy {
+			t.Errorf("%s still %s after recovery: %s", dh.DeviceName, dh.Health, dh.Message)
+		}
+	}
+}
+
+func TestMIGScopedXIDTaintsOnlyThatMIGDevice(t *testing.T) {
+	h := newHealthEnv(t, health.Config{})
+	name := h.partition(t, 0, "1g.10gb")
+	if _, err := h.state.Prepare(h.ctx, newClaim("m").device("mig", name).build()); err != nil {
+		t.Fatal(err)
+	}
+	inst := h.migDevices(t, 0)[0]
+	if err := nvdev.InjectMockEvent(h.dir, h.lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 94, uint32(inst.GIID), uint32(inst.CIID)); err != nil {
+		t.Fatal(err)
+	}
+	h.waitTainted(t, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool {
+		return sameSet(got, map[string]bool{name: true})
+	})
+}
+
+func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
+	h := newHealthEnv(t, health.Config{})
+	name := h.partition(t, 0, "2g.20gb")
+	if _, err := h.state.Prepare(h.ctx, newClaim("m").device("mig", name).build()); err != nil {
+		t.Fatal(err)
+	}
+	gpu := h.lib.GPUs()[0].UUID
+	if err := nvdev.SetMockMigDestroyFails(h.dir, gpu, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
+		t.Fatal("Unprepare succeeded although the MIG device cannot be destroyed")
+	}
+	h.waitTainted(t, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted", func(got map[string]bool) bool {
+		return sameSet(got, map[string]bool{name: true})
+	})
+	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
+		t.Fatal("a retry succeeded while destroy still fails")
+	}
+	if got := h.taintedDevices(t, "gpu.gpuaas.io/cleanup-blocked"); !sameSet(got, map[string]bool{name: true}) {
+		t.Fatalf("after a failed retry: tainted %v", got)
+	}
+	if err := nvdev.SetMockMigDestroyFails(h.dir, gpu, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.state.Unprepare(h.ctx, "m"); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	h.waitTainted(t, "gpu.gpuaas.io/cleanup-blocked", "the retry to clear it", func(got map[string]bool) bool { return len(got) == 0 })
+	if left := h.migDevices(t, 0); len(left) != 0 {
+		t.Fatalf("MIG devices left: %+v", left)
+	}
+}
