@@ -42,11 +42,15 @@ type DeviceStatusData struct {
 	GPUUUID string `json:"gpuUUID"`
 	// Mode is how the GPU is offered: "whole", "mig-static", "mig-dynamic",
 	// "timeSlicing/<replicas>", "shared".
-	Mode         string              `json:"mode"`
-	MIGUUID      string              `json:"migUUID,omitempty"`
-	MIGProfile   string              `json:"migProfile,omitempty"`
-	MIGPlacement *mig.Placement      `json:"migPlacement,omitempty"`
-	Sharing      *timeslice.Settings `json:"sharing,omitempty"`
+	Mode         string         `json:"mode"`
+	MIGUUID      string         `json:"migUUID,omitempty"`
+	MIGProfile   string         `json:"migProfile,omitempty"`
+	MIGPlacement *mig.Placement `json:"migPlacement,omitempty"`
+	// MIGGPUInstanceID and MIGComputeInstanceID are what nvidia-smi and
+	// NVML events (XIDs) name the MIG device by.
+	MIGGPUInstanceID     *int                `json:"migGPUInstanceID,omitempty"`
+	MIGComputeInstanceID *int                `json:"migComputeInstanceID,omitempty"`
+	Sharing              *timeslice.Settings `json:"sharing,omitempty"`
 }
 
 // failedPrepare is what a failed prepare leaves for the claim's status.
@@ -216,6 +220,7 @@ func statusData(d *checkpoint.Device) DeviceStatusData {
 	}
 	if m := d.CreatedMIG; m != nil {
 		out.MIGUUID, out.MIGProfile, out.MIGPlacement = m.UUID, m.Profile, &m.Placement
+		out.MIGGPUInstanceID, out.MIGComputeInstanceID = &m.GIID, &m.CIID
 	}
 	return out
 }

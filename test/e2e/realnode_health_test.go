@@ -1,0 +1,382 @@
+package e2e
+
+// Device health on the real node: faults injected into the node's mock
+// machine (as mocknvml does, through the state directory the chart gives
+// the plugin) must reach the scheduler as device taints, the kubelet as
+// device health, and the claim as device status; and clear again.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// healthClass selects any of our devices; each claim narrows it with a
+// selector of its own.
+const healthClass = "health-any.gpuaas.io"
+
+// healthRun is one health step's fixtures.
+type healthRun struct {
+	n        *realNode
+	ns       string
+	stateDir string
+}
+
+func newHealthRun(t *testing.T, ctx context.Context, n *realNode) *healthRun {
+	t.Helper()
+	class := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: healthClass},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == %q", framework.DriverName)}}}},
+	}
+	if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), healthClass, metav1.DeleteOptions{})
+	})
+	return &healthRun{n: n, ns: cp.CreateNamespace(t, "real-health"),
+		stateDir: filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml")}
+}
+
+// pod makes a workload pod with one claim of one device matching cel.
+func (h *healthRun) pod(t *testing.T, ctx context.Context, name, cel string) *v1.Pod {
+	t.Helper()
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: healthClass,
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}},
+		}}}},
+	}
+	if _, err := cp.Client.ResourceV1().ResourceClaims(h.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := workloadPod(h.ns, name)
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	if _, err := cp.Client.CoreV1().Pods(h.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// publishedTaints maps each published device of the node to its taint keys.
+func publishedTaints(ctx context.Context) (map[string][]string, error) {
+	slices, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, s := range slices.Items {
+		if s.Spec.Driver != framework.DriverName || s.Spec.Pool.Name != realNodeName {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			keys := []string{}
+			for _, taint := range d.Taints {
+				keys = append(keys, taint.Key+"="+taint.Value+":"+string(taint.Effect))
+			}
+			out[d.Name] = keys
+		}
+	}
+	return out, nil
+}
+
+// waitTaints waits until cond holds of the devices tainted with key, and
+// returns how long that took.
+func waitTaints(t *testing.T, ctx context.Context, key, what string, cond func(tainted map[string]bool) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last map[string]bool
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		taints, err := publishedTaints(ctx)
+		if err != nil {
+			return false, err
+		}
+		last = map[string]bool{}
+		for dev, keys := range taints {
+			for _, k := range keys {
+				if strings.HasPrefix(k, key+"=") {
+					last[dev] = true
+				}
+			}
+		}
+		return cond(last), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; tainted with %s: %v", what, err, key, last)
+	}
+	return time.Since(start)
+}
+
+// devicesOfGPU are the published devices whose index attribute is index.
+func devicesOfGPU(t *testing.T, ctx context.Context, index int64) map[string]bool {
+	t.Helper()
+	slices, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range slices.Items {
+		if s.Spec.Driver != framework.DriverName || s.Spec.Pool.Name != realNodeName {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			if i, ok := intAttr(d, "index"); ok && i == index {
+				out[d.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+func equalSets(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// deviceStatus waits for the claim's status entry of its one device to
+// satisfy cond, and returns it with its data.
+func deviceStatus(t *testing.T, ctx context.Context, ns, claim, what string, cond func(resourceapi.AllocatedDeviceStatus) bool) (resourceapi.AllocatedDeviceStatus, plugin.DeviceStatusData) {
+	t.Helper()
+	var got resourceapi.AllocatedDeviceStatus
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		c, err := cp.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, d := range c.Status.Devices {
+			if d.Driver == framework.DriverName {
+				got = d
+				return cond(d), nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("claim %s: waiting for device status %s: %v; last %+v", claim, what, err, got)
+	}
+	var data plugin.DeviceStatusData
+	if got.Data != nil {
+		if err := json.Unmarshal(got.Data.Raw, &data); err != nil {
+			t.Fatalf("claim %s: device status data: %v", claim, err)
+		}
+	}
+	return got, data
+}
+
+func conditionIs(d resourceapi.AllocatedDeviceStatus, typ string, status metav1.ConditionStatus) bool {
+	for _, c := range d.Conditions {
+		if c.Type == typ {
+			return c.Status == status
+		}
+	}
+	return false
+}
+
+// podDeviceHealth waits until the kubelet reports the health of the pod's
+// claimed device (allocatedResourcesStatus, KEP-4680) as want.
+func podDeviceHealth(t *testing.T, ctx context.Context, pod *v1.Pod, want string) string {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cp.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, rs := range cs.AllocatedResourcesStatus {
+				for _, r := range rs.Resources {
+					last = fmt.Sprintf("%s %s %s", rs.Name, r.ResourceID, r.Health)
+					if string(r.Health) == want {
+						return true, nil
+					}
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s: waiting for device health %s from the kubelet: %v; last %q", pod.Name, want, err, last)
+	}
+	return last
+}
+
+// stayPending checks that a pod is not scheduled for a while, and says why.
+func stayPending(t *testing.T, ctx context.Context, pod *v1.Pod, d time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var reason string
+	for time.Now().Before(deadline) {
+		p, err := cp.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != "" {
+			t.Fatalf("pod %s was scheduled to %s", pod.Name, p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled {
+				reason = c.Message
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return reason
+}
+
+// testDeviceHealth: a fatal XID on the time-sliced GPU 4 taints all four of
+// its replicas within 2 s; the running pod's claim and the kubelet report
+// its device unhealthy; a new pod asking for a replica is not scheduled
+// until the quiet period clears the taint, and then runs on GPU 4.
+func testDeviceHealth(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	h := newHealthRun(t, ctx, n)
+	replica := `device.attributes["gpu.gpuaas.io"].type == "timeslice"`
+	running := h.pod(t, ctx, "running", replica)
+	running = runningPod(t, ctx, h.ns, running.Name)
+	_, data := deviceStatus(t, ctx, h.ns, "running", "Ready and Healthy", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, "Ready", metav1.ConditionTrue) && conditionIs(d, "Healthy", metav1.ConditionTrue)
+	})
+	t.Logf("device status data of the running claim: %+v", data)
+	gpu4 := devicesOfGPU(t, ctx, 4)
+	if len(gpu4) != 4 {
+		t.Fatalf("GPU 4 publishes %v, want 4 replicas", gpu4)
+	}
+
+	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+		t.Fatal(err)
+	}
+	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return equalSets(got, gpu4) })
+	t.Logf("XID 62 on GPU 4: its %d devices tainted after %v", len(gpu4), took)
+	if took > 2*time.Second {
+		t.Errorf("taint took %v, want within 2s", took)
+	}
+	st, _ := deviceStatus(t, ctx, h.ns, "running", "Healthy=False", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, "Healthy", metav1.ConditionFalse)
+	})
+	t.Logf("claim status: %+v", st.Conditions)
+	t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
+
+	waiting := h.pod(t, ctx, "waiting", replica)
+	t.Logf("new pod while tainted: %s", stayPending(t, ctx, waiting, 5*time.Second))
+	took = waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
+	t.Logf("taint cleared %v later", took)
+	runningPod(t, ctx, h.ns, waiting.Name)
+	deviceStatus(t, ctx, h.ns, "running", "Healthy again", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, "Healthy", metav1.ConditionTrue)
+	})
+	podDeviceHealth(t, ctx, running, "Healthy")
+	deletePodAndWait(t, ctx, running)
+	deletePodAndWait(t, ctx, waiting)
+}
+
+// testMIGHealth: an XID scoped to one MIG device taints that device only,
+// and a MIG device NVML refuses to destroy keeps its placement tainted
+// until the kubelet's retry of unprepare succeeds.
+func testMIGHealth(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	h := newHealthRun(t, ctx, n)
+	pod := h.pod(t, ctx, "mig", `device.attributes["gpu.gpuaas.io"].type == "mig" && device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
+	pod = runningPod(t, ctx, h.ns, pod.Name)
+	st, data := deviceStatus(t, ctx, h.ns, "mig", "Ready with the MIG device's IDs", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, "Ready", metav1.ConditionTrue)
+	})
+	if data.MIGUUID == "" || data.MIGGPUInstanceID == nil || data.MIGPlacement == nil {
+		t.Fatalf("device status data lacks the MIG device: %+v", data)
+	}
+	t.Logf("device status data of the MIG claim: %+v", data)
+	device := map[string]bool{st.Device: true}
+
+	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 94,
+		uint32(*data.MIGGPUInstanceID), uint32(*data.MIGComputeInstanceID)); err != nil {
+		t.Fatal(err)
+	}
+	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool { return equalSets(got, device) })
+	t.Logf("MIG-scoped XID 94 on %s: only it tainted after %v", st.Device, took)
+	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear it", func(got map[string]bool) bool { return len(got) == 0 })
+
+	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false) })
+	if err := cp.Client.CoreV1().Pods(h.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted while destroy fails", func(got map[string]bool) bool { return equalSets(got, device) })
+	t.Logf("MIG destroy refused: %s tainted cleanup-blocked after %v", st.Device, took)
+	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false); err != nil {
+		t.Fatal(err)
+	}
+	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the kubelet's retry to clear it", func(got map[string]bool) bool { return len(got) == 0 })
+	t.Logf("retry succeeded: taint cleared %v later", took)
+	if err := cp.WaitForPodGone(ctx, h.ns, pod.Name); err != nil {
+		t.Fatal(err)
+	}
+	if left := mockMIGDevices(t, n); left != 0 {
+		t.Fatalf("%d MIG devices left after the retry", left)
+	}
+}
+
+// testDrain drains the node's GPUs with a DeviceTaintRule, as an admin
+// would before maintenance: NoSchedule keeps new claims off while running
+// pods keep running; deleting the rule lets the waiting pod in.
+func testDrain(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 5*time.Minute)
+	h := newHealthRun(t, ctx, n)
+	whole := `device.attributes["gpu.gpuaas.io"].type == "gpu" && device.attributes["gpu.gpuaas.io"].index < 4`
+	running := h.pod(t, ctx, "before-drain", whole)
+	running = runningPod(t, ctx, h.ns, running.Name)
+
+	rule := &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{Name: "drain-" + realNodeName},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(framework.DriverName), Pool: ptr.To(realNodeName)},
+			Taint:          resourceapi.DeviceTaint{Key: "gpu.gpuaas.io/drain", Value: "maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		},
+	}
+	if _, err := cp.Client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.ResourceV1().DeviceTaintRules().Delete(context.Background(), rule.Name, metav1.DeleteOptions{})
+	})
+	waiting := h.pod(t, ctx, "after-drain", whole)
+	t.Logf("new pod on the drained node: %s", stayPending(t, ctx, waiting, 5*time.Second))
+	p, err := cp.Client.CoreV1().Pods(h.ns).Get(ctx, running.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.Phase != v1.PodRunning || p.DeletionTimestamp != nil {
+		t.Fatalf("running pod %s is %s (deleting: %v) under a NoSchedule drain", p.Name, p.Status.Phase, p.DeletionTimestamp != nil)
+	}
+	if err := cp.Client.ResourceV1().DeviceTaintRules().Delete(ctx, rule.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runningPod(t, ctx, h.ns, waiting.Name)
+	deletePodAndWait(t, ctx, running)
+	deletePodAndWait(t, ctx, waiting)
+}
