@@ -31,6 +31,10 @@ type profileReconciler struct {
 	acct    *Accountant
 	resync  time.Duration
 	started time.Time // see released
+	// beforeCreate runs before a DeviceClass is created and must succeed:
+	// it takes the name off the claim webhooks' foreign classes, so no
+	// claim naming a class of ours skips the webhook (matchconditions.go).
+	beforeCreate func(ctx context.Context, class string) error
 }
 
 func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -176,6 +180,11 @@ func ownedBy(dc *resourceapi.DeviceClass, p *gpuaas.GpuProfile) bool {
 func (r *profileReconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) error {
 	logger := klog.FromContext(ctx)
 	if have == nil {
+		if r.beforeCreate != nil {
+			if err := r.beforeCreate(ctx, want.Name); err != nil {
+				return fmt.Errorf("taking DeviceClass %s off the claim webhooks' foreign classes: %w", want.Name, err)
+			}
+		}
 		if err := r.client.Create(ctx, want); err != nil {
 			return fmt.Errorf("creating DeviceClass %s: %w", want.Name, err)
 		}

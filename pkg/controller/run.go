@@ -134,14 +134,18 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {
 		return err
 	}
+	conditions := newMatchConditionSyncer(direct, acct, opts)
+	if err := watchForeignClasses(ctx, mgr.GetCache(), acct, conditions); err != nil {
+		return err
+	}
 	registerWebhooks(mgr, acct, nudge, opts.exemptNamespaces())
-	if err := setupReconcilers(mgr, acct, opts); err != nil {
+	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
 		return err
 	}
 	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
 	}
-	runnables := []manager.Runnable{nudge, registrar}
+	runnables := []manager.Runnable{nudge, registrar, conditions}
 	for _, r := range runnables {
 		if err := mgr.Add(r); err != nil {
 			return fmt.Errorf("adding runnable: %w", err)
@@ -188,14 +192,14 @@ func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, exem
 	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
 }
 
-func setupReconcilers(mgr manager.Manager, acct *Accountant, opts *Options) error {
+func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchConditionSyncer, opts *Options) error {
 	c := mgr.GetClient()
 	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
 		For(&gpuaas.GpuProfile{}).
 		Watches(&resourceapi.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&resourceapi.ResourceSlice{}, delayed(statusDelay, allOf(profileNames(c)))).
 		Watches(&resourceapi.ResourceClaim{}, delayed(statusDelay, claimProfiles)).
-		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync, started: time.Now()})
+		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync, started: time.Now(), beforeCreate: conditions.Exclude})
 	if err != nil {
 		return fmt.Errorf("setting up GpuProfile controller: %w", err)
 	}

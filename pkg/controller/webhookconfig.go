@@ -28,6 +28,13 @@ const (
 	pathQuota    = "/validate-tenantquota"
 )
 
+// Names of the claim webhooks, which get the matchCondition of
+// matchconditions.go at run time.
+const (
+	webhookClaims    = "resourceclaims.quota.gpuaas.io"
+	webhookTemplates = "resourceclaimtemplates.config.gpuaas.io"
+)
+
 // defaultExemptNamespaces never pass through the quota webhook: system
 // components must keep working while the controller is down.
 var defaultExemptNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
@@ -41,7 +48,9 @@ func (o *Options) exemptNamespaces() []string {
 
 // WebhookConfiguration is the configuration the controller writes for o,
 // without a CA bundle. The Helm chart renders the same webhooks itself (it
-// owns them); a test of the chart compares the two.
+// owns them); a test of the chart compares the two. Neither has
+// matchConditions: the controller adds the claim webhooks' at run time
+// (matchconditions.go).
 func WebhookConfiguration(o *Options) *admissionregv1.ValidatingWebhookConfiguration {
 	return webhookConfiguration(o, nil)
 }
@@ -79,9 +88,9 @@ func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.Validatin
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
 		},
 		Webhooks: []admissionregv1.ValidatingWebhook{
-			mk("resourceclaims.quota.gpuaas.io", pathClaim,
+			mk(webhookClaims, pathClaim,
 				rule("resource.k8s.io", "resourceclaims", admissionregv1.Create), true),
-			mk("resourceclaimtemplates.config.gpuaas.io", pathTemplate,
+			mk(webhookTemplates, pathTemplate,
 				rule("resource.k8s.io", "resourceclaimtemplates", admissionregv1.Create, admissionregv1.Update), true),
 			mk("gpuprofiles.gpuaas.io", pathProfile,
 				rule(gpuaas.GroupName, "gpuprofiles", admissionregv1.Create, admissionregv1.Update), false),
@@ -207,6 +216,7 @@ func (r *webhookRegistrar) apply(ctx context.Context) error {
 	if r.caBundle == nil {
 		keepCABundles(want, &have) // injected by someone else (cert-manager)
 	}
+	keepMatchConditions(want, &have)
 	have.Webhooks, have.Labels = want.Webhooks, want.Labels
 	return r.client.Update(ctx, &have)
 }

@@ -66,6 +66,7 @@ func TestRealNode(t *testing.T) {
 		{"MIGHealth", testMIGHealth},
 		{"Drain", testDrain},
 		{"TwoControllerReplicas", testTwoControllerReplicas},
+		{"ForeignClaimsDuringOutage", testForeignClaimsDuringOutage},
 		{"CertificateRenewal", testCertificateRenewal},
 		{"ControllerLeastPrivilege", testControllerLeastPrivilege},
 		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
