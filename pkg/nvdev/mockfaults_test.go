@@ -155,7 +155,9 @@ func TestMockRegisterEventsRefusals(t *testing.T) {
 		t.Errorf("GetSupportedEventTypes = %#x, %v; want %#x", supported, ret, want)
 	}
 	freed, _ := lib.NVML().EventSetCreate()
-	freed.Free()
+	if ret := freed.Free(); ret != nvml.SUCCESS {
+		t.Fatalf("Free = %v", ret)
+	}
 	for name, tc := range map[string]struct {
 		types uint64
 		set   nvml.EventSet

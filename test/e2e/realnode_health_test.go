@@ -37,8 +37,10 @@ type healthRun struct {
 	stateDir string
 }
 
-func newHealthRun(t *testing.T, ctx context.Context, n *realNode) *healthRun {
+func newHealthRun(t *testing.T, n *realNode) *healthRun {
 	t.Helper()
+	ns := cp.CreateNamespace(t, "real-health")
+	ctx := framework.Context(t, time.Minute)
 	class := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: healthClass},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
@@ -50,7 +52,7 @@ func newHealthRun(t *testing.T, ctx context.Context, n *realNode) *healthRun {
 	t.Cleanup(func() {
 		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), healthClass, metav1.DeleteOptions{})
 	})
-	return &healthRun{n: n, ns: cp.CreateNamespace(t, "real-health"),
+	return &healthRun{n: n, ns: ns,
 		stateDir: filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml")}
 }
 
@@ -254,7 +256,7 @@ func stayPending(t *testing.T, ctx context.Context, pod *v1.Pod, d time.Duration
 // until the quiet period clears the taint, and then runs on GPU 4.
 func testDeviceHealth(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
-	h := newHealthRun(t, ctx, n)
+	h := newHealthRun(t, n)
 	replica := `device.attributes["gpu.gpuaas.io"].type == "timeslice"`
 	running := h.pod(t, ctx, "running", replica)
 	running = runningPod(t, ctx, h.ns, running.Name)
@@ -299,7 +301,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 // until the kubelet's retry of unprepare succeeds.
 func testMIGHealth(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
-	h := newHealthRun(t, ctx, n)
+	h := newHealthRun(t, n)
 	pod := h.pod(t, ctx, "mig", `device.attributes["gpu.gpuaas.io"].type == "mig" && device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
 	pod = runningPod(t, ctx, h.ns, pod.Name)
 	st, data := deviceStatus(t, ctx, h.ns, "mig", "Ready with the MIG device's IDs", func(d resourceapi.AllocatedDeviceStatus) bool {
@@ -346,7 +348,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 // pods keep running; deleting the rule lets the waiting pod in.
 func testDrain(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
-	h := newHealthRun(t, ctx, n)
+	h := newHealthRun(t, n)
 	whole := `device.attributes["gpu.gpuaas.io"].type == "gpu" && device.attributes["gpu.gpuaas.io"].index < 4`
 	running := h.pod(t, ctx, "before-drain", whole)
 	running = runningPod(t, ctx, h.ns, running.Name)
