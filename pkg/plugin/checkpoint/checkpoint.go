@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
+
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
@@ -271,34 +273,8 @@ func checksum(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// writeAtomic writes to a temporary file in the same directory, syncs it and
-// renames it over the target, then syncs the directory so the rename itself
-// survives a power loss.
+// writeAtomic replaces a record durably; leftovers of an interrupted write
+// carry tempPrefix, which RemoveTemp cleans up.
 func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, tempPrefix+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	if _, err := tmp.Write(data); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = d.Close() }()
-	return d.Sync()
+	return atomicfile.Write(path, data, 0o600, tempPrefix+filepath.Base(path)+"-*")
 }
