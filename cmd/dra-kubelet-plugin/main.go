@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,7 +104,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	monitor := healthMonitor(nodeCfg.Health, lib, reg)
+	monitor := healthMonitor(nodeCfg.Health, lib, reg, f)
 	if monitor != nil {
 		go monitor.Run(ctx)
 	}
@@ -186,7 +188,7 @@ func readNodeConfig(path string) (*configapi.NodeConfig, error) {
 
 // healthMonitor builds the GPU health monitor the node configuration asks
 // for; nil when it is disabled.
-func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometheus.Registerer) *health.Monitor {
+func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometheus.Registerer, f flags) *health.Monitor {
 	if cfg == nil {
 		cfg = &configapi.HealthConfig{}
 	}
@@ -201,5 +203,10 @@ func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometh
 		mc.QuietPeriod = cfg.XIDQuietPeriod.Duration
 	}
 	mc.NoExecute = cfg.NoExecute
+	// Faults are kept beside the checkpoint for the rest of the boot.
+	mc.StatePath = filepath.Join(f.pluginDataDir, "health.json")
+	if id, err := os.ReadFile(f.bootIDPath); err == nil {
+		mc.BootID = strings.TrimSpace(string(id))
+	}
 	return health.New(lib, mc, health.NewMetrics(reg))
 }

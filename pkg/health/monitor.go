@@ -42,6 +42,10 @@ type Config struct {
 	NoExecute []string
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// StatePath is where the faults are kept across plugin restarts within
+	// BootID's boot; empty keeps them in memory only.
+	StatePath string
+	BootID    string
 }
 
 func (c Config) withDefaults() Config {
@@ -66,6 +70,9 @@ type Monitor struct {
 	// watching is closed once every GPU is registered for events (or
 	// known not to be), so that nothing is published before it.
 	watching chan struct{}
+
+	// saveMu orders the saves of the faults (persist.go).
+	saveMu sync.Mutex
 
 	mu       sync.Mutex
 	faults   map[id]*Fault
@@ -123,6 +130,8 @@ func (m *Monitor) Watching() <-chan struct{} { return m.watching }
 func (m *Monitor) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("health")
 	ctx = klog.NewContext(ctx, logger)
+	m.load(ctx)
+	m.metrics.setFaults(m.Faults())
 	set := m.register(ctx)
 	if set != nil {
 		defer func() { _ = set.Free() }()
@@ -342,6 +351,8 @@ func (m *Monitor) add(ctx context.Context, f Fault) {
 	if f.Effect == "" {
 		f.Effect = m.effect(f.Kind)
 	}
+	m.saveMu.Lock()
+	defer m.saveMu.Unlock()
 	m.mu.Lock()
 	old, ok := m.faults[f.id()]
 	if ok {
@@ -355,6 +366,7 @@ func (m *Monitor) add(ctx context.Context, f Fault) {
 		return
 	}
 	klog.FromContext(ctx).Info("Device fault", "fault", f.String(), "effect", f.Effect, "until", f.Until)
+	m.save(ctx)
 	m.metrics.setFaults(m.Faults())
 	for _, cb := range callbacks {
 		cb()
@@ -363,6 +375,8 @@ func (m *Monitor) add(ctx context.Context, f Fault) {
 
 // clear removes the faults drop selects.
 func (m *Monitor) clear(ctx context.Context, drop func(*Fault) bool) {
+	m.saveMu.Lock()
+	defer m.saveMu.Unlock()
 	m.mu.Lock()
 	var cleared []string
 	for k, f := range m.faults {
@@ -377,6 +391,7 @@ func (m *Monitor) clear(ctx context.Context, drop func(*Fault) bool) {
 		return
 	}
 	klog.FromContext(ctx).Info("Device faults cleared", "faults", cleared)
+	m.save(ctx)
 	m.metrics.setFaults(m.Faults())
 	for _, cb := range callbacks {
 		cb()

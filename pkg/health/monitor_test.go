@@ -2,6 +2,7 @@ package health_test
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -250,4 +251,47 @@ func TestClassifyXID(t *testing.T) {
 			t.Errorf("ClassifyXID(%d) = %s, want %s", xid, got, want)
 		}
 	}
+}
+
+func TestFaultsOutliveARestartButNotAReboot(t *testing.T) {
+	n := newFakeNode(t)
+	state := filepath.Join(t.TempDir(), "health.json")
+	dev, uuid := n.gpu(3)
+	func() {
+		_, ctx := ktesting.NewTestContext(t)
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		m := health.New(n.lib, health.Config{StatePath: state, BootID: "boot-1", Now: n.clock.Now}, nil)
+		done := make(chan struct{})
+		go func() { m.Run(ctx); close(done) }()
+		<-m.Watching()
+		n.events <- xid(dev, 48) // reset-required: it will not repeat
+		waitFor(t, m, "XID 48", count(1))
+		cancel()
+		<-done
+	}()
+
+	restarted, _ := n.start(t, health.Config{StatePath: state, BootID: "boot-1"})
+	<-restarted.Watching()
+	if f := restarted.Faults(); len(f) != 1 || f[0].GPU != uuid || f[0].Value != "48" {
+		t.Fatalf("after a restart: faults %+v, want XID 48 on %s", f, uuid)
+	}
+
+	rebooted, _ := n.start(t, health.Config{StatePath: state, BootID: "boot-2"})
+	<-rebooted.Watching()
+	if f := rebooted.Faults(); len(f) != 0 {
+		t.Fatalf("after a reboot: faults %+v, want none", f)
+	}
+}
+
+func TestRestoredLostGPUThatAnswersWasReset(t *testing.T) {
+	n := newFakeNode(t)
+	state := filepath.Join(t.TempDir(), "health.json")
+	_, uuid := n.gpu(2)
+	n.setLost(uuid, true)
+	first, _ := n.start(t, health.Config{StatePath: state, BootID: "b"})
+	waitFor(t, first, "gpu-lost", count(1))
+	n.setLost(uuid, false) // reset while no plugin ran (the first one keeps running here, but its state is saved)
+	second, _ := n.start(t, health.Config{StatePath: state, BootID: "b"})
+	waitFor(t, second, "the restored gpu-lost to clear at the first probe", count(0))
 }
