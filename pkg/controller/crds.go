@@ -59,7 +59,17 @@ func applyCRD(ctx context.Context, c client.Client, file string) error {
 			return nil
 		}
 	}
-	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(crdFieldOwner), client.ForceOwnership); err != nil {
+	missing := apierrors.IsNotFound(err)
+	err = c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(crdFieldOwner), client.ForceOwnership)
+	if missing && apierrors.IsForbidden(err) {
+		// Creating a CRD cannot be limited to our names by RBAC, so the
+		// chart does not grant it: a CRD added in a later chart version is
+		// created by helm install (crds/), not by helm upgrade. What needs
+		// it turns itself off and says so.
+		logger.Error(err, "CRD missing and this controller may not create it; apply it from the chart's crds/ directory", "file", file)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("applying CRD %s: %w", want.GetName(), err)
 	}
 	logger.V(2).Info("Applied CRD")

@@ -142,6 +142,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
 		return err
 	}
+	if err := setupPostureController(ctx, mgr); err != nil {
+		return err
+	}
 	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
 	}

@@ -18,8 +18,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
@@ -282,6 +286,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	})
 	t.Logf("claim status: %+v", st.Conditions)
 	t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
+	waitGPUPosture(t, 4, gpuaas.PostureUnhealthy)
 
 	waiting := h.pod(t, ctx, "waiting", replica)
 	t.Logf("new pod while tainted: %s", stayPending(t, ctx, waiting, 5*time.Second))
@@ -292,6 +297,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 		return conditionIs(d, "Healthy", metav1.ConditionTrue)
 	})
 	podDeviceHealth(t, ctx, running, "Healthy")
+	waitGPUPosture(t, 4, gpuaas.PosturePartiallyAllocated)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)
 }
@@ -330,6 +336,11 @@ func testMIGHealth(t *testing.T, n *realNode) {
 	}
 	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted while destroy fails", func(got map[string]bool) bool { return equalSets(got, device) })
 	t.Logf("MIG destroy refused: %s tainted cleanup-blocked after %v", st.Device, took)
+	gpu, ok := intAttr(publishedDevice(t, ctx, st.Device), "index")
+	if !ok {
+		t.Fatalf("device %s has no index", st.Device)
+	}
+	waitGPUPosture(t, int32(gpu), gpuaas.PostureCleanupBlocked)
 	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false); err != nil {
 		t.Fatal(err)
 	}
@@ -368,6 +379,9 @@ func testDrain(t *testing.T, n *realNode) {
 	})
 	waiting := h.pod(t, ctx, "after-drain", whole)
 	t.Logf("new pod on the drained node: %s", stayPending(t, ctx, waiting, 5*time.Second))
+	for index := range int32(8) {
+		waitGPUPosture(t, index, gpuaas.PostureDraining)
+	}
 	p, err := cp.Client.CoreV1().Pods(h.ns).Get(ctx, running.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -381,4 +395,49 @@ func testDrain(t *testing.T, n *realNode) {
 	runningPod(t, ctx, h.ns, waiting.Name)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)
+}
+
+// waitGPUPosture waits until the controller reports GPU index of the real
+// node in posture want (GpuNode status), and returns its reason.
+func waitGPUPosture(t *testing.T, index int32, want gpuaas.Posture) string {
+	t.Helper()
+	c := installCRDs(t)
+	ctx := framework.Context(t, time.Minute)
+	var node gpuaas.GpuNode
+	var reason string
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, types.NamespacedName{Name: realNodeName}, &node); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		for _, g := range node.Status.GPUs {
+			if g.Index == index {
+				reason = string(g.Posture) + ": " + g.Reason
+				return g.Posture == want, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("GPU %d of %s never %s: %v; last %q", index, realNodeName, want, err, reason)
+	}
+	t.Logf("GpuNode %s: posture %s (%s); GPU %d %s", realNodeName, node.Status.Posture, node.Status.Reason, index, reason)
+	return reason
+}
+
+// publishedDevice returns the node's published device of that name.
+func publishedDevice(t *testing.T, ctx context.Context, name string) resourceapi.Device {
+	t.Helper()
+	slices, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slices.Items {
+		for _, d := range s.Spec.Devices {
+			if s.Spec.Driver == framework.DriverName && s.Spec.Pool.Name == realNodeName && d.Name == name {
+				return d
+			}
+		}
+	}
+	t.Fatalf("device %s not published", name)
+	return resourceapi.Device{}
 }

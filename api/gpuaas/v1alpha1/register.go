@@ -16,6 +16,7 @@ var GroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
 const (
 	GpuProfileKind  = "GpuProfile"
 	TenantQuotaKind = "TenantQuota"
+	GpuNodeKind     = "GpuNode"
 )
 
 var (
@@ -29,6 +30,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&GpuProfile{}, &GpuProfileList{},
 		&TenantQuota{}, &TenantQuotaList{},
+		&GpuNode{}, &GpuNodeList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
