@@ -124,6 +124,12 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.report(ctx, pods); err != nil {
 		return err
 	}
+	if err := d.healthScenario(ctx); err != nil {
+		return err
+	}
+	if err := d.reportPosture(ctx); err != nil {
+		return err
+	}
 	if d.opts.keep {
 		d.out.printf("\nCluster left running; Ctrl-C to stop it.\n  export KUBECONFIG=%s\n  %s get pods -A\n",
 			d.cp.Kubeconfig, filepath.Join(d.cp.BinDir, "kubectl"))

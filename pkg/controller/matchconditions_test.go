@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
@@ -509,8 +510,9 @@ func TestProfileReconcilerExcludesBeforeCreatingClass(t *testing.T) {
 	var excluded []string
 	fail := true
 	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute, started: time.Now(),
-		beforeCreate: func(_ context.Context, class string) error {
-			if getClass(t, c, class) != nil {
+		beforeCreate: func(ctx context.Context, class string) error {
+			var dc resourceapi.DeviceClass
+			if err := c.Get(ctx, types.NamespacedName{Name: class}, &dc); err == nil {
 				t.Errorf("class %s exists before it was excluded", class)
 			}
 			excluded = append(excluded, class)
