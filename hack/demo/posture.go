@@ -12,8 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
@@ -57,6 +59,7 @@ func (d *demo) healthScenario(ctx context.Context) error {
 // `kubectl get gpunode <node> -o yaml` would, once the controller has seen
 // the faults the demo injected.
 func (d *demo) reportPosture(ctx context.Context) error {
+	crlog.SetLogger(klog.Background().WithName("controller-runtime"))
 	scheme, err := controller.Scheme()
 	if err != nil {
 		return err
