@@ -1,19 +1,52 @@
-// Package atomicfile replaces files so that a crash or a power loss leaves
-// either the old content or the new, never a torn file, and the new content
-// is durable once Write returns.
+// Package atomicfile replaces files so that a reader, or a process that
+// crashed and restarted, sees either the old content or the new, never a
+// torn file. Write also makes the new content durable (it survives a power
+// loss) at the cost of two fsyncs; Replace does not, for files whose loss
+// in a power loss is harmless because everything they describe is lost
+// with the kernel too.
 package atomicfile
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 )
 
-// Write replaces path with data: a temporary file in the same directory
-// (named by tempPattern, as os.CreateTemp takes it, so that each caller's
-// clean-up of leftovers recognises its own), written with mode, synced,
-// renamed over path, and the directory synced so the rename survives too.
-func Write(path string, data []byte, mode os.FileMode, tempPattern string) (err error) {
+// syncs counts the fsyncs of this package, for benchmarks that report the
+// durable writes an operation costs.
+var syncs atomic.Int64
+
+// Syncs returns how many fsyncs (of files and directories) this process
+// has made through this package.
+func Syncs() int64 { return syncs.Load() }
+
+// Write replaces path with data durably: a temporary file in the same
+// directory (named by tempPattern, as os.CreateTemp takes it, so that each
+// caller's clean-up of leftovers recognises its own), written with mode,
+// synced, renamed over path, and the directory synced so the rename
+// survives too.
+func Write(path string, data []byte, mode os.FileMode, tempPattern string) error {
+	return replace(path, data, mode, tempPattern, true)
+}
+
+// Replace replaces path with data atomically but not durably: other
+// processes, and this one after a crash, see the new content at once (it
+// is in the page cache), but a power loss may leave the old content, or
+// none where path is new.
+func Replace(path string, data []byte, mode os.FileMode, tempPattern string) error {
+	return replace(path, data, mode, tempPattern, false)
+}
+
+// Remove removes path durably: the directory is synced after it.
+func Remove(path string) error {
+	if err := os.Remove(path); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+func replace(path string, data []byte, mode os.FileMode, tempPattern string, durable bool) (err error) {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, tempPattern)
 	if err != nil {
@@ -31,14 +64,20 @@ func Write(path string, data []byte, mode os.FileMode, tempPattern string) (err 
 	if err = tmp.Chmod(mode); err != nil {
 		return fmt.Errorf("setting the mode of %s: %w", tmp.Name(), err)
 	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", tmp.Name(), err)
+	if durable {
+		syncs.Add(1)
+		if err = tmp.Sync(); err != nil {
+			return fmt.Errorf("syncing %s: %w", tmp.Name(), err)
+		}
 	}
 	if err = tmp.Close(); err != nil {
 		return fmt.Errorf("closing %s: %w", tmp.Name(), err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("replacing %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	return SyncDir(dir)
 }
@@ -50,6 +89,7 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("opening directory %s: %w", dir, err)
 	}
 	defer func() { _ = d.Close() }()
+	syncs.Add(1)
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("syncing directory %s: %w", dir, err)
 	}

@@ -31,11 +31,15 @@ func writeSpec(path string, spec *specs.Spec) error {
 	return nil
 }
 
-// writeFileAtomic replaces path with data so that a reader sees either the old
-// or the new content, and the new content survives a crash once we return.
-// CDI tools run by admins expect world-readable specs (specFileMode).
+// writeFileAtomic replaces path with data so that a reader (the container
+// runtime) sees either the old or the new content. It is not made durable:
+// on real nodes the CDI root is a tmpfs, and where it is not, a spec lost or
+// truncated in a power loss is written again at start, as after every
+// reboot, from the durable checkpoint record (reboot.go), and a spec without
+// a record is deleted. CDI tools run by admins expect world-readable specs
+// (specFileMode).
 func writeFileAtomic(path string, data []byte) error {
-	return atomicfile.Write(path, data, specFileMode, "."+filepath.Base(path)+tempInfix+"*")
+	return atomicfile.Replace(path, data, specFileMode, "."+filepath.Base(path)+tempInfix+"*")
 }
 
 // removeStaleTempFiles deletes temp files a crash left behind. Only called

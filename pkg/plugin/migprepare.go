@@ -71,7 +71,9 @@ func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Clai
 	part, d := p.device.Partition, &rec.Devices[i]
 	intent := mig.IntentOf(part.Profile, part.Placement)
 	d.MIGIntent = &intent
-	if err := s.store.Save(rec); err != nil {
+	// Staged, not saved durably: the MIG device it announces does not
+	// outlive a power loss either (checkpoint.Store.Stage).
+	if err := s.store.Stage(rec); err != nil {
 		d.MIGIntent = nil // nothing was created
 		return fmt.Errorf("recording the intent to create MIG device %s: %w", p.device.Name(), err)
 	}
@@ -84,11 +86,11 @@ func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Clai
 		// Create undid what it made. What is at the placement now may be
 		// why it failed (someone else's); the intent must not name it.
 		d.MIGIntent = nil
-		return errors.Join(err, s.store.Save(rec))
+		return errors.Join(err, s.store.Stage(rec))
 	}
 	d.CreatedMIG = &inst
 	// Recorded at once: from here on the undo destroys exactly this device.
-	return s.store.Save(rec)
+	return s.store.Stage(rec)
 }
 
 // tearDown destroys the MIG devices the plugin created for a claim and

@@ -341,7 +341,10 @@ func (s *State) prepareDevices(ctx context.Context, claim *resourceapi.ResourceC
 	rec := newRecord(claim, plan)
 	rec.BootID = s.bootID
 	if needsSetUp(plan) || needsSharing(plan) {
-		if err := s.store.Save(rec); err != nil {
+		// Staged: a process crash keeps it, a power loss also resets what
+		// set-up changes (checkpoint.Store.Stage). Only the completed
+		// record, which the kubelet is then told of, is saved durably.
+		if err := s.store.Stage(rec); err != nil {
 			return nil, err
 		}
 	}

@@ -30,7 +30,7 @@ const Version = "v1"
 
 const fileSuffix = ".json"
 
-// tempPrefix names the temporary files of writeAtomic; one left behind was
+// tempPrefix names the temporary files of Save and Stage; one left behind was
 // being written when its process died.
 const tempPrefix = ".tmp-"
 
@@ -133,22 +133,46 @@ func (s *Store) Dir() string { return s.dir }
 // Path is where the record of a claim lives.
 func (s *Store) Path(uid string) string { return filepath.Join(s.dir, uid+fileSuffix) }
 
-// Save writes the claim's record atomically: a crash leaves either the old
-// record or the new one, never a torn file.
+// Save writes the claim's record atomically and durably: a crash, even a
+// power loss, leaves either the old record or the new one, never a torn
+// file. It is for the states the node must find again after a reboot: a
+// claim the kubelet was told is prepared (PrepareCompleted) must be set up
+// again (reboot.go), and one that lost its devices (PrepareLost) must keep
+// failing.
 func (s *Store) Save(c *Claim) error {
+	return s.write(c, atomicfile.Write)
+}
+
+// Stage writes the claim's record atomically but not durably: the record
+// of a prepare under way (PrepareStarted, the MIG device about to be made
+// or just made). A process crash keeps it (it is in the page cache), so the
+// restarted plugin undoes what the prepare made. A power loss may lose it,
+// but takes with it everything it describes: MIG devices, compute modes
+// and a CDI root on tmpfs are gone after a reboot, and a CDI spec left on
+// disk without a record is deleted at start. It saves the two fsyncs of a
+// durable write on each intermediate state, which were most of a prepare's
+// cost.
+func (s *Store) Stage(c *Claim) error {
+	return s.write(c, atomicfile.Replace)
+}
+
+func (s *Store) write(c *Claim, write func(string, []byte, os.FileMode, string) error) error {
 	data, err := encode(c)
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(s.Path(c.UID), data); err != nil {
+	if err := write(s.Path(c.UID), data, 0o600, tempPrefix+c.UID+fileSuffix+"-*"); err != nil {
 		return fmt.Errorf("saving checkpoint of claim %s: %w", c.UID, err)
 	}
 	return nil
 }
 
-// Delete removes a claim's record; a missing record is not an error.
+// Delete removes a claim's record durably (a missing record is not an
+// error): a record that a power loss brought back would make the plugin set
+// up, after the reboot, a claim the kubelet has already unprepared, and
+// leak what it makes for it.
 func (s *Store) Delete(uid string) error {
-	if err := os.Remove(s.Path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := atomicfile.Remove(s.Path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("deleting checkpoint of claim %s: %w", uid, err)
 	}
 	return nil
@@ -271,10 +295,4 @@ func decode(data []byte) (*Claim, error) {
 func checksum(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
-}
-
-// writeAtomic replaces a record durably; leftovers of an interrupted write
-// carry tempPrefix, which RemoveTemp cleans up.
-func writeAtomic(path string, data []byte) error {
-	return atomicfile.Write(path, data, 0o600, tempPrefix+filepath.Base(path)+"-*")
 }
