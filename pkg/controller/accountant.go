@@ -50,7 +50,23 @@ type Accountant struct {
 	nsMu     sync.Mutex
 	nsGen    map[string]int64
 	tracking bool
+
+	// liveMu guards live: namespaces the cache had not seen when a claim in
+	// them arrived, read from the API before taking mu (a live read under
+	// mu stalled every admission of every tenant behind it).
+	liveMu sync.Mutex
+	live   map[string]liveNamespace
 }
+
+// liveNamespace is a namespace read from the API, until the cache has it.
+type liveNamespace struct {
+	ns   *corev1.Namespace // nil: it does not exist
+	read time.Time
+}
+
+// liveNamespaceTTL bounds how long a live read stands in for the cache,
+// which normally catches up within a second.
+const liveNamespaceTTL = 30 * time.Second
 
 type catalog struct {
 	gen      int64
@@ -84,6 +100,7 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		nsUsage: map[string]*namespaceUsage{},
 		nsGen:   map[string]int64{},
 		gone:    map[types.UID]time.Time{},
+		live:    map[string]liveNamespace{},
 		now:     time.Now,
 	}
 	a.catalogGen.Store(1)
@@ -213,8 +230,10 @@ func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Name
 }
 
 // ownerLocked is the quota a namespace is charged to, or "". A namespace
-// the cache has not seen yet (created a moment ago) is read from the API,
-// so a label selector cannot be dodged by racing the informer.
+// the cache has not seen yet (created a moment ago) is taken from the live
+// read prefetchNamespace made before mu was taken, so a label selector
+// cannot be dodged by racing the informer; without one (a caller that did
+// not prefetch) it is read from the API here.
 func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace string) (string, error) {
 	if q, ok := ten.owner[namespace]; ok {
 		return q, nil
@@ -222,7 +241,10 @@ func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace st
 	var ns corev1.Namespace
 	err := a.reader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
 	if apierrors.IsNotFound(err) {
-		err = a.apiReader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+		var live *corev1.Namespace
+		if live, err = a.liveNamespace(ctx, namespace); live != nil {
+			ns = *live
+		}
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return "", fmt.Errorf("reading namespace %s: %w", namespace, err)
@@ -232,6 +254,57 @@ func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace st
 		return "", nil
 	}
 	return owner.Name, nil
+}
+
+// prefetchNamespace reads from the API, without holding mu, a namespace the
+// cache has not seen yet, for ownerLocked.
+func (a *Accountant) prefetchNamespace(ctx context.Context, namespace string) error {
+	var ns corev1.Namespace
+	err := a.reader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if !apierrors.IsNotFound(err) {
+		return nil // cached (or the cache fails, which ownerLocked reports)
+	}
+	a.liveMu.Lock()
+	hit, ok := a.live[namespace]
+	a.liveMu.Unlock()
+	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
+		return nil
+	}
+	_, err = a.readLive(ctx, namespace)
+	return err
+}
+
+// liveNamespace is the prefetched namespace, or a live read now; nil when
+// it does not exist.
+func (a *Accountant) liveNamespace(ctx context.Context, namespace string) (*corev1.Namespace, error) {
+	a.liveMu.Lock()
+	hit, ok := a.live[namespace]
+	a.liveMu.Unlock()
+	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
+		return hit.ns, nil
+	}
+	return a.readLive(ctx, namespace)
+}
+
+func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Namespace, error) {
+	var ns corev1.Namespace
+	err := a.apiReader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading namespace %s: %w", namespace, err)
+	}
+	entry := liveNamespace{read: a.now()}
+	if err == nil {
+		entry.ns = &ns
+	}
+	a.liveMu.Lock()
+	defer a.liveMu.Unlock()
+	for name, e := range a.live { // few entries: each lives until the cache catches up
+		if a.now().Sub(e.read) >= liveNamespaceTTL {
+			delete(a.live, name)
+		}
+	}
+	a.live[namespace] = entry
+	return entry.ns, nil
 }
 
 // chargeLocked prices a claim, from the cache when neither the claim nor

@@ -31,6 +31,9 @@ type Admission struct {
 // across processes, and a replica that lost the race decides the group
 // again on what the winner wrote.
 func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (Admission, error) {
+	if err := a.prefetchNamespace(ctx, claim.Namespace); err != nil {
+		return Admission{}, err
+	}
 	tenant, ok, err := a.tenantOf(ctx, claim.Namespace)
 	if err != nil {
 		return Admission{}, err
