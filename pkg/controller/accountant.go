@@ -322,27 +322,41 @@ func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *reso
 // (allocated ones at their allocation, the others at their worst case),
 // plus the reservations in held of claims the cache does not show yet.
 func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held []reservation) (quota.Usage, error) {
+	return a.usageOfLocked(ctx, cat, ten, tenant, heldByNamespace(held))
+}
+
+// heldByNamespace groups a book's reservations by namespace, so that the
+// usage of each of a cohort's tenants reads only its own: a cohort of 500
+// tenants with 600 reservations in its book scanned 300,000 entries per
+// admission.
+func heldByNamespace(held []reservation) map[string][]reservation {
+	out := make(map[string][]reservation)
+	for _, r := range held {
+		out[r.Namespace] = append(out[r.Namespace], r)
+	}
+	return out
+}
+
+func (a *Accountant) usageOfLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held map[string][]reservation) (quota.Usage, error) {
 	var tally quota.Tally
-	counted := map[string]*namespaceUsage{}
+	now := a.now()
 	for _, ns := range ten.assign.Namespaces[tenant] {
 		nu, err := a.namespaceUsageLocked(ctx, cat, ns)
 		if err != nil {
 			return quota.Usage{}, err
 		}
-		counted[ns] = nu
 		tally.AddUsage(nu.usage)
-	}
-	now := a.now()
-	for _, r := range held {
-		if _, mine := counted[r.Namespace]; !mine || !a.stillReservedLocked(r, now) {
-			continue
+		for _, r := range held[ns] {
+			if !a.stillReservedLocked(r, now) {
+				continue
+			}
+			c, err := r.charge()
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "Ignoring a damaged reservation")
+				continue
+			}
+			tally.Add(c, false)
 		}
-		c, err := r.charge()
-		if err != nil {
-			klog.FromContext(ctx).Error(err, "Ignoring a damaged reservation")
-			continue
-		}
-		tally.Add(c, false)
 	}
 	return tally.Usage(), nil
 }
@@ -452,11 +466,12 @@ func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy
 		return nil, nil
 	}
 	var peers []quota.Peer
+	byNamespace := heldByNamespace(held)
 	for _, q := range ten.quotas {
 		if q.Name == t.Name || q.Spec.Cohort != t.Cohort || ten.invalid[q.Name] != "" {
 			continue
 		}
-		u, err := a.usageLocked(ctx, cat, ten, q.Name, held)
+		u, err := a.usageOfLocked(ctx, cat, ten, q.Name, byNamespace)
 		if err != nil {
 			return nil, err
 		}
