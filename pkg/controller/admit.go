@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -224,6 +226,10 @@ func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, err
 // status.
 type ProfileReport struct {
 	Matching, Allocated int
+	// Free counts the matching devices a claim could be given now: not
+	// allocated, and not blocked by what shares their GPU (a whole GPU
+	// whose MIG partition is taken, a share device with no room left).
+	Free int
 }
 
 // ProfileDevices counts the published devices a class selects and how many
@@ -239,6 +245,10 @@ func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (Profil
 	if err != nil {
 		return ProfileReport{}, err
 	}
+	givable, err := a.givableDevices(ctx)
+	if err != nil {
+		return ProfileReport{}, err
+	}
 	var r ProfileReport
 	for _, d := range cat.pricer.Inventory().Devices() {
 		if quota.Matches(ctx, d, exprs) {
@@ -246,9 +256,40 @@ func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (Profil
 			if allocated[d.ID] {
 				r.Allocated++
 			}
+			if givable[d.ID] {
+				r.Free++
+			}
 		}
 	}
 	return r, nil
+}
+
+// givableDevices are the devices of our driver a claim could be given now
+// (posture.Givable), on every node.
+func (a *Accountant) givableDevices(ctx context.Context) (map[quota.DeviceID]bool, error) {
+	var slices resourceapi.ResourceSliceList
+	if err := a.reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	var claims resourceapi.ResourceClaimList
+	if err := a.reader.List(ctx, &claims, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
+	}
+	pools := map[string]bool{}
+	for _, s := range slices.Items {
+		if s.Spec.Driver == quota.DriverName {
+			pools[s.Spec.Pool.Name] = true
+		}
+	}
+	out := map[quota.DeviceID]bool{}
+	for pool := range pools {
+		for name, ok := range posture.Givable(pool, slices.Items, claims.Items) {
+			if ok {
+				out[quota.DeviceID{Driver: quota.DriverName, Pool: pool, Device: name}] = true
+			}
+		}
+	}
+	return out, nil
 }
 
 func (a *Accountant) allocatedDevices(ctx context.Context) (map[quota.DeviceID]bool, error) {

@@ -18,19 +18,21 @@ import (
 // path, buckets up to 10 s, past the webhook timeout); a histogram of our
 // own duplicated it with buckets that ended at 1 s.
 var (
-	tenantUnits = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpuaas_tenant_gpu_units",
-		Help: "GPU units of a tenant: used (allocated), reserved (admitted, not allocated), borrowed, limit.",
-	}, []string{"tenant", "kind"})
-	tenantMemory = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpuaas_tenant_gpu_memory_bytes",
-		Help: "GPU memory of a tenant: used, reserved, borrowed, limit.",
-	}, []string{"tenant", "kind"})
-	tenantDevices = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpuaas_tenant_devices",
-		Help: "Devices of a tenant per profile: used, reserved, limit.",
-	}, []string{"tenant", "profile", "kind"})
-	unitSeconds = prometheus.NewCounterVec(prometheus.CounterOpts{
+	// Each quantity is a metric of its own, so that sum() and rate() over
+	// one never mix used, reserved and limit (one gauge with a "kind" label
+	// did).
+	tenantUnitsUsed     = tenantGauge("gpuaas_tenant_gpu_units_used", "GPU units a tenant's allocated claims hold.")
+	tenantUnitsReserved = tenantGauge("gpuaas_tenant_gpu_units_reserved", "GPU units of a tenant's admitted claims not allocated yet (charged at their worst case).")
+	tenantUnitsBorrowed = tenantGauge("gpuaas_tenant_gpu_units_borrowed", "GPU units a tenant holds beyond its own limit, lent by its cohort.")
+	tenantUnitsLimit    = tenantGauge("gpuaas_tenant_gpu_units_limit", "A tenant's GPU unit limit (absent when it has none).")
+	tenantMemUsed       = tenantGauge("gpuaas_tenant_gpu_memory_used_bytes", "GPU memory a tenant's allocated claims hold.")
+	tenantMemReserved   = tenantGauge("gpuaas_tenant_gpu_memory_reserved_bytes", "GPU memory of a tenant's admitted claims not allocated yet.")
+	tenantMemBorrowed   = tenantGauge("gpuaas_tenant_gpu_memory_borrowed_bytes", "GPU memory a tenant holds beyond its own limit, lent by its cohort.")
+	tenantMemLimit      = tenantGauge("gpuaas_tenant_gpu_memory_limit_bytes", "A tenant's GPU memory limit (absent when it has none).")
+	tenantDevUsed       = tenantProfileGauge("gpuaas_tenant_devices_used", "Devices of a profile a tenant's allocated claims hold.")
+	tenantDevReserved   = tenantProfileGauge("gpuaas_tenant_devices_reserved", "Devices of a profile a tenant's admitted, unallocated claims may take.")
+	tenantDevLimit      = tenantProfileGauge("gpuaas_tenant_devices_limit", "A tenant's device limit per profile.")
+	unitSeconds         = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpuaas_tenant_gpu_unit_seconds_total",
 		Help: "GPU units held by allocated claims, integrated over time: the billing counter.",
 	}, []string{"tenant"})
@@ -42,18 +44,23 @@ var (
 		Name: "gpuaas_claim_denials_total",
 		Help: "ResourceClaims denied, by tenant and the first resource exceeded.",
 	}, []string{"tenant", "resource"})
-	profileDevices = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpuaas_profile_devices",
-		Help: "Devices of a GpuProfile: matching, allocated, free.",
-	}, []string{"profile", "state"})
+	profileMatching  = profileGauge("gpuaas_profile_devices", "Published devices a GpuProfile selects.")
+	profileAllocated = profileGauge("gpuaas_profile_devices_allocated", "Devices of a GpuProfile allocated to claims.")
+	profileFree      = profileGauge("gpuaas_profile_devices_free", "Devices of a GpuProfile a claim could be given now: not allocated, and not blocked by what shares their GPU (counters of partitions, capacity of shares).")
+
+	tenantGauges = []*prometheus.GaugeVec{tenantUnitsUsed, tenantUnitsReserved, tenantUnitsBorrowed, tenantUnitsLimit,
+		tenantMemUsed, tenantMemReserved, tenantMemBorrowed, tenantMemLimit, tenantDevUsed, tenantDevReserved, tenantDevLimit}
+	profileGauges = []*prometheus.GaugeVec{profileMatching, profileAllocated, profileFree}
 
 	registerOnce sync.Once
 )
 
 func registerMetrics() {
 	registerOnce.Do(func() {
-		ctrlmetrics.Registry.MustRegister(tenantUnits, tenantMemory, tenantDevices, unitSeconds,
-			admissions, denials, profileDevices)
+		for _, g := range append(tenantGauges, profileGauges...) {
+			ctrlmetrics.Registry.MustRegister(g)
+		}
+		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials)
 	})
 }
 
@@ -69,47 +76,61 @@ func recordAdmission(tenant string, adm Admission) {
 	denials.WithLabelValues(tenant, adm.Resource).Inc()
 }
 
+func tenantGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"tenant"})
+}
+
+func tenantProfileGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"tenant", "profile"})
+}
+
+func profileGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"profile"})
+}
+
 // setTenantMetrics exports a tenant's usage and limits.
 func setTenantMetrics(q *gpuaas.TenantQuota, r TenantReport, borrowed quota.Charge) {
 	name := q.Name
-	tenantUnits.WithLabelValues(name, "used").Set(r.Usage.Used.Units.Float64())
-	tenantUnits.WithLabelValues(name, "reserved").Set(r.Usage.Reserved.Units.Float64())
-	tenantUnits.WithLabelValues(name, "borrowed").Set(borrowed.Units.Float64())
-	tenantMemory.WithLabelValues(name, "used").Set(float64(r.Usage.Used.Memory))
-	tenantMemory.WithLabelValues(name, "reserved").Set(float64(r.Usage.Reserved.Memory))
-	tenantMemory.WithLabelValues(name, "borrowed").Set(float64(borrowed.Memory))
+	deleteTenantMetrics(name) // limits and profiles may have gone
+	tenantUnitsUsed.WithLabelValues(name).Set(r.Usage.Used.Units.Float64())
+	tenantUnitsReserved.WithLabelValues(name).Set(r.Usage.Reserved.Units.Float64())
+	tenantUnitsBorrowed.WithLabelValues(name).Set(borrowed.Units.Float64())
+	tenantMemUsed.WithLabelValues(name).Set(float64(r.Usage.Used.Memory))
+	tenantMemReserved.WithLabelValues(name).Set(float64(r.Usage.Reserved.Memory))
+	tenantMemBorrowed.WithLabelValues(name).Set(float64(borrowed.Memory))
 	if l := r.Tenant.Limits.Units; l != nil {
-		tenantUnits.WithLabelValues(name, "limit").Set(l.Float64())
+		tenantUnitsLimit.WithLabelValues(name).Set(l.Float64())
 	}
 	if l := r.Tenant.Limits.Memory; l != nil {
-		tenantMemory.WithLabelValues(name, "limit").Set(float64(*l))
+		tenantMemLimit.WithLabelValues(name).Set(float64(*l))
 	}
-	tenantDevices.DeletePartialMatch(prometheus.Labels{"tenant": name})
 	for profile, n := range r.Usage.Used.Devices {
-		tenantDevices.WithLabelValues(name, profile, "used").Set(float64(n))
+		tenantDevUsed.WithLabelValues(name, profile).Set(float64(n))
 	}
 	for profile, n := range r.Usage.Reserved.Devices {
-		tenantDevices.WithLabelValues(name, profile, "reserved").Set(float64(n))
+		tenantDevReserved.WithLabelValues(name, profile).Set(float64(n))
 	}
 	for profile, n := range r.Tenant.Limits.Devices {
-		tenantDevices.WithLabelValues(name, profile, "limit").Set(float64(n))
+		tenantDevLimit.WithLabelValues(name, profile).Set(float64(n))
 	}
 }
 
 func deleteTenantMetrics(name string) {
-	for _, v := range []*prometheus.GaugeVec{tenantUnits, tenantMemory, tenantDevices} {
+	for _, v := range tenantGauges {
 		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
 	}
 }
 
 func setProfileMetrics(name string, r ProfileReport) {
-	profileDevices.WithLabelValues(name, "matching").Set(float64(r.Matching))
-	profileDevices.WithLabelValues(name, "allocated").Set(float64(r.Allocated))
-	profileDevices.WithLabelValues(name, "free").Set(float64(r.Matching - r.Allocated))
+	profileMatching.WithLabelValues(name).Set(float64(r.Matching))
+	profileAllocated.WithLabelValues(name).Set(float64(r.Allocated))
+	profileFree.WithLabelValues(name).Set(float64(r.Free))
 }
 
 func deleteProfileMetrics(name string) {
-	profileDevices.DeletePartialMatch(prometheus.Labels{"profile": name})
+	for _, v := range profileGauges {
+		v.DeletePartialMatch(prometheus.Labels{"profile": name})
+	}
 }
 
 // billing integrates each tenant's allocated GPU units over time into the

@@ -65,7 +65,7 @@ func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, rerr
 	}
 	status.MatchingDevices, status.AllocatedDevices = int32(report.Matching), int32(report.Allocated)
-	status.FreeDevices = status.MatchingDevices - status.AllocatedDevices
+	status.FreeDevices = int32(report.Free)
 	setProfileMetrics(p.Name, report)
 	if uerr := r.updateStatus(ctx, &p, status); uerr != nil {
 		return reconcile.Result{}, uerr

@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -327,5 +328,35 @@ func reconcileWith(t *testing.T, r *profileReconciler, name string) {
 	t.Helper()
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
+	}
+}
+
+// A whole GPU offered with dynamic MIG is not free while one of its MIG
+// partitions is allocated: both consume the GPU's counters, and the
+// scheduler cannot give it. The free count said matching - allocated.
+func TestProfileFreeCountHonoursCounters(t *testing.T) {
+	counters := func(slices int64) []resourceapi.DeviceCounterConsumption {
+		return []resourceapi.DeviceCounterConsumption{{CounterSet: "gpu-0-counters",
+			Counters: map[string]resourceapi.Counter{"memory-slices": {Value: *resource.NewQuantity(slices, resource.DecimalSI)}}}}
+	}
+	whole := wholeGPU(0)
+	whole.Attributes["index"] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](0)}
+	whole.ConsumesCounters = counters(7)
+	part := mig1g(0)
+	part.Attributes["index"] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](0)}
+	part.ConsumesCounters = counters(1)
+	set := resourceSlice("node-m")
+	set.Name = "node-m-counters"
+	set.Spec.Pool.ResourceSliceCount = 2
+	set.Spec.SharedCounters = []resourceapi.CounterSet{{Name: "gpu-0-counters",
+		Counters: map[string]resourceapi.Counter{"memory-slices": {Value: *resource.NewQuantity(7, resource.DecimalSI)}}}}
+	devs := resourceSlice("node-m", whole, part)
+	devs.Spec.Pool.ResourceSliceCount = 2
+	p := gpuProfile("whole", gpuaas.ProfileSelector{Type: "gpu"})
+	objs := append(world(t)[:4], p, set, devs, allocatedTo(claim("a", "small", "mig-1g", 1), "node-m", part.Name))
+	got := reconcileProfile(t, newFakeClient(t, objs...), "whole")
+	if got.Status.MatchingDevices != 1 || got.Status.AllocatedDevices != 0 || got.Status.FreeDevices != 0 {
+		t.Fatalf("status = matching %d, allocated %d, free %d; want 1, 0, 0 (its MIG partition is taken)",
+			got.Status.MatchingDevices, got.Status.AllocatedDevices, got.Status.FreeDevices)
 	}
 }
