@@ -50,6 +50,7 @@ func parseFlags() *flags {
 	fs := pflag.CommandLine
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Kubeconfig file; empty means in-cluster configuration. [$KUBECONFIG]")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; \"0\" disables it. [$METRICS_ADDR]")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", cli.Env("METRICS_SECURE", "true") == "true", "Serve /metrics over HTTPS to callers the API server authenticates and authorizes (get on the non-resource URL /metrics); false serves plain HTTP to anyone. [$METRICS_SECURE]")
 	fs.StringVar(&o.HealthAddr, "health-addr", cli.Env("HEALTH_ADDR", ":8081"), "Address of /healthz and /readyz; \"0\" disables them. [$HEALTH_ADDR]")
 	fs.BoolVar(&o.LeaderElection, "leader-elect", false, "Elect a leader among replicas; only the leader reconciles, every replica serves the webhook.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader-election Lease; empty means the namespace the controller runs in. [$POD_NAMESPACE]")

@@ -21,6 +21,11 @@ const (
 type Options struct {
 	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
 	MetricsAddr, HealthAddr string
+	// MetricsSecure serves /metrics over HTTPS, to callers the API server
+	// authenticates (TokenReview) and authorizes (SubjectAccessReview, get
+	// on the non-resource URL /metrics): the metrics name every tenant and
+	// its usage, which plain HTTP gave anyone on the pod network.
+	MetricsSecure bool
 
 	LeaderElection          bool
 	LeaderElectionNamespace string

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -101,7 +102,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		Cache:                         cacheOpts,
 		Scheme:                        scheme,
 		Logger:                        klog.FromContext(ctx),
-		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                       metricsOptions(opts),
 		HealthProbeBindAddress:        opts.HealthAddr,
 		LeaderElection:                opts.LeaderElection,
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
@@ -239,3 +240,17 @@ var namespaceTenancyChanged = predicate.LabelChangedPredicate{}
 // concurrent request, each to an endpoint it picks at random. It also
 // takes HTTP/2's rapid-reset attack (CVE-2023-44487) off the table.
 func webhookHTTP1Only(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
+
+// metricsOptions serves /metrics over HTTPS behind the API server's
+// authentication and authorization when opts.MetricsSecure (a self-signed
+// certificate: scrapers authenticate the controller by its Service), HTTP/1.1
+// only as the webhook (HTTP/2 rapid reset, CVE-2023-44487).
+func metricsOptions(opts *Options) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: opts.MetricsAddr}
+	if opts.MetricsSecure {
+		o.SecureServing = true
+		o.FilterProvider = filters.WithAuthenticationAndAuthorization
+		o.TLSOpts = []func(*tls.Config){webhookHTTP1Only}
+	}
+	return o
+}

@@ -135,26 +135,20 @@ func (r *controllerReplica) alive(t *testing.T, ctx context.Context) {
 // controller-runtime's webhook metric.
 func (r *controllerReplica) reviews(t *testing.T, ctx context.Context) int {
 	t.Helper()
-	n, err := webhookRequests(ctx, fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metricsPort), claimWebhook)
+	code, body, err := scrapeMetrics(ctx, r.metricsPort, serviceAccountToken(t, ctx, scraperAccount, metricsReaderRole))
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("HTTP %d", code)
+	}
 	if err != nil {
 		t.Fatalf("metrics of the replica on port %d: %v", r.metricsPort, err)
 	}
+	// controller_runtime_webhook_requests_total of the claim webhook, over
+	// its status codes.
+	n, err := sumMetric(strings.NewReader(body), "controller_runtime_webhook_requests_total", `webhook="`+claimWebhook+`"`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return n
-}
-
-// webhookRequests sums controller_runtime_webhook_requests_total of one
-// webhook path over its status codes.
-func webhookRequests(ctx context.Context, url, path string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	return sumMetric(resp.Body, "controller_runtime_webhook_requests_total", `webhook="`+path+`"`)
 }
 
 func sumMetric(r io.Reader, name, label string) (int, error) {

@@ -69,6 +69,7 @@ func TestRealNode(t *testing.T) {
 		{"ForeignClaimsDuringOutage", testForeignClaimsDuringOutage},
 		{"CertificateRenewal", testCertificateRenewal},
 		{"ControllerLeastPrivilege", testControllerLeastPrivilege},
+		{"MetricsNeedAuthorization", testMetricsNeedAuthorization},
 		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
 		{"Uninstall", testUninstall},
