@@ -395,6 +395,41 @@ func testDrain(t *testing.T, n *realNode) {
 	runningPod(t, ctx, h.ns, waiting.Name)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)
+	testDrainOneGPU(t, ctx, h)
+}
+
+// testDrainOneGPU drains GPU 6 (dynamic MIG: 29 devices) as docs/health.md
+// says: one DeviceTaintRule per device carrying its index, since a rule
+// selects devices by name only. A new MIG claim then lands on GPU 7.
+func testDrainOneGPU(t *testing.T, ctx context.Context, h *healthRun) {
+	devices := devicesOfGPU(t, ctx, 6)
+	for dev := range devices {
+		rule := &resourceapi.DeviceTaintRule{
+			ObjectMeta: metav1.ObjectMeta{Name: "drain-" + realNodeName + "-" + dev, Labels: map[string]string{"gpu.gpuaas.io/drain": "gpu-6"}},
+			Spec: resourceapi.DeviceTaintRuleSpec{
+				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(framework.DriverName), Pool: ptr.To(realNodeName), Device: ptr.To(dev)},
+				Taint:          resourceapi.DeviceTaint{Key: "gpu.gpuaas.io/drain", Value: "maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+			},
+		}
+		if _, err := cp.Client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.ResourceV1().DeviceTaintRules().DeleteCollection(context.Background(), metav1.DeleteOptions{},
+			metav1.ListOptions{LabelSelector: "gpu.gpuaas.io/drain=gpu-6"})
+	})
+	waitGPUPosture(t, 6, gpuaas.PostureDraining)
+	pod := h.pod(t, ctx, "mig-elsewhere", `device.attributes["gpu.gpuaas.io"].type == "mig" && device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
+	runningPod(t, ctx, h.ns, pod.Name)
+	st, _ := deviceStatus(t, ctx, h.ns, "mig-elsewhere", "Ready", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, "Ready", metav1.ConditionTrue)
+	})
+	if devices[st.Device] {
+		t.Fatalf("the new MIG claim got %s, on the drained GPU 6", st.Device)
+	}
+	t.Logf("GPU 6 drained by %d DeviceTaintRules (one per device); the new MIG claim got %s", len(devices), st.Device)
+	deletePodAndWait(t, ctx, pod)
 }
 
 // waitGPUPosture waits until the controller reports GPU index of the real
