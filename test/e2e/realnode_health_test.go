@@ -286,7 +286,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	})
 	t.Logf("claim status: %+v", st.Conditions)
 	t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
-	waitGPUPosture(t, 4, gpuaas.PostureUnhealthy)
+	waitGPUPosture(t, ctx, 4, gpuaas.PostureUnhealthy)
 
 	waiting := h.pod(t, ctx, "waiting", replica)
 	t.Logf("new pod while tainted: %s", stayPending(t, ctx, waiting, 5*time.Second))
@@ -297,7 +297,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 		return conditionIs(d, "Healthy", metav1.ConditionTrue)
 	})
 	podDeviceHealth(t, ctx, running, "Healthy")
-	waitGPUPosture(t, 4, gpuaas.PosturePartiallyAllocated)
+	waitGPUPosture(t, ctx, 4, gpuaas.PosturePartiallyAllocated)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)
 }
@@ -340,7 +340,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 	if !ok {
 		t.Fatalf("device %s has no index", st.Device)
 	}
-	waitGPUPosture(t, int32(gpu), gpuaas.PostureCleanupBlocked)
+	waitGPUPosture(t, ctx, int32(gpu), gpuaas.PostureCleanupBlocked)
 	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func testDrain(t *testing.T, n *realNode) {
 	waiting := h.pod(t, ctx, "after-drain", whole)
 	t.Logf("new pod on the drained node: %s", stayPending(t, ctx, waiting, 5*time.Second))
 	for index := range int32(8) {
-		waitGPUPosture(t, index, gpuaas.PostureDraining)
+		waitGPUPosture(t, ctx, index, gpuaas.PostureDraining)
 	}
 	p, err := cp.Client.CoreV1().Pods(h.ns).Get(ctx, running.Name, metav1.GetOptions{})
 	if err != nil {
@@ -419,7 +419,7 @@ func testDrainOneGPU(t *testing.T, ctx context.Context, h *healthRun) {
 		_ = cp.Client.ResourceV1().DeviceTaintRules().DeleteCollection(context.Background(), metav1.DeleteOptions{},
 			metav1.ListOptions{LabelSelector: "gpu.gpuaas.io/drain=gpu-6"})
 	})
-	waitGPUPosture(t, 6, gpuaas.PostureDraining)
+	waitGPUPosture(t, ctx, 6, gpuaas.PostureDraining)
 	pod := h.pod(t, ctx, "mig-elsewhere", `device.attributes["gpu.gpuaas.io"].type == "mig" && device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
 	runningPod(t, ctx, h.ns, pod.Name)
 	st, _ := deviceStatus(t, ctx, h.ns, "mig-elsewhere", "Ready", func(d resourceapi.AllocatedDeviceStatus) bool {
@@ -434,10 +434,11 @@ func testDrainOneGPU(t *testing.T, ctx context.Context, h *healthRun) {
 
 // waitGPUPosture waits until the controller reports GPU index of the real
 // node in posture want (GpuNode status), and returns its reason.
-func waitGPUPosture(t *testing.T, index int32, want gpuaas.Posture) string {
+func waitGPUPosture(t *testing.T, ctx context.Context, index int32, want gpuaas.Posture) string {
 	t.Helper()
 	c := installCRDs(t)
-	ctx := framework.Context(t, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	var node gpuaas.GpuNode
 	var reason string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
