@@ -10,6 +10,7 @@
 //	mocknvml recover --state-dir DIR --gpu N|UUID
 //	mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml clear --state-dir DIR
+//	mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -25,6 +26,12 @@
 // the GPU's MIG instances fail as if a process still used them, until
 // --off. clear ends every lost and mig-destroy-fails fault.
 //
+// mig-layout does what an admin does with mig-parted before offering a GPU
+// as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
+// profile (e.g. 3g.40gb,2g.20gb,1g.10gb) at its first free placement. On a
+// state directory no plugin has used yet, --machine and --seed (the
+// plugin's --nvml=mock:<machine> and its node name) create the machine.
+//
 // --state-dir defaults to $MOCK_NVML_STATE_DIR.
 package main
 
@@ -34,6 +41,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
@@ -47,6 +55,7 @@ const usage = `usage:
   mocknvml recover --state-dir DIR --gpu N|UUID
   mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
   mocknvml clear --state-dir DIR
+  mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
@@ -57,6 +66,7 @@ var commands = map[string]func(args []string) error{
 	"recover":           func(args []string) error { return setLost("recover", args, false) },
 	"mig-destroy-fails": migDestroyFails,
 	"clear":             clearFaults,
+	"mig-layout":        migLayout,
 }
 
 func main() {
@@ -181,4 +191,23 @@ func clearFaults(args []string) error {
 		return err
 	}
 	return nvdev.ClearMockFaults(*c.stateDir)
+}
+
+func migLayout(args []string) error {
+	c := newCommand("mig-layout", true)
+	profiles := c.fs.String("profiles", "", "the MIG profiles to make, comma-separated, e.g. 3g.40gb,2g.20gb,1g.10gb")
+	machine := c.fs.String("machine", "", "the mock machine (dgxh100, ...), for a state directory no plugin has used yet")
+	seed := c.fs.String("seed", "", "the plugin's node name, for a state directory no plugin has used yet")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	index, err := strconv.Atoi(*c.gpu)
+	if err != nil || *profiles == "" {
+		return fmt.Errorf("mig-layout needs --gpu as an index and --profiles\n%s", usage)
+	}
+	made, err := nvdev.LayoutMockMIG(*c.stateDir, *machine, *seed, index, strings.Split(*profiles, ","))
+	for _, inst := range made {
+		fmt.Printf("%s at memory slice %d: %s (GPU instance %d, compute instance %d)\n", inst.Profile, inst.Placement.Start, inst.UUID, inst.GIID, inst.CIID)
+	}
+	return err
 }

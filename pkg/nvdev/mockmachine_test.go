@@ -317,3 +317,24 @@ func gpuInstances(t *testing.T, dev nvml.Device) int {
 	}
 	return n
 }
+
+func TestLayoutMockMIGOutlivesTheLayoutProcess(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := nvdev.LayoutMockMIG(dir, "", "", 0, []string{"1g.10gb"}); err == nil {
+		t.Fatal("a layout on an empty directory without machine and seed succeeded")
+	}
+	made, err := nvdev.LayoutMockMIG(dir, "dgxh100", "node-a", 2, []string{"3g.40gb", "3g.40gb"})
+	if err != nil || len(made) != 2 {
+		t.Fatalf("layout: %v, %d made", err, len(made))
+	}
+	lib := openOn(t, "dgxh100", dir) // the plugin starting after the admin
+	if got := listMIG(t, gpu(t, lib, 2)); len(got) != 2 || got[0].Profile != "3g.40gb" {
+		t.Fatalf("the plugin finds %+v, want the two 3g.40gb devices laid out", got)
+	}
+	if got := migMode(t, gpu(t, lib, 2)); got != nvml.DEVICE_MIG_ENABLE {
+		t.Fatalf("MIG mode %d after the layout", got)
+	}
+	if _, err := nvdev.LayoutMockMIG(dir, "dgxa100", "", 1, nil); err == nil {
+		t.Fatal("a layout naming another machine than the directory's succeeded")
+	}
+}
