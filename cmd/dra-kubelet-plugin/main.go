@@ -40,10 +40,20 @@ type flags struct {
 	hostDriverRoot                                     string
 	podUID, cdiHookPath, nodeConfig, bootIDPath        string
 	mockStateDir                                       string
+	clearFaults                                        string
 }
 
 func main() {
 	f := parseFlags()
+	if f.clearFaults != "" {
+		// An operator's request to the running plugin (kubectl exec).
+		if err := health.RequestClear(healthClearDir(f), f.clearFaults); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Printf("asked the plugin to clear the faults of %s at its next probe\n", f.clearFaults)
+		return
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	logger := klog.Background().WithName("dra-kubelet-plugin")
@@ -71,6 +81,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
 	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", plugin.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
+	fs.StringVar(&f.clearFaults, "clear-faults", "", "Do not run: ask the plugin running on this node (same --plugin-data-dir) to clear the faults, and so the taints, of a GPU (its UUID, or \"all\") after an operator reset it; run with kubectl exec in the plugin pod.")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -205,8 +216,12 @@ func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometh
 	mc.NoExecute = cfg.NoExecute
 	// Faults are kept beside the checkpoint for the rest of the boot.
 	mc.StatePath = filepath.Join(f.pluginDataDir, "health.json")
+	mc.ClearDir = healthClearDir(f)
 	if id, err := os.ReadFile(f.bootIDPath); err == nil {
 		mc.BootID = strings.TrimSpace(string(id))
 	}
 	return health.New(lib, mc, health.NewMetrics(reg))
 }
+
+// healthClearDir is where operators' requests to clear faults go.
+func healthClearDir(f flags) string { return filepath.Join(f.pluginDataDir, "health-clear") }

@@ -79,8 +79,8 @@ func (d *demo) reportPosture(ctx context.Context) error {
 		return fmt.Errorf("waiting for the posture of %s: %w", d.opts.nodeName, err)
 	}
 	s := node.Status.Summary
-	d.out.printf("\nkubectl get gpunodes\n%-16s %-14s %4s %9s %7s %9s %8s %9s\n", "NAME", "NODE-POSTURE", "GPUS", "AVAILABLE", "PARTIAL", "ALLOCATED", "DRAINING", "UNHEALTHY")
-	d.out.printf("%-16s %-14s %4d %9d %7d %9d %8d %9d\n", node.Name, node.Status.Posture, s.GPUs, s.Available, s.PartiallyAllocated, s.Allocated, s.Draining, s.Faulty)
+	d.out.printf("\nkubectl get gpunodes\n%-16s %-18s %4s %9s %7s %9s %8s %9s\n", "NAME", "NODE-POSTURE", "GPUS", "AVAILABLE", "PARTIAL", "ALLOCATED", "DRAINING", "UNHEALTHY")
+	d.out.printf("%-16s %-18s %4d %9d %7d %9d %8d %9d\n", node.Name, node.Status.Posture, s.GPUs, s.Available, s.PartiallyAllocated, s.Allocated, s.Draining, s.Faulty)
 	d.out.printf("\nGPU  MODE         POSTURE             REASON\n")
 	for _, g := range node.Status.GPUs {
 		d.out.printf("%-4d %-12s %-19s %s\n", g.Index, g.Mode, g.Posture, firstClause(g.Reason))

@@ -46,6 +46,9 @@ type Config struct {
 	// BootID's boot; empty keeps them in memory only.
 	StatePath string
 	BootID    string
+	// ClearDir holds operators' requests to clear a GPU's faults
+	// (RequestClear); empty: none are read.
+	ClearDir string
 }
 
 func (c Config) withDefaults() Config {
@@ -147,6 +150,7 @@ func (m *Monitor) Run(ctx context.Context) {
 			sleep(ctx, waitTimeout)
 		}
 		if !time.Now().Before(nextProbe) {
+			m.applyClears(ctx)
 			m.probe(ctx)
 			nextProbe = time.Now().Add(m.cfg.ProbeInterval)
 		}

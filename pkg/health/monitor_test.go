@@ -295,3 +295,30 @@ func TestRestoredLostGPUThatAnswersWasReset(t *testing.T) {
 	second, _ := n.start(t, health.Config{StatePath: state, BootID: "b"})
 	waitFor(t, second, "the restored gpu-lost to clear at the first probe", count(0))
 }
+
+// A reset-required XID clears only when a reset is seen; an operator who
+// reset the GPU without the probe noticing asks for it to be cleared.
+func TestOperatorClearsAResetRequiredFault(t *testing.T) {
+	n := newFakeNode(t)
+	dir := filepath.Join(t.TempDir(), "health-clear")
+	m, _ := n.start(t, health.Config{ClearDir: dir})
+	dev, uuid := n.gpu(3)
+	other, otherUUID := n.gpu(4)
+	n.events <- xid(dev, 48)
+	n.events <- xid(other, 48)
+	waitFor(t, m, "two XIDs", count(2))
+	if err := health.RequestClear(dir, uuid); err != nil {
+		t.Fatal(err)
+	}
+	f := waitFor(t, m, "the cleared GPU's fault to go", count(1))
+	if f[0].GPU != otherUUID {
+		t.Fatalf("left %+v, want only the other GPU's fault", f)
+	}
+	if err := health.RequestClear(dir, health.ClearAll); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, "every fault to go", count(0))
+	if err := health.RequestClear(dir, "../escape"); err == nil {
+		t.Fatal("a clear request naming a path was accepted")
+	}
+}

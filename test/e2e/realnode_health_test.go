@@ -25,6 +25,7 @@ import (
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -300,6 +301,19 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	waitGPUPosture(t, ctx, 4, gpuaas.PosturePartiallyAllocated)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)
+
+	// A reset-required XID stays until a reset is seen, or an operator
+	// clears it (dra-kubelet-plugin --clear-faults in the plugin pod writes
+	// this request into the plugin's directory on the host).
+	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 48, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+		t.Fatal(err)
+	}
+	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", func(got map[string]bool) bool { return equalSets(got, gpu4) })
+	if err := health.RequestClear(filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "health-clear"), data.GPUUUID); err != nil {
+		t.Fatal(err)
+	}
+	took = waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the operator's clear request to remove it", func(got map[string]bool) bool { return len(got) == 0 })
+	t.Logf("XID 48 cleared at an operator's request %v later", took)
 }
 
 // testMIGHealth: an XID scoped to one MIG device taints that device only,
