@@ -11,6 +11,7 @@
 //	mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml clear --state-dir DIR
 //	mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
+//	mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -24,7 +25,9 @@
 // makes the GPU fall off the bus (its probes fail, and XID 79 is
 // reported), recover brings it back. mig-destroy-fails makes destroying
 // the GPU's MIG instances fail as if a process still used them, until
-// --off. clear ends every lost and mig-destroy-fails fault.
+// --off. row-remap makes the GPU report a row remapping pending (what an
+// uncorrectable memory error leaves for the next reset), until --off. clear
+// ends every lost, mig-destroy-fails and row-remap fault.
 //
 // mig-layout does what an admin does with mig-parted before offering a GPU
 // as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
@@ -56,6 +59,7 @@ const usage = `usage:
   mocknvml mig-destroy-fails --state-dir DIR --gpu N|UUID [--off]
   mocknvml clear --state-dir DIR
   mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
+  mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
@@ -67,6 +71,7 @@ var commands = map[string]func(args []string) error{
 	"mig-destroy-fails": migDestroyFails,
 	"clear":             clearFaults,
 	"mig-layout":        migLayout,
+	"row-remap":         rowRemap,
 }
 
 func main() {
@@ -210,4 +215,13 @@ func migLayout(args []string) error {
 		fmt.Printf("%s at memory slice %d: %s (GPU instance %d, compute instance %d)\n", inst.Profile, inst.Placement.Start, inst.UUID, inst.GIID, inst.CIID)
 	}
 	return err
+}
+
+func rowRemap(args []string) error {
+	c := newCommand("row-remap", true)
+	off := c.fs.Bool("off", false, "the pending remapping was applied (a reset)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockRowRemapPending(*c.stateDir, *c.gpu, !*off)
 }

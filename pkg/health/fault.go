@@ -24,6 +24,10 @@ const (
 	KindXID = "xid"
 	// KindECC: a double-bit ECC error was reported; value "double-bit".
 	KindECC = "ecc"
+	// KindRowRemap: an uncorrectable memory error left a row remapping
+	// pending (applied at the next reset), or the remapping failed; value
+	// "pending" or "failed".
+	KindRowRemap = "row-remap"
 	// KindGPULost: the GPU does not answer NVML (fallen off the bus, or
 	// in need of a reset); value "not-answering".
 	KindGPULost = "gpu-lost"

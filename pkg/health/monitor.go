@@ -309,6 +309,34 @@ func (m *Monitor) probe(ctx context.Context) {
 				return f.GPU == gpu.UUID && f.Kind != KindCleanupBlocked && f.Kind != KindUnmonitored
 			})
 		}
+		if err == nil {
+			m.probeRowRemap(ctx, gpu.UUID)
+		}
+	}
+}
+
+// probeRowRemap turns a pending or failed row remapping (no event reports
+// it) into a fault, cleared once the GPU no longer reports it: a reset
+// applies a pending remapping. GPUs without row remapping (before Ampere)
+// answer NOT_SUPPORTED and are left alone.
+func (m *Monitor) probeRowRemap(ctx context.Context, uuid string) {
+	dev, err := m.lib.DeviceByUUID(uuid)
+	if err != nil {
+		return
+	}
+	_, _, pending, failed, ret := dev.GetRemappedRows()
+	if ret != nvml.SUCCESS {
+		return
+	}
+	switch {
+	case failed:
+		m.add(ctx, Fault{Kind: KindRowRemap, Value: "failed", GPU: uuid, Since: m.cfg.Now(),
+			Message: "a row remapping failed: the GPU's memory has an uncorrectable error that cannot be remapped"})
+	case pending:
+		m.add(ctx, Fault{Kind: KindRowRemap, Value: "pending", GPU: uuid, Since: m.cfg.Now(),
+			Message: "a row remapping is pending: reset the GPU to apply it"})
+	default:
+		m.clear(ctx, func(f *Fault) bool { return f.GPU == uuid && f.Kind == KindRowRemap })
 	}
 }
 

@@ -108,6 +108,8 @@ const mockEventTypes = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitE
 func completeEvents(d *server.Device) {
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return mockEventTypes, nvml.SUCCESS }
 	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	// Row remapping (Ampere on): nothing corrected, nothing pending.
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.SUCCESS }
 }
 
 // quietEventSet is an event set on which nothing ever happens.

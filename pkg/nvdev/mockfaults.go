@@ -83,6 +83,9 @@ type mockEvent struct {
 type mockGPUFaults struct {
 	Lost            bool `json:"lost,omitempty"`
 	MigDestroyFails bool `json:"migDestroyFails,omitempty"`
+	// RowRemapPending: an uncorrectable memory error left a row to be
+	// remapped at the next reset (nvmlDeviceGetRemappedRows isPending).
+	RowRemapPending bool `json:"rowRemapPending,omitempty"`
 }
 
 // MockFaultsPath is the faults file of a mock machine in a state directory.
@@ -137,6 +140,18 @@ func SetMockMigDestroyFails(dir, gpu string, fails bool) error {
 	}
 	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
 		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.MigDestroyFails = fails })
+	})
+}
+
+// SetMockRowRemapPending makes a GPU of the persistent mock machine in dir
+// report a row remapping pending (what a reset would apply), or not.
+func SetMockRowRemapPending(dir, gpu string, pending bool) error {
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
+		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.RowRemapPending = pending })
 	})
 }
 
@@ -452,6 +467,13 @@ func (f *mockFaults) wrapDevice(d *server.Device) {
 			return 0, ret
 		}
 		return mockTemperatureC, nvml.SUCCESS
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		if ret := f.reachable(d.UUID); ret != nvml.SUCCESS {
+			return 0, 0, false, false, ret
+		}
+		g, _ := f.gpuFaults(d.UUID)
+		return 0, 0, g.RowRemapPending, false, nvml.SUCCESS
 	}
 	migByIndex := d.GetMigDeviceHandleByIndexFunc
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {

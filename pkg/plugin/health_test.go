@@ -195,3 +195,17 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 		t.Fatalf("MIG devices left: %+v", left)
 	}
 }
+
+func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
+	h := newHealthEnv(t, health.Config{})
+	gpu := h.lib.GPUs()[3]
+	if err := nvdev.SetMockRowRemapPending(h.dir, gpu.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	want := h.devicesOfGPU(3)
+	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the GPU tainted while a remapping is pending", func(got map[string]bool) bool { return sameSet(got, want) })
+	if err := nvdev.SetMockRowRemapPending(h.dir, gpu.UUID, false); err != nil { // a reset applied it
+		t.Fatal(err)
+	}
+	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the applied remapping to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
+}

@@ -10,7 +10,7 @@ import (
 
 // HealthFaultKinds are the fault kinds whose taint effect a node may
 // raise to NoExecute (see docs/health.md).
-var HealthFaultKinds = []string{"xid", "ecc", "gpu-lost", "cleanup-blocked"}
+var HealthFaultKinds = []string{"xid", "ecc", "row-remap", "gpu-lost", "cleanup-blocked"}
 
 // HealthConfig tunes the plugin's GPU health monitor.
 type HealthConfig struct {
