@@ -241,11 +241,12 @@ func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (Profil
 	if err != nil {
 		return ProfileReport{}, err
 	}
-	allocated, err := a.allocatedDevices(ctx)
-	if err != nil {
-		return ProfileReport{}, err
+	var claims resourceapi.ResourceClaimList
+	if err := a.reader.List(ctx, &claims, client.UnsafeDisableDeepCopy); err != nil {
+		return ProfileReport{}, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
-	givable, err := a.givableDevices(ctx)
+	allocated := allocatedDevices(claims.Items)
+	givable, err := a.givableDevices(ctx, claims.Items)
 	if err != nil {
 		return ProfileReport{}, err
 	}
@@ -266,14 +267,10 @@ func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (Profil
 
 // givableDevices are the devices of our driver a claim could be given now
 // (posture.Givable), on every node.
-func (a *Accountant) givableDevices(ctx context.Context) (map[quota.DeviceID]bool, error) {
+func (a *Accountant) givableDevices(ctx context.Context, claims []resourceapi.ResourceClaim) (map[quota.DeviceID]bool, error) {
 	var slices resourceapi.ResourceSliceList
 	if err := a.reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
-	}
-	var claims resourceapi.ResourceClaimList
-	if err := a.reader.List(ctx, &claims, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
 	pools := map[string]bool{}
 	for _, s := range slices.Items {
@@ -283,7 +280,7 @@ func (a *Accountant) givableDevices(ctx context.Context) (map[quota.DeviceID]boo
 	}
 	out := map[quota.DeviceID]bool{}
 	for pool := range pools {
-		for name, ok := range posture.Givable(pool, slices.Items, claims.Items) {
+		for name, ok := range posture.Givable(pool, slices.Items, claims) {
 			if ok {
 				out[quota.DeviceID{Driver: quota.DriverName, Pool: pool, Device: name}] = true
 			}
@@ -292,13 +289,10 @@ func (a *Accountant) givableDevices(ctx context.Context) (map[quota.DeviceID]boo
 	return out, nil
 }
 
-func (a *Accountant) allocatedDevices(ctx context.Context) (map[quota.DeviceID]bool, error) {
-	var claims resourceapi.ResourceClaimList
-	if err := a.reader.List(ctx, &claims, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
-	}
+// allocatedDevices are the devices of our driver that claims hold.
+func allocatedDevices(claims []resourceapi.ResourceClaim) map[quota.DeviceID]bool {
 	out := map[quota.DeviceID]bool{}
-	for _, c := range claims.Items {
+	for _, c := range claims {
 		if c.Status.Allocation == nil {
 			continue
 		}
@@ -308,7 +302,7 @@ func (a *Accountant) allocatedDevices(ctx context.Context) (map[quota.DeviceID]b
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // PublishedMigProfiles are the MIG profile names nodes publish.

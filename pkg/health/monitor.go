@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,21 +108,11 @@ func (m *Monitor) Faults() []Fault {
 	}
 	slices.SortFunc(out, func(a, b Fault) int {
 		if a.GPU != b.GPU {
-			return cmpStr(a.GPU, b.GPU)
+			return strings.Compare(a.GPU, b.GPU)
 		}
-		return cmpStr(a.Kind+a.Value, b.Kind+b.Value)
+		return strings.Compare(a.Kind+a.Value, b.Kind+b.Value)
 	})
 	return out
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Watching is closed when Run has registered every GPU for events and

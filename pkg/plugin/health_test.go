@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"maps"
 	"os"
 	"testing"
 	"time"
@@ -85,18 +86,6 @@ func (h *healthEnv) devicesOfGPU(index int) map[string]bool {
 	return out
 }
 
-func sameSet(a, b map[string]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
-}
-
 func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 	h := newHealthEnv(t, health.Config{QuietPeriod: 500 * time.Millisecond})
 	for _, index := range []int{1, 3} { // time-sliced (4 replicas), whole
@@ -104,7 +93,7 @@ func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 		if err := nvdev.InjectMockEvent(h.dir, h.lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
 			t.Fatal(err)
 		}
-		h.waitTainted(t, "gpu.gpuaas.io/xid", "every device of the GPU tainted", func(got map[string]bool) bool { return sameSet(got, want) })
+		h.waitTainted(t, "gpu.gpuaas.io/xid", "every device of the GPU tainted", func(got map[string]bool) bool { return maps.Equal(got, want) })
 		h.waitTainted(t, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
 	}
 }
@@ -116,8 +105,8 @@ func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := h.devicesOfGPU(2)
-	h.waitTainted(t, "gpu.gpuaas.io/gpu-lost", "the lost GPU's devices tainted", func(got map[string]bool) bool { return sameSet(got, want) })
-	h.waitTainted(t, "gpu.gpuaas.io/xid", "XID 79 with it", func(got map[string]bool) bool { return sameSet(got, want) })
+	h.waitTainted(t, "gpu.gpuaas.io/gpu-lost", "the lost GPU's devices tainted", func(got map[string]bool) bool { return maps.Equal(got, want) })
+	h.waitTainted(t, "gpu.gpuaas.io/xid", "XID 79 with it", func(got map[string]bool) bool { return maps.Equal(got, want) })
 
 	reports := make(chan kubeletplugin.DeviceHealthReport, 1)
 	ctx, cancel := context.WithCancel(h.ctx)
@@ -158,7 +147,7 @@ func TestMIGScopedXIDTaintsOnlyThatMIGDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool {
-		return sameSet(got, map[string]bool{name: true})
+		return maps.Equal(got, map[string]bool{name: true})
 	})
 }
 
@@ -176,12 +165,12 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 		t.Fatal("Unprepare succeeded although the MIG device cannot be destroyed")
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted", func(got map[string]bool) bool {
-		return sameSet(got, map[string]bool{name: true})
+		return maps.Equal(got, map[string]bool{name: true})
 	})
 	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
 		t.Fatal("a retry succeeded while destroy still fails")
 	}
-	if got := h.taintedDevices(t, "gpu.gpuaas.io/cleanup-blocked"); !sameSet(got, map[string]bool{name: true}) {
+	if got := h.taintedDevices(t, "gpu.gpuaas.io/cleanup-blocked"); !maps.Equal(got, map[string]bool{name: true}) {
 		t.Fatalf("after a failed retry: tainted %v", got)
 	}
 	if err := nvdev.SetMockMigDestroyFails(h.dir, gpu, false); err != nil {
@@ -203,7 +192,7 @@ func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := h.devicesOfGPU(3)
-	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the GPU tainted while a remapping is pending", func(got map[string]bool) bool { return sameSet(got, want) })
+	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the GPU tainted while a remapping is pending", func(got map[string]bool) bool { return maps.Equal(got, want) })
 	if err := nvdev.SetMockRowRemapPending(h.dir, gpu.UUID, false); err != nil { // a reset applied it
 		t.Fatal(err)
 	}

@@ -134,18 +134,18 @@ func fits(consumes []resourceapi.DeviceCounterConsumption, remaining map[string]
 // an unallocated device whose counters fit, or a share of a
 // multi-allocatable device that still fits in its capacity.
 func (g *gpu) roomLeft(remaining map[string]counters) bool {
-	for _, d := range g.devices {
-		multi := d.api.AllowMultipleAllocations != nil && *d.api.AllowMultipleAllocations
-		switch {
-		case multi && len(d.allocs) > 0:
-			if shareFits(d) {
-				return true
-			}
-		case len(d.allocs) == 0 && fits(d.api.ConsumesCounters, remaining):
-			return true
-		}
+	return slices.ContainsFunc(g.devices, func(d *device) bool { return givable(d, remaining) })
+}
+
+// givable reports whether a claim could be given d now: a share of a
+// multi-allocatable device that still fits in its capacity, or a device
+// nobody holds whose counters fit in what remains.
+func givable(d *device, remaining map[string]counters) bool {
+	multi := d.api.AllowMultipleAllocations != nil && *d.api.AllowMultipleAllocations
+	if multi && len(d.allocs) > 0 {
+		return shareFits(d)
 	}
-	return false
+	return len(d.allocs) == 0 && fits(d.api.ConsumesCounters, remaining)
 }
 
 // shareFits reports whether another share fits in every capacity of a

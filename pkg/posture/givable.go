@@ -24,13 +24,7 @@ func Givable(node string, slices []resourceapi.ResourceSlice, claims []resourcea
 		}
 		left := g.budgetOf(p.counterSets, allocated).left
 		for _, d := range g.devices {
-			multi := d.api.AllowMultipleAllocations != nil && *d.api.AllowMultipleAllocations
-			switch {
-			case multi:
-				out[d.api.Name] = len(d.allocs) == 0 || shareFits(d)
-			default:
-				out[d.api.Name] = len(d.allocs) == 0 && fits(d.api.ConsumesCounters, left)
-			}
+			out[d.api.Name] = givable(d, left)
 		}
 	}
 	return out

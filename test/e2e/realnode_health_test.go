@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -153,18 +154,6 @@ func devicesOfGPU(t *testing.T, ctx context.Context, index int64) map[string]boo
 	return out
 }
 
-func equalSets(a, b map[string]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
-}
-
 // deviceStatus waits for the claim's status entry of its one device to
 // satisfy cond, and returns it with its data.
 func deviceStatus(t *testing.T, ctx context.Context, ns, claim, what string, cond func(resourceapi.AllocatedDeviceStatus) bool) (resourceapi.AllocatedDeviceStatus, plugin.DeviceStatusData) {
@@ -277,7 +266,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
 		t.Fatal(err)
 	}
-	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return equalSets(got, gpu4) })
+	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
 	t.Logf("XID 62 on GPU 4: its %d devices tainted after %v", len(gpu4), took)
 	if took > 2*time.Second {
 		t.Errorf("taint took %v, want within 2s", took)
@@ -308,7 +297,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 48, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
 		t.Fatal(err)
 	}
-	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", func(got map[string]bool) bool { return equalSets(got, gpu4) })
+	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
 	if err := health.RequestClear(filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "health-clear"), data.GPUUUID); err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +326,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 		uint32(*data.MIGGPUInstanceID), uint32(*data.MIGComputeInstanceID)); err != nil {
 		t.Fatal(err)
 	}
-	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool { return equalSets(got, device) })
+	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool { return maps.Equal(got, device) })
 	t.Logf("MIG-scoped XID 94 on %s: only it tainted after %v", st.Device, took)
 	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear it", func(got map[string]bool) bool { return len(got) == 0 })
 
@@ -348,7 +337,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 	if err := cp.Client.CoreV1().Pods(h.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted while destroy fails", func(got map[string]bool) bool { return equalSets(got, device) })
+	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted while destroy fails", func(got map[string]bool) bool { return maps.Equal(got, device) })
 	t.Logf("MIG destroy refused: %s tainted cleanup-blocked after %v", st.Device, took)
 	gpu, ok := intAttr(publishedDevice(t, ctx, st.Device), "index")
 	if !ok {
