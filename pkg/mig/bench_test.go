@@ -44,7 +44,7 @@ func BenchmarkBuildDynamicMIGNode(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			l, err := mig.BuildDynamic(parent, ps)
+			l, err := mig.BuildDynamic(parent, ps, true)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func BenchmarkBuildDynamicMIGLayouts(b *testing.B) {
 	start := cpuTime(b)
 	for b.Loop() {
 		for i, parent := range parents {
-			if _, err := mig.BuildDynamic(parent, ps[i]); err != nil {
+			if _, err := mig.BuildDynamic(parent, ps[i], true); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,6 +1,7 @@
 package mig
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 
@@ -18,7 +19,27 @@ const (
 	CounterEncoders        = "encoders"
 	CounterJpegEngines     = "jpeg-engines"
 	CounterOfaEngines      = "ofa-engines"
+	// CounterGPUMilliunits is the GPU in thousandths, for Kueue's
+	// counter-based DRA quota (KEP-4815 counters; Kueue charges the value
+	// a matching device consumes). Every device that stands for a share of
+	// one GPU consumes its share; the GPU's set holds GPUMilliunits.
+	CounterGPUMilliunits = "gpu-milliunits"
 )
+
+// GPUMilliunits is one whole GPU in CounterGPUMilliunits.
+const GPUMilliunits = 1000
+
+// Milliunits is part/total of a GPU in thousandths, rounded down: the
+// shares of devices that fit on a GPU together (their parts add up to at
+// most total) then add up to at most GPUMilliunits, so the counter never
+// refuses an allocation the other counters allow. A part above the total
+// counts as the whole GPU; no total counts as nothing.
+func Milliunits(part, total int) int64 {
+	if total <= 0 || part <= 0 {
+		return 0
+	}
+	return GPUMilliunits * int64(min(part, total)) / int64(total)
+}
 
 // memorySliceCounters are the names of the first memory-slice counters,
 // built once: every device of a node names them.
@@ -63,6 +84,7 @@ type amounts struct {
 	copyEngines, decoders, encoders, jpegEngines, ofaEngines int
 	placement                                                Placement
 	instances                                                map[string]int
+	milliunits                                               int64
 }
 
 func totalAmounts(t GPUTotals) amounts {
@@ -70,17 +92,19 @@ func totalAmounts(t GPUTotals) amounts {
 		computeSlices: t.ComputeSlices, multiprocessors: t.Multiprocessors, memory: t.MemoryBytes,
 		copyEngines: t.CopyEngines, decoders: t.Decoders, encoders: t.Encoders,
 		jpegEngines: t.JpegEngines, ofaEngines: t.OfaEngines,
-		placement: Placement{Start: 0, Size: t.MemorySlices},
-		instances: t.InstanceLimits,
+		placement:  Placement{Start: 0, Size: t.MemorySlices},
+		instances:  t.InstanceLimits,
+		milliunits: GPUMilliunits,
 	}
 }
 
-func profileAmounts(p Profile, pl Placement) amounts {
+func profileAmounts(p Profile, pl Placement, t GPUTotals) amounts {
 	a := amounts{
 		computeSlices: p.ComputeSlices, multiprocessors: p.Multiprocessors, memory: p.MemoryBytes,
 		copyEngines: p.CopyEngines, decoders: p.Decoders, encoders: p.Encoders,
 		jpegEngines: p.JpegEngines, ofaEngines: p.OfaEngines,
-		placement: pl,
+		placement:  pl,
+		milliunits: Milliunits(p.ComputeSlices, t.ComputeSlices),
 	}
 	if instanceLimited(p) {
 		a.instances = map[string]int{InstancesCounter(p): 1}
@@ -91,7 +115,7 @@ func profileAmounts(p Profile, pl Placement) amounts {
 // counters renders amounts. Zero amounts are left out, so the GPU's set has
 // no useless counters and a device names only what it takes.
 func (a amounts) counters() map[string]resourceapi.Counter {
-	c := make(map[string]resourceapi.Counter, a.placement.Size+8+len(a.instances))
+	c := make(map[string]resourceapi.Counter, a.placement.Size+9+len(a.instances))
 	for i := a.placement.Start; i < a.placement.End(); i++ {
 		c[MemorySliceCounter(i)] = count(1)
 	}
@@ -108,6 +132,7 @@ func (a amounts) counters() map[string]resourceapi.Counter {
 	for name, n := range a.instances {
 		put(c, name, int64(n))
 	}
+	put(c, CounterGPUMilliunits, a.milliunits)
 	return c
 }
 
@@ -125,17 +150,18 @@ func count(v int64) resourceapi.Counter {
 // by position, so that two placements sharing a slice can never both be
 // allocated, plus the GPU's compute slices, multiprocessors, memory and
 // engines, so that engine-bound profiles ("+me" takes the only OFA) cannot
-// over-commit either, plus an instance cap for profiles that need one.
+// over-commit either, plus an instance cap for profiles that need one, plus
+// the GPU's milliunits for Kueue.
 func CounterSet(name string, totals GPUTotals) resourceapi.CounterSet {
 	return resourceapi.CounterSet{Name: name, Counters: totalAmounts(totals).counters()}
 }
 
 // MigDeviceConsumption is what a MIG device at a placement takes from its
-// GPU's counter set.
-func MigDeviceConsumption(counterSet string, p Profile, pl Placement) []resourceapi.DeviceCounterConsumption {
+// GPU's counter set; totals are the GPU's, for its share in milliunits.
+func MigDeviceConsumption(counterSet string, p Profile, pl Placement, totals GPUTotals) []resourceapi.DeviceCounterConsumption {
 	return []resourceapi.DeviceCounterConsumption{{
 		CounterSet: counterSet,
-		Counters:   profileAmounts(p, pl).counters(),
+		Counters:   profileAmounts(p, pl, totals).counters(),
 	}}
 }
 
@@ -146,6 +172,45 @@ func WholeGPUConsumption(counterSet string, totals GPUTotals) []resourceapi.Devi
 		CounterSet: counterSet,
 		Counters:   totalAmounts(totals).counters(),
 	}}
+}
+
+// UnitCounterSet is the counter set of a GPU offered whole, as time-slice
+// replicas or as static MIG: only its GPUMilliunits. Nothing else needs
+// counting there (the devices cannot overlap), so it exists for Kueue's
+// counter-based quota alone.
+func UnitCounterSet(name string) resourceapi.CounterSet {
+	return resourceapi.CounterSet{Name: name, Counters: map[string]resourceapi.Counter{
+		CounterGPUMilliunits: count(GPUMilliunits),
+	}}
+}
+
+// MilliunitsConsumption is a device taking milli GPU milliunits of a unit
+// counter set (see UnitCounterSet). No set (unit counters off) or no share
+// is nil, as the API refuses a consumption without counters.
+func MilliunitsConsumption(counterSet string, milli int64) []resourceapi.DeviceCounterConsumption {
+	if counterSet == "" || milli <= 0 {
+		return nil
+	}
+	return []resourceapi.DeviceCounterConsumption{{
+		CounterSet: counterSet,
+		Counters:   map[string]resourceapi.Counter{CounterGPUMilliunits: count(milli)},
+	}}
+}
+
+// WithoutMilliunits is consumes less the GPU milliunits counter. Entries
+// left with no counter are dropped (the API refuses them), so a device that
+// only consumed units consumes nothing. consumes itself is not changed: it
+// may be a published device's.
+func WithoutMilliunits(consumes []resourceapi.DeviceCounterConsumption) []resourceapi.DeviceCounterConsumption {
+	var out []resourceapi.DeviceCounterConsumption
+	for _, c := range consumes {
+		counters := maps.Clone(c.Counters)
+		delete(counters, CounterGPUMilliunits)
+		if len(counters) > 0 {
+			out = append(out, resourceapi.DeviceCounterConsumption{CounterSet: c.CounterSet, Counters: counters})
+		}
+	}
+	return out
 }
 
 // Withhold takes consumptions out of a counter set: the share of MIG

@@ -107,8 +107,9 @@ func (l *Layout) Find(name string) (Partition, bool) {
 }
 
 // BuildDynamic describes a GPU's dynamic MIG devices: one per (full
-// profile, placement), each consuming its GPU's counters.
-func BuildDynamic(parent Parent, profiles []Profile) (Layout, error) {
+// profile, placement), each consuming its GPU's counters. units adds the
+// GPU milliunits counter (CounterGPUMilliunits) for Kueue.
+func BuildDynamic(parent Parent, profiles []Profile, units bool) (Layout, error) {
 	totals := Totals(profiles)
 	set := CounterSetName(parent.Index)
 	l := Layout{
@@ -116,6 +117,10 @@ func BuildDynamic(parent Parent, profiles []Profile) (Layout, error) {
 		CounterSet: CounterSet(set, totals),
 		WholeGPU:   WholeGPUConsumption(set, totals),
 		byName:     map[string]int{},
+	}
+	if !units {
+		delete(l.CounterSet.Counters, CounterGPUMilliunits)
+		l.WholeGPU = WithoutMilliunits(l.WholeGPU)
 	}
 	if n := len(l.CounterSet.Counters); n > resourceapi.ResourceSliceMaxCountersPerCounterSet {
 		return Layout{}, fmt.Errorf("GPU %d needs %d counters, more than the %d a counter set may have",
@@ -127,6 +132,9 @@ func BuildDynamic(parent Parent, profiles []Profile) (Layout, error) {
 		}
 		for _, pl := range slices.Backward(p.Placements) {
 			dev := dynamicDevice(parent, set, p, pl, totals)
+			if !units {
+				dev.ConsumesCounters = WithoutMilliunits(dev.ConsumesCounters)
+			}
 			l.byName[dev.Name] = len(l.Partitions)
 			l.Partitions = append(l.Partitions, Partition{Profile: p, Placement: pl, Device: dev})
 		}
@@ -144,22 +152,35 @@ func dynamicDevice(parent Parent, set string, p Profile, pl Placement, totals GP
 		Name:             DeviceName(parent.Index, p, pl),
 		Attributes:       attrs,
 		Capacity:         MigCapacity(p),
-		ConsumesCounters: MigDeviceConsumption(set, p, pl),
+		ConsumesCounters: MigDeviceConsumption(set, p, pl, totals),
 	}
 }
 
 // StaticDevice describes a MIG instance that already exists (static mode):
-// it carries the MIG device's own UUID and consumes no counters.
-func StaticDevice(parent Parent, p Profile, inst Instance, totals GPUTotals) resourceapi.Device {
+// it carries the MIG device's own UUID. Nothing is left to the scheduler to
+// keep apart (the instances exist and cannot overlap), so its only counter
+// is its StaticMilliunits of unitSet, its GPU's UnitCounterSet, for Kueue;
+// an empty unitSet publishes none.
+func StaticDevice(parent Parent, p Profile, inst Instance, totals GPUTotals, unitSet string) resourceapi.Device {
 	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(parent.Attributes)+6)
 	maps.Copy(attrs, parent.Attributes)
 	setMigAttributes(attrs, p, totals, parent.UUID)
 	attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(inst.UUID)}
 	return resourceapi.Device{
-		Name:       StaticDeviceName(parent.Index, p, inst),
-		Attributes: attrs,
-		Capacity:   MigCapacity(p),
+		Name:             StaticDeviceName(parent.Index, p, inst),
+		Attributes:       attrs,
+		Capacity:         MigCapacity(p),
+		ConsumesCounters: MilliunitsConsumption(unitSet, StaticMilliunits(p, totals)),
 	}
+}
+
+// StaticMilliunits is an existing MIG device's share of its GPU: its
+// compute instance's slices. A compute variant ("1c.3g.40gb") is one of
+// several compute instances that share a GPU instance; charging each the
+// GPU instance's slices would add up to more than the GPU when they all
+// exist, and the counter would then refuse allocations of what exists.
+func StaticMilliunits(p Profile, totals GPUTotals) int64 {
+	return Milliunits(p.CIComputeSlices, totals.ComputeSlices)
 }
 
 // Remaining is the layout's counter set less the share of GPU instances

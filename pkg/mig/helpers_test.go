@@ -105,7 +105,7 @@ func parentOf(t testing.TB, d *server.Device) mig.Parent {
 
 func layout(t testing.TB, d *server.Device) mig.Layout {
 	t.Helper()
-	l, err := mig.BuildDynamic(parentOf(t, d), profiles(t, d))
+	l, err := mig.BuildDynamic(parentOf(t, d), profiles(t, d), true)
 	if err != nil {
 		t.Fatal(err)
 	}

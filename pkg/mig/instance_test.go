@@ -240,7 +240,7 @@ func TestListStaticLayout(t *testing.T) {
 	parent := parentOf(t, d)
 	for _, inst := range insts {
 		p := profileNamed(t, ps, inst.Profile)
-		dev := mig.StaticDevice(parent, p, inst, totals)
+		dev := mig.StaticDevice(parent, p, inst, totals, mig.CounterSetName(0))
 		if *dev.Attributes[mig.AttrUUID].StringValue != inst.UUID || inst.UUID == "" {
 			t.Errorf("%s: uuid attribute %v, instance %s", dev.Name, dev.Attributes[mig.AttrUUID], inst.UUID)
 		}

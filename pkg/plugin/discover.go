@@ -14,11 +14,14 @@ import (
 )
 
 // Inventory is everything the node offers: devices in preferred order,
-// grouped by the slice they go in, and the counter sets of partitionable
-// GPUs.
+// grouped by the slice they go in, and the GPUs' counter sets: a dynamic
+// MIG GPU's (KEP-4815), or a unit-only one (GPU milliunits, for Kueue).
 type Inventory struct {
 	Devices     []AllocatableDevice
 	CounterSets []resourceapi.CounterSet
+	// units: devices consume their share of their GPU in GPU milliunits
+	// (NodeConfig gpuUnitCounters).
+	units bool
 	// ownSlice marks devices that start a slice of their own: each dynamic
 	// MIG GPU's devices are published together in one slice.
 	ownSlice map[int]bool
@@ -30,7 +33,7 @@ type Inventory struct {
 // A GPU whose mode cannot be honoured falls back to whole (or is skipped)
 // with the reason logged; it never yields an invalid slice.
 func Discover(logger klog.Logger, lib nvdev.Interface, cfg *configapi.NodeConfig) Inventory {
-	inv := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}}
+	inv := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}, units: cfg.UnitCounters()}
 	for _, gpu := range lib.GPUs() {
 		mode := cfg.ModeFor(gpu.Index, gpu.UUID)
 		log := logger.WithValues("gpu", gpu.UUID, "index", gpu.Index, "mig", mode.MIG)
@@ -40,13 +43,33 @@ func Discover(logger klog.Logger, lib nvdev.Interface, cfg *configapi.NodeConfig
 				continue // a GPU in MIG mode cannot be handed out whole
 			}
 			log.Info("Offering GPU whole instead")
-			inv.add(WholeGPUDevice(gpu, lib.System()))
+			inv.addWhole(gpu, lib.System())
 		}
 	}
 	return inv
 }
 
 func (inv *Inventory) add(devs ...AllocatableDevice) { inv.Devices = append(inv.Devices, devs...) }
+
+// unitSet adds the unit-only counter set of a GPU offered whole, as
+// replicas or as static MIG, and returns its name: the name a dynamic MIG
+// GPU's set has, as a GPU is in one mode only. With unit counters off it
+// adds nothing and returns "", for which mig.MilliunitsConsumption is nil.
+func (inv *Inventory) unitSet(gpu nvdev.GPU) string {
+	if !inv.units {
+		return ""
+	}
+	name := mig.CounterSetName(gpu.Index)
+	inv.CounterSets = append(inv.CounterSets, mig.UnitCounterSet(name))
+	return name
+}
+
+// addWhole offers a GPU whole: one device, the whole GPU's milliunits.
+func (inv *Inventory) addWhole(gpu nvdev.GPU, sys nvdev.SystemInfo) {
+	d := WholeGPUDevice(gpu, sys)
+	d.API.ConsumesCounters = mig.MilliunitsConsumption(inv.unitSet(gpu), mig.GPUMilliunits)
+	inv.add(d)
+}
 
 func (inv *Inventory) addGPU(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.GpuMode) error {
 	switch mode.MIG {
@@ -65,7 +88,7 @@ func (inv *Inventory) addGPU(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.
 	if mode.Shared != nil {
 		return inv.addShared(lib, gpu, *mode.Shared)
 	}
-	inv.add(WholeGPUDevice(gpu, lib.System()))
+	inv.addWhole(gpu, lib.System())
 	return nil
 }
 
@@ -74,7 +97,8 @@ func parentOf(gpu nvdev.GPU, sys nvdev.SystemInfo) mig.Parent {
 }
 
 // addStatic offers the MIG devices that exist; it never creates or destroys
-// any: in static mode the admin owns the layout.
+// any: in static mode the admin owns the layout. Nothing is added unless
+// every device is known, so a GPU that falls back adds no counter set.
 func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
 	dev, profiles, err := migProfiles(lib, gpu)
 	if err != nil {
@@ -87,14 +111,18 @@ func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
 	if err != nil {
 		return fmt.Errorf("listing MIG devices: %w", err)
 	}
-	totals := mig.Totals(profiles)
+	ps := make([]mig.Profile, len(insts))
 	for i := range insts {
 		p, ok := mig.ProfileByName(profiles, insts[i].Profile)
 		if !ok {
 			return fmt.Errorf("MIG device %s has unknown profile %q", insts[i].UUID, insts[i].Profile)
 		}
+		ps[i] = p
+	}
+	totals, set := mig.Totals(profiles), inv.unitSet(gpu)
+	for i := range insts {
 		inv.add(AllocatableDevice{Type: TypeMIG, GPU: gpu, Mode: configapi.MigStatic, Static: &insts[i],
-			API: mig.StaticDevice(parentOf(gpu, lib.System()), p, insts[i], totals)})
+			API: mig.StaticDevice(parentOf(gpu, lib.System()), ps[i], insts[i], totals, set)})
 	}
 	return nil
 }
@@ -116,7 +144,7 @@ func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode config
 	if !toggles && !mode.MigModeEnabledByAdmin {
 		return errors.New("dynamic MIG on this GPU: set migModeEnabledByAdmin to confirm MIG mode is managed by the admin")
 	}
-	layout, err := mig.BuildDynamic(parentOf(gpu, lib.System()), profiles)
+	layout, err := mig.BuildDynamic(parentOf(gpu, lib.System()), profiles, inv.units)
 	if err != nil {
 		return err
 	}
@@ -157,14 +185,20 @@ func sharingParent(gpu nvdev.GPU, sys nvdev.SystemInfo) timeslice.Parent {
 	return timeslice.Parent{Index: gpu.Index, UUID: gpu.UUID, MemoryBytes: gpu.MemoryBytes, Attributes: gpuAttributes(gpu, sys)}
 }
 
-// addReplicas offers a time-sliced GPU as its N replicas.
+// addReplicas offers a time-sliced GPU as its N replicas, each 1/N of its
+// milliunits, rounded down.
 func (inv *Inventory) addReplicas(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.TimeSlicingMode) {
-	for _, api := range timeslice.ReplicaDevices(sharingParent(gpu, lib.System()), mode) {
+	units := mig.MilliunitsConsumption(inv.unitSet(gpu), timeslice.ReplicaShare(mig.GPUMilliunits, mode.Replicas))
+	for _, api := range timeslice.ReplicaDevices(sharingParent(gpu, lib.System()), mode, units) {
 		inv.add(AllocatableDevice{Type: TypeTimeSlice, GPU: gpu, API: api, TimeSlicing: &mode})
 	}
 }
 
-// addShared offers a shared GPU as one multi-allocatable device.
+// addShared offers a shared GPU as one multi-allocatable device. It
+// consumes no GPU milliunits: a multi-allocatable device's counters are
+// taken once, by whichever share is allocated first, whatever the share's
+// size, so they cannot say what a claim holds; Kueue can charge such
+// claims by the memory capacity they consume instead.
 func (inv *Inventory) addShared(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.SharedMode) error {
 	parent := sharingParent(gpu, lib.System())
 	if err := timeslice.ValidateShared(parent, mode); err != nil {

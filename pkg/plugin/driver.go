@@ -66,8 +66,8 @@ type Driver struct {
 	mu  sync.Mutex
 	inv Inventory
 	pub publisher
-	// withdrawn: dynamic MIG is no longer offered, because the cluster
-	// drops the counters that keep its devices apart.
+	// withdrawn: counters are no longer published (nor dynamic MIG, whose
+	// devices only counters keep apart), because the cluster drops them.
 	withdrawn bool
 
 	health *health.Monitor

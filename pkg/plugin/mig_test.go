@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -250,8 +251,10 @@ func TestStaticMIGIsNeverCreatedOrDestroyed(t *testing.T) {
 func TestAmpereDynamicWithoutAdminFallsBackToWhole(t *testing.T) {
 	e := newTestEnvWith(t, "dgxa100", dynamicAll())
 	for _, d := range e.devices {
-		if d.Type != TypeGPU || d.Mode != "" || len(d.API.ConsumesCounters) != 0 {
-			t.Fatalf("A100 with MIG off offered %s (mode %q) under dynamic MIG; want whole GPUs", d.Name(), d.Mode)
+		// A whole GPU consumes only its milliunits, from its unit-only set.
+		units := mig.MilliunitsConsumption(mig.CounterSetName(d.GPU.Index), mig.GPUMilliunits)
+		if d.Type != TypeGPU || d.Mode != "" || !reflect.DeepEqual(d.API.ConsumesCounters, units) {
+			t.Fatalf("A100 with MIG off offered %s (mode %q, consuming %v) under dynamic MIG; want whole GPUs", d.Name(), d.Mode, d.API.ConsumesCounters)
 		}
 	}
 	if len(e.devices) != 8 {

@@ -30,63 +30,90 @@ func countersDropped(err *resourceslice.DroppedFieldsError) bool {
 	return false
 }
 
-// withdrawDynamicMIG stops offering the dynamic-MIG GPUs once the cluster
-// is found to drop counters. Without counters nothing keeps the scheduler
-// from handing out a GPU whole and its MIG slices, or overlapping slices,
-// to different claims at once.
+// withdrawDynamicMIG stops publishing counters once the cluster is found
+// to drop them: it stops offering the dynamic-MIG GPUs, and offers every
+// other device without the GPU milliunits it consumed.
 //
-// The GPUs are not offered at all, rather than as whole GPUs: a GPU whose
-// MIG mode needs a reset (Ampere) cannot be handed out whole in MIG mode;
-// and on any of them, claims may already hold MIG slices (prepared, or
-// allocated from the slices the API server stored without counters before
-// this republish), which a whole GPU offered now would be allocated on top
-// of, with nothing in the cluster counting them against it. Offering
-// nothing cannot conflict with anything.
+// Without counters nothing keeps the scheduler from handing out a dynamic
+// MIG GPU whole and its MIG slices, or overlapping slices, to different
+// claims at once. Those GPUs are not offered at all, rather than as whole
+// GPUs: a GPU whose MIG mode needs a reset (Ampere) cannot be handed out
+// whole in MIG mode; and on any of them, claims may already hold MIG slices
+// (prepared, or allocated from the slices the API server stored without
+// counters before this republish), which a whole GPU offered now would be
+// allocated on top of, with nothing in the cluster counting them against
+// it. Offering nothing cannot conflict with anything.
 //
-// Claims already allocated on these devices are still prepared: some were
-// allocated while counters were in force, and NVML itself refuses the
+// Whole GPUs, time-slice replicas and static MIG devices stay: their only
+// counter is Kueue's gpu-milliunits (a unit-only counter set per GPU),
+// which keeps nothing apart that is not apart already, so without it they
+// are as safe as before and only Kueue's counter-based quota loses them.
+//
+// Claims already allocated on withdrawn devices are still prepared: some
+// were allocated while counters were in force, and NVML itself refuses the
 // conflicting ones (overlapping placements, MIG mode off under a MIG
 // device). The withdrawal lasts until the plugin restarts; a start
-// publishes dynamic MIG again and checks again.
+// publishes counters again and checks again.
 //
 // The plugin has no event recorder (nor RBAC for events in the chart), so
 // the reason is given by an error log and the
 // gpuaas_dra_plugin_dynamic_mig_withdrawn_gpus gauge.
 func (d *Driver) withdrawDynamicMIG(ctx context.Context, dropped *resourceslice.DroppedFieldsError) {
-	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.withdrawn {
 		return // every slice of the first publish reports it
 	}
-	inv, gpus := d.inv.withoutDynamicMIG()
-	if len(gpus) == 0 {
+	inv, gpus, stripped := d.inv.withoutCounters()
+	if len(gpus) == 0 && stripped == 0 {
 		return // nothing of ours uses counters; HandleError logs the error
 	}
 	d.withdrawn, d.inv = true, inv
 	d.metrics.setDynamicMIGWithdrawn(len(gpus))
-	logger.Error(nil, "The API server drops the counters of partitionable devices (feature gate DRAPartitionableDevices off): "+
-		"no longer offering the dynamic-MIG GPUs, whose whole GPU and MIG devices would be allocated to different claims at once; "+
-		"enable the feature gate, or offer these GPUs whole or as static MIG, and restart the plugin",
-		"pool", dropped.PoolName, "slice", dropped.SliceIndex, "gpus", gpus)
+	logCountersDropped(klog.FromContext(ctx), dropped, gpus, stripped)
 	if err := d.publishLocked(ctx); err != nil {
-		logger.Error(err, "Republishing without dynamic MIG")
+		klog.FromContext(ctx).Error(err, "Republishing without counters")
 	}
 }
 
-// withoutDynamicMIG is the inventory less the dynamic-MIG GPUs' devices
-// and every device and counter set that counters tie together, with the
-// UUIDs of the GPUs left out.
-func (inv Inventory) withoutDynamicMIG() (Inventory, []string) {
+func logCountersDropped(logger klog.Logger, dropped *resourceslice.DroppedFieldsError, gpus []string, stripped int) {
+	const cause = "The API server drops the counters of partitionable devices (feature gate DRAPartitionableDevices off): "
+	kv := []any{"pool", dropped.PoolName, "slice", dropped.SliceIndex}
+	if len(gpus) > 0 {
+		logger.Error(nil, cause+
+			"no longer offering the dynamic-MIG GPUs, whose whole GPU and MIG devices would be allocated to different claims at once; "+
+			"enable the feature gate, or offer these GPUs whole or as static MIG, and restart the plugin",
+			append(kv, "gpus", gpus)...)
+	}
+	if stripped > 0 {
+		logger.Error(nil, cause+"publishing the other devices without the "+mig.CounterGPUMilliunits+
+			" counter, so Kueue's counter-based quota cannot charge them; enable the feature gate and restart the plugin, "+
+			"or set gpuUnitCounters: false in the node configuration", append(kv, "devices", stripped)...)
+	}
+}
+
+// withoutCounters is the inventory as a cluster without partitionable
+// devices can take it: no counter sets; no device of a dynamic-MIG GPU, nor
+// any other that consumes more than GPU milliunits; the rest less their GPU
+// milliunits. It also returns the UUIDs of the GPUs whose devices are left
+// out, and how many devices kept lost their GPU milliunits.
+func (inv Inventory) withoutCounters() (Inventory, []string, int) {
 	out := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}}
 	var gpus []string
+	stripped := 0
 	for _, d := range inv.Devices {
+		had := len(d.API.ConsumesCounters) > 0
+		// d is a copy: the consumption is replaced, never changed in place.
+		d.API.ConsumesCounters = mig.WithoutMilliunits(d.API.ConsumesCounters)
 		if d.Mode == configapi.MigDynamic || len(d.API.ConsumesCounters) > 0 {
 			gpus = append(gpus, d.GPU.UUID)
 			continue
 		}
+		if had {
+			stripped++
+		}
 		out.add(d)
 	}
 	slices.Sort(gpus)
-	return out, slices.Compact(gpus)
+	return out, slices.Compact(gpus), stripped
 }

@@ -3,16 +3,19 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 )
 
 // capturePublisher keeps what the driver publishes, in place of the
@@ -96,7 +99,8 @@ func usesCounters(pool resourceslice.Pool) bool {
 
 // Item 11: the API server drops the counters (partitionable devices off);
 // the next publish offers no dynamic-MIG device and nothing that uses
-// counters, keeps the whole GPUs, and says so in a gauge.
+// counters, keeps the whole GPUs (which consumed GPU milliunits) without
+// counters, and says so in a gauge.
 func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicFirstFour())
 	d, pub := testDriver(t, e, dynamicFirstFour())
@@ -106,6 +110,9 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	first := pub.last(t)
 	if !usesCounters(first) {
 		t.Fatal("the first publish uses no counters; nothing to test")
+	}
+	if n := unitCounted(first); n != 4 {
+		t.Fatalf("%d whole GPUs consume GPU milliunits, want GPUs 4-7", n)
 	}
 	// Every slice of the first publish comes back without its counters.
 	for i := range first.Slices {
@@ -156,5 +163,108 @@ func TestOtherDroppedFieldsKeepDynamicMIG(t *testing.T) {
 	d.HandleError(e.ctx, storedWithout(first, 1, func(s *resourceapi.ResourceSliceSpec) { s.Devices[0].Taints = nil }), "update ResourceSlice")
 	if n := pub.count(); n != 1 || testutil.ToFloat64(e.metrics.withdrawnMIG) != 0 {
 		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.metrics.withdrawnMIG))
+	}
+}
+
+// unitCounted is how many devices consume nothing but GPU milliunits.
+func unitCounted(pool resourceslice.Pool) int {
+	n := 0
+	for _, s := range pool.Slices {
+		for _, d := range s.Devices {
+			if len(d.ConsumesCounters) > 0 && mig.WithoutMilliunits(d.ConsumesCounters) == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func publishedNames(pool resourceslice.Pool) []string {
+	var out []string
+	for _, s := range pool.Slices {
+		for _, d := range s.Devices {
+			out = append(out, d.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Dropped counters take GPU milliunits off whole GPUs, replicas and static
+// MIG but keep offering them, as before unit counters: only the dynamic
+// MIG GPU is withdrawn, and the unit-only counter sets go.
+func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
+	e, cfg := unitModes(t, nil)
+	d, pub := testDriver(t, e, cfg)
+	if err := d.publish(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := pub.last(t)
+	for i := range first.Slices {
+		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+	}
+	if n := pub.count(); n != 2 {
+		t.Fatalf("%d publishes, want the first and one without counters", n)
+	}
+	after := pub.last(t)
+	if usesCounters(after) {
+		t.Error("republished slices still use counters")
+	}
+	var want []string
+	for _, s := range first.Slices {
+		for _, dev := range s.Devices {
+			if !strings.HasPrefix(dev.Name, "gpu-0-") && dev.Name != GPUDeviceName(0) {
+				want = append(want, dev.Name)
+			}
+		}
+	}
+	slices.Sort(want)
+	if got := publishedNames(after); !slices.Equal(got, want) {
+		t.Errorf("republished %v\nwant everything but dynamic GPU 0's: %v", got, want)
+	}
+	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 1 {
+		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 1", got)
+	}
+}
+
+// With no dynamic MIG at all, dropped counters republish every GPU whole,
+// without its milliunits, and withdraw nothing.
+func TestDroppedCountersWholeGPUsOnly(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	d, pub := testDriver(t, e, &configapi.NodeConfig{})
+	if err := d.publish(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := pub.last(t)
+	if n := unitCounted(first); n != 8 {
+		t.Fatalf("%d whole GPUs consume GPU milliunits, want 8", n)
+	}
+	for i := range first.Slices {
+		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+	}
+	after := pub.last(t)
+	if n := pub.count(); n != 2 || usesCounters(after) || !slices.Equal(publishedNames(after), publishedNames(first)) {
+		t.Errorf("%d publishes, last %v (counters: %v); want the 8 whole GPUs again without counters", n, publishedNames(after), usesCounters(after))
+	}
+	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 0 {
+		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 0", got)
+	}
+}
+
+// Unit counters off and no dynamic MIG: nothing of ours uses counters, so
+// a report that counters were dropped republishes nothing.
+func TestDroppedFieldsWithoutCountersRepublishNothing(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	d, pub := testDriver(t, e, &configapi.NodeConfig{GPUUnitCounters: ptr.To(false)})
+	if err := d.publish(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := pub.last(t)
+	if usesCounters(first) {
+		t.Fatal("unit counters off, yet the publish uses counters")
+	}
+	d.withdrawDynamicMIG(e.ctx, &resourceslice.DroppedFieldsError{PoolName: testNode})
+	if n := pub.count(); n != 1 || d.withdrawn {
+		t.Errorf("%d publishes (withdrawn: %v), want only the first", n, d.withdrawn)
 	}
 }

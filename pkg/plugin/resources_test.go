@@ -2,13 +2,21 @@ package plugin
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 )
 
 func TestPublishedWholeGPUs(t *testing.T) {
@@ -23,17 +31,22 @@ func TestPublishedWholeGPUs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.machine, func(t *testing.T) {
 			e := newTestEnv(t, tc.machine)
-			res := Resources(testNode, Inventory{Devices: e.devices})
+			res := Resources(testNode, Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, &configapi.NodeConfig{}))
 			pool, ok := res.Pools[testNode]
 			if !ok || len(res.Pools) != 1 {
 				t.Fatalf("pools = %v, want one named %q", res.Pools, testNode)
 			}
-			if len(pool.Slices) != 1 || len(pool.Slices[0].Devices) != 8 {
-				t.Fatalf("want one slice of 8 devices, got %d slices", len(pool.Slices))
+			checkPoolValid(t, pool)
+			// The GPUs' unit-only counter sets, then the GPUs.
+			if len(pool.Slices) != 2 || len(pool.Slices[0].SharedCounters) != 8 || len(pool.Slices[1].Devices) != 8 {
+				t.Fatalf("want a slice of 8 counter sets and one of 8 devices, got %d slices", len(pool.Slices))
 			}
-			for i, d := range pool.Slices[0].Devices {
+			for i, d := range pool.Slices[1].Devices {
 				gpu := e.lib.GPUs()[i]
 				checkWholeGPU(t, d, gpu, i, tc.product, tc.arch, tc.cc, tc.memory, tc.sms)
+				if set, milli := milliunits(d); set != mig.CounterSetName(i) || milli != mig.GPUMilliunits {
+					t.Errorf("%s takes %d milliunits of %q, want 1000 of %s", d.Name, milli, set, mig.CounterSetName(i))
+				}
 			}
 		})
 	}
@@ -119,6 +132,206 @@ func TestSemver(t *testing.T) {
 	for in, want := range map[string]string{"9.0": "9.0.0", "12.4": "12.4.0", "535.104.05": "535.104.5", "550.54.15": "550.54.15", "10": "10.0.0"} {
 		if got := semver(in); got != want || !re.MatchString(got) {
 			t.Errorf("semver(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// unitModes offers a mock DGX H100's GPU 0 as dynamic MIG, 1 as static
+// MIG (3g + 2g + 1g + 1g made by the admin), 2 as 3 time-slice replicas,
+// 3 shared, the others whole.
+func unitModes(t *testing.T, units *bool) (*testEnv, *configapi.NodeConfig) {
+	t.Helper()
+	e := newTestEnv(t, "dgxh100")
+	dev, err := e.lib.DeviceByUUID(e.lib.GPUs()[1].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mig.EnableMigMode(dev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mig.ApplyLayout(dev, []string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"}); err != nil {
+		t.Fatal(err)
+	}
+	e.lib.GPUs()[1].MigEnabled = true // as the admin's change reports after a re-open
+	return e, &configapi.NodeConfig{GPUUnitCounters: units, GPUs: []configapi.GpuModeSelector{
+		{Indexes: []int{0}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}},
+		{Indexes: []int{1}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}},
+		{Indexes: []int{2}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 3}}},
+		{Indexes: []int{3}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{}}},
+	}}
+}
+
+// milliunits is what a device takes of gpu-milliunits, and from which set.
+func milliunits(d resourceapi.Device) (string, int64) {
+	for _, c := range d.ConsumesCounters {
+		if v, ok := c.Counters[mig.CounterGPUMilliunits]; ok {
+			return c.CounterSet, v.Value.Value()
+		}
+	}
+	return "", 0
+}
+
+// Every device but a shared one consumes its GPU's share in milliunits
+// (rounded down) from its GPU's counter set, which holds 1000; whole GPUs,
+// replicas and static MIG from a set of that counter alone.
+func TestUnitCountersEveryMode(t *testing.T) {
+	e, cfg := unitModes(t, nil)
+	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	pool := Resources(testNode, inv).Pools[testNode]
+	checkPoolValid(t, pool)
+	sets := map[string]resourceapi.CounterSet{}
+	for _, cs := range inv.CounterSets {
+		sets[cs.Name] = cs
+		if have := cs.Counters[mig.CounterGPUMilliunits]; have.Value.Value() != mig.GPUMilliunits {
+			t.Errorf("counter set %s holds %s milliunits", cs.Name, have.Value.String())
+		}
+	}
+	if len(sets) != 7 { // all but the shared GPU
+		t.Errorf("%d counter sets, want 7: %v", len(sets), slices.Collect(maps.Keys(sets)))
+	}
+	wantStatic := map[string]int64{"3g.40gb": 428, "2g.20gb": 285, "1g.10gb": 142}
+	perGPU := map[int]int64{}
+	for _, d := range inv.Devices {
+		set, milli := milliunits(d.API)
+		want := int64(mig.GPUMilliunits)
+		switch {
+		case d.Type == TypeShared:
+			want = 0
+		case d.Type == TypeTimeSlice:
+			want = 333
+		case d.Static != nil:
+			want = wantStatic[d.Static.Profile]
+		case d.Partition != nil:
+			want = mig.Milliunits(d.Partition.Profile.ComputeSlices, 7)
+		}
+		if milli != want || (want > 0 && set != mig.CounterSetName(d.GPU.Index)) {
+			t.Errorf("%s takes %d milliunits of %q, want %d of %s", d.Name(), milli, set, want, mig.CounterSetName(d.GPU.Index))
+		}
+		if d.Mode != configapi.MigDynamic && len(d.API.ConsumesCounters) > 0 && len(sets[set].Counters) != 1 {
+			t.Errorf("%s consumes set %s, which holds more than GPU milliunits", d.Name(), set)
+		}
+		if d.Mode != configapi.MigDynamic {
+			perGPU[d.GPU.Index] += milli
+		}
+	}
+	// What exists at once (all but dynamic MIG's) fits in each GPU's 1000.
+	if want := map[int]int64{1: 997, 2: 999, 3: 0, 4: 1000, 5: 1000, 6: 1000, 7: 1000}; !maps.Equal(perGPU, want) {
+		t.Errorf("milliunits per GPU = %v, want %v", perGPU, want)
+	}
+}
+
+// Unit counters off: whole GPUs, replicas and static MIG consume nothing
+// and have no set; dynamic MIG keeps its counters but gpu-milliunits.
+func TestUnitCountersOff(t *testing.T) {
+	e, cfg := unitModes(t, ptr.To(false))
+	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	checkPoolValid(t, Resources(testNode, inv).Pools[testNode])
+	if len(inv.CounterSets) != 1 || inv.CounterSets[0].Name != mig.CounterSetName(0) {
+		t.Fatalf("counter sets %v, want only dynamic GPU 0's", inv.CounterSets)
+	}
+	if _, ok := inv.CounterSets[0].Counters[mig.CounterGPUMilliunits]; ok {
+		t.Error("dynamic GPU's set has gpu-milliunits")
+	}
+	for _, d := range inv.Devices {
+		if _, milli := milliunits(d.API); milli != 0 {
+			t.Errorf("%s takes %d milliunits", d.Name(), milli)
+		}
+		if d.Mode != configapi.MigDynamic && len(d.API.ConsumesCounters) > 0 {
+			t.Errorf("%s consumes %v", d.Name(), d.API.ConsumesCounters)
+		}
+		if d.Mode == configapi.MigDynamic && len(d.API.ConsumesCounters) != 1 {
+			t.Errorf("dynamic %s consumes %v", d.Name(), d.API.ConsumesCounters)
+		}
+	}
+}
+
+// Per-GPU unit sets of a large node go 8 to a slice (the API's limit),
+// and whole GPUs consuming them 64 to a slice.
+func TestUnitCounterSetsOfManyGPUs(t *testing.T) {
+	var inv Inventory
+	for i := range 70 {
+		set := mig.CounterSetName(i)
+		inv.CounterSets = append(inv.CounterSets, mig.UnitCounterSet(set))
+		inv.Devices = append(inv.Devices, AllocatableDevice{API: resourceapi.Device{Name: GPUDeviceName(i),
+			ConsumesCounters: mig.MilliunitsConsumption(set, mig.GPUMilliunits)}})
+	}
+	pool := Resources("n", inv).Pools["n"]
+	checkPoolValid(t, pool)
+	var sizes []string
+	for _, s := range pool.Slices {
+		sizes = append(sizes, fmt.Sprintf("%d/%d", len(s.SharedCounters), len(s.Devices)))
+	}
+	if got := strings.Join(sizes, " "); got != "8/0 8/0 8/0 8/0 8/0 8/0 8/0 8/0 6/0 0/64 0/6" {
+		t.Errorf("slices (counter sets/devices) = %s", got)
+	}
+}
+
+// checkPoolValid checks what the API server validates of a pool's slices
+// (k8s.io/api/resource/v1 limits), and that every counter a device
+// consumes is published in the pool.
+func checkPoolValid(t *testing.T, pool resourceslice.Pool) {
+	t.Helper()
+	sets := map[string]resourceapi.CounterSet{}
+	for i, s := range pool.Slices {
+		if len(s.SharedCounters) > 0 && len(s.Devices) > 0 {
+			t.Errorf("slice %d holds counter sets and devices", i)
+		}
+		if len(s.SharedCounters) > resourceapi.ResourceSliceMaxCounterSets {
+			t.Errorf("slice %d: %d counter sets", i, len(s.SharedCounters))
+		}
+		for _, cs := range s.SharedCounters {
+			checkCounterSet(t, cs, sets)
+			sets[cs.Name] = cs
+		}
+	}
+	for i, s := range pool.Slices {
+		limit := resourceapi.ResourceSliceMaxDevices
+		if slices.ContainsFunc(s.Devices, func(d resourceapi.Device) bool { return len(d.ConsumesCounters) > 0 }) {
+			limit = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+		}
+		if len(s.Devices) > limit {
+			t.Errorf("slice %d: %d devices, at most %d allowed", i, len(s.Devices), limit)
+		}
+		for _, d := range s.Devices {
+			checkConsumption(t, d, sets)
+		}
+	}
+}
+
+func checkCounterSet(t *testing.T, cs resourceapi.CounterSet, seen map[string]resourceapi.CounterSet) {
+	t.Helper()
+	if _, dup := seen[cs.Name]; dup || len(validation.IsDNS1123Label(cs.Name)) > 0 {
+		t.Errorf("counter set name %q twice or not a DNS label", cs.Name)
+	}
+	if n := len(cs.Counters); n == 0 || n > resourceapi.ResourceSliceMaxCountersPerCounterSet {
+		t.Errorf("counter set %s: %d counters", cs.Name, n)
+	}
+	for name := range cs.Counters {
+		if len(validation.IsDNS1123Label(name)) > 0 {
+			t.Errorf("counter set %s: counter %q not a DNS label", cs.Name, name)
+		}
+	}
+}
+
+func checkConsumption(t *testing.T, d resourceapi.Device, sets map[string]resourceapi.CounterSet) {
+	t.Helper()
+	if len(d.ConsumesCounters) > resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice {
+		t.Errorf("%s: %d counter consumptions", d.Name, len(d.ConsumesCounters))
+	}
+	seen := map[string]bool{}
+	for _, c := range d.ConsumesCounters {
+		set, ok := sets[c.CounterSet]
+		if !ok || seen[c.CounterSet] {
+			t.Errorf("%s consumes counter set %q, unpublished or twice", d.Name, c.CounterSet)
+		}
+		seen[c.CounterSet] = true
+		if n := len(c.Counters); n == 0 || n > resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption {
+			t.Errorf("%s: %d counters of %s", d.Name, n, c.CounterSet)
+		}
+		for name := range c.Counters {
+			if _, ok := set.Counters[name]; !ok {
+				t.Errorf("%s consumes counter %s that set %s lacks", d.Name, name, c.CounterSet)
+			}
 		}
 	}
 }

@@ -134,7 +134,7 @@ func (inv Inventory) withhold(unowned map[string][]mig.GPUInstance) (Inventory, 
 	if len(sets) == 0 {
 		return inv, nil
 	}
-	out := Inventory{ownSlice: map[int]bool{}, layouts: inv.layouts}
+	out := Inventory{ownSlice: map[int]bool{}, layouts: inv.layouts, units: inv.units}
 	for _, cs := range inv.CounterSets {
 		if remaining, ok := sets[cs.Name]; ok {
 			cs = remaining

@@ -17,6 +17,11 @@ import (
 // so the slices a partition takes say where it sits.
 const memorySliceCounterPrefix = "memory-slice-"
 
+// counterGPUMilliunits is the counter every device but a shared one
+// consumes for Kueue (pkg/mig CounterGPUMilliunits): its share of its GPU.
+// Devices of a GPU that is not dynamic MIG consume nothing else.
+const counterGPUMilliunits = "gpu-milliunits"
+
 // allocation is one claim's hold on a device.
 type allocation struct {
 	// claim is namespace/name.
@@ -81,8 +86,8 @@ type budget struct {
 
 // budgetOf works out the GPU's counters. An allocated device's counters
 // are taken once, however many shares of it are allocated (the plugin's
-// multi-allocatable devices consume no counters, so it never matters for
-// them today).
+// multi-allocatable devices consume no counters, not even GPU milliunits,
+// so it never matters for them today).
 func (g *gpu) budgetOf(sets map[string]resourceapi.CounterSet, allocated []*device) budget {
 	b := budget{published: map[string]counters{}, left: map[string]counters{}}
 	for _, d := range g.devices {

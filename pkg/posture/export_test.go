@@ -7,6 +7,7 @@ const (
 	TaintCleanupBlocked      = taintCleanupBlocked
 	TaintUnmonitored         = taintUnmonitoredKind
 	MemorySliceCounterPrefix = memorySliceCounterPrefix
+	CounterGPUMilliunits     = counterGPUMilliunits
 )
 
 // Attributes are the attribute names read from devices.

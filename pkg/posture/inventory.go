@@ -146,7 +146,7 @@ func (g *gpu) mode() gpuaas.GpuMode {
 	for _, d := range g.devices {
 		switch gpuaas.DeviceType(d.typ) {
 		case gpuaas.DeviceTypeMIG:
-			if len(d.api.ConsumesCounters) > 0 {
+			if partitionable(d.api) {
 				return gpuaas.GpuModeMigDynamic
 			}
 			mode = gpuaas.GpuModeMigStatic
@@ -157,6 +157,20 @@ func (g *gpu) mode() gpuaas.GpuMode {
 		}
 	}
 	return mode
+}
+
+// partitionable reports whether a MIG device is a dynamic one: it consumes
+// counters that keep it apart from others on its GPU. A static MIG device
+// consumes at most the GPU milliunits that Kueue counts.
+func partitionable(d *resourceapi.Device) bool {
+	for _, c := range d.ConsumesCounters {
+		for name := range c.Counters {
+			if name != counterGPUMilliunits {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (g *gpu) deviceNames() []string {

@@ -637,6 +637,9 @@ func TestNamesMatchThePlugin(t *testing.T) {
 	if mig.MemorySliceCounter(3) != posture.MemorySliceCounterPrefix+"3" {
 		t.Errorf("memory-slice counter %q does not start with %q", mig.MemorySliceCounter(3), posture.MemorySliceCounterPrefix)
 	}
+	if posture.CounterGPUMilliunits != mig.CounterGPUMilliunits {
+		t.Errorf("GPU milliunits counter %q, pkg/mig names it %q", posture.CounterGPUMilliunits, mig.CounterGPUMilliunits)
+	}
 	if string(mig.AttrProfile) != "profile" || string(mig.AttrParentUUID) != "parentUUID" || string(mig.AttrType) != "type" || string(mig.AttrUUID) != "uuid" {
 		t.Errorf("MIG attribute names differ")
 	}

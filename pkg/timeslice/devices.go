@@ -35,19 +35,43 @@ func SharedName(index int) string { return fmt.Sprintf("gpu-%d-shared", index) }
 // so that N replicas never add up to more than the GPU has.
 func ReplicaMemory(total uint64, replicas int) uint64 { return total / uint64(replicas) }
 
+// ReplicaShare is each replica's share of an amount of the GPU (its GPU
+// milliunits), rounded down like ReplicaMemory: N replicas never add up to
+// more than the GPU, so a counter of the amount never refuses the last one.
+func ReplicaShare(total int64, replicas int) int64 {
+	if replicas < 1 {
+		return 0
+	}
+	return total / int64(replicas)
+}
+
 // ReplicaDevices describes the N replicas of a time-sliced GPU: the
 // parent's attributes plus type, replicas and parentUUID, and memory/N.
-func ReplicaDevices(p Parent, mode configapi.TimeSlicingMode) []resourceapi.Device {
+// Each consumes its own copy of consumes (its share of its GPU's counter
+// sets, for Kueue's quota; nil for none).
+func ReplicaDevices(p Parent, mode configapi.TimeSlicingMode, consumes []resourceapi.DeviceCounterConsumption) []resourceapi.Device {
 	mem := resource.NewQuantity(int64(ReplicaMemory(p.MemoryBytes, mode.Replicas)), resource.BinarySI)
 	out := make([]resourceapi.Device, 0, mode.Replicas)
 	for r := range mode.Replicas {
 		attrs := childAttributes(p, TypeTimeSlice)
 		attrs["replicas"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(mode.Replicas))}
 		out = append(out, resourceapi.Device{
-			Name:       ReplicaName(p.Index, r),
-			Attributes: attrs,
-			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *mem}},
+			Name:             ReplicaName(p.Index, r),
+			Attributes:       attrs,
+			Capacity:         map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *mem}},
+			ConsumesCounters: copyConsumption(consumes),
 		})
+	}
+	return out
+}
+
+func copyConsumption(in []resourceapi.DeviceCounterConsumption) []resourceapi.DeviceCounterConsumption {
+	if in == nil {
+		return nil
+	}
+	out := make([]resourceapi.DeviceCounterConsumption, len(in))
+	for i := range in {
+		in[i].DeepCopyInto(&out[i])
 	}
 	return out
 }

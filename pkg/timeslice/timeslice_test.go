@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 type fakeBackend struct{ calls []string }
@@ -89,6 +91,50 @@ func TestReplicaMemoryNeverOvercommits(t *testing.T) {
 	for _, n := range []int{1, 3, 7, 64} {
 		if got := ReplicaMemory(80<<30+1, n) * uint64(n); got > 80<<30+1 {
 			t.Errorf("%d replicas add up to %d", n, got)
+		}
+	}
+}
+
+// N replicas' shares of the GPU's 1000 milliunits never add up to more
+// than 1000 (so a counter of them refuses no replica), and lose less than
+// one milliunit each to rounding.
+func TestReplicaShareNeverOvercommits(t *testing.T) {
+	for n := 1; n <= 16; n++ {
+		share := ReplicaShare(1000, n)
+		if sum := share * int64(n); sum > 1000 || sum <= 1000-int64(n) {
+			t.Errorf("%d replicas of %d add up to %d", n, share, sum)
+		}
+	}
+	if got := ReplicaShare(1000, 3); got != 333 {
+		t.Errorf("a third of 1000 = %d, want 333", got)
+	}
+	if got := ReplicaShare(1000, 0); got != 0 {
+		t.Errorf("no replicas: share %d", got)
+	}
+}
+
+// Every replica consumes what it is given, each its own copy.
+func TestReplicaDevicesConsume(t *testing.T) {
+	p := Parent{Index: 2, UUID: "GPU-1", MemoryBytes: 80 << 30, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}
+	units := []resourceapi.DeviceCounterConsumption{{CounterSet: "gpu-2-counters",
+		Counters: map[string]resourceapi.Counter{"gpu-milliunits": {Value: resource.MustParse("333")}}}}
+	devs := ReplicaDevices(p, configapi.TimeSlicingMode{Replicas: 3}, units)
+	if len(devs) != 3 {
+		t.Fatalf("%d replicas", len(devs))
+	}
+	devs[0].ConsumesCounters[0].Counters["gpu-milliunits"] = resourceapi.Counter{Value: resource.MustParse("1")}
+	for _, d := range devs[1:] {
+		got := d.ConsumesCounters[0].Counters["gpu-milliunits"]
+		if len(d.ConsumesCounters) != 1 || d.ConsumesCounters[0].CounterSet != "gpu-2-counters" || got.Value.Value() != 333 {
+			t.Errorf("%s consumes %v", d.Name, d.ConsumesCounters)
+		}
+	}
+	if v := units[0].Counters["gpu-milliunits"]; v.Value.Value() != 333 {
+		t.Error("a replica shares the consumption it was given")
+	}
+	for _, d := range ReplicaDevices(p, configapi.TimeSlicingMode{Replicas: 2}, nil) {
+		if d.ConsumesCounters != nil {
+			t.Errorf("%s consumes %v, given nothing", d.Name, d.ConsumesCounters)
 		}
 	}
 }

@@ -60,6 +60,19 @@ type NodeConfig struct {
 	GPUs []GpuModeSelector `json:"gpus,omitempty"`
 	// Health tunes the GPU health monitor; nil uses its defaults.
 	Health *HealthConfig `json:"health,omitempty"`
+	// GPUUnitCounters makes every device offered whole, as time-slice
+	// replicas or as MIG consume its share of its GPU, in thousandths, from
+	// a counter gpu-milliunits of its GPU's counter set (KEP-4815), which
+	// is what Kueue's counter-based DRA quota charges. Shared GPUs never
+	// do. Nil means true. False publishes no counters for whole GPUs,
+	// replicas and static MIG, and dynamic MIG's counter sets lack it.
+	GPUUnitCounters *bool `json:"gpuUnitCounters,omitempty"`
+}
+
+// UnitCounters reports whether devices consume GPU milliunits; on unless
+// the file turns them off.
+func (c *NodeConfig) UnitCounters() bool {
+	return c == nil || c.GPUUnitCounters == nil || *c.GPUUnitCounters
 }
 
 // DeepCopyObject implements runtime.Object.
@@ -70,6 +83,10 @@ func (c *NodeConfig) DeepCopyObject() runtime.Object {
 	out := *c
 	out.Default = c.Default.deepCopy()
 	out.Health = c.Health.deepCopy()
+	if c.GPUUnitCounters != nil {
+		units := *c.GPUUnitCounters
+		out.GPUUnitCounters = &units
+	}
 	out.GPUs = make([]GpuModeSelector, len(c.GPUs))
 	for i, s := range c.GPUs {
 		s.Indexes = slices.Clone(s.Indexes)

@@ -55,3 +55,30 @@ func TestDecodeNodeConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// GPU unit counters are on unless the file turns them off, and a deep copy
+// does not share the setting.
+func TestNodeConfigUnitCounters(t *testing.T) {
+	const head = "apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\n"
+	for in, want := range map[string]bool{
+		"": true, head: true, head + "gpuUnitCounters: true\n": true, head + "gpuUnitCounters: false\n": false,
+	} {
+		cfg, err := DecodeNodeConfig([]byte(in))
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if got := cfg.UnitCounters(); got != want {
+			t.Errorf("%q: UnitCounters() = %v, want %v", in, got, want)
+		}
+	}
+	if !(*NodeConfig)(nil).UnitCounters() {
+		t.Error("no config: unit counters off")
+	}
+	off := false
+	cfg := &NodeConfig{GPUUnitCounters: &off}
+	cp := cfg.DeepCopyObject().(*NodeConfig)
+	off = true
+	if cp.UnitCounters() || cp.GPUUnitCounters == cfg.GPUUnitCounters {
+		t.Error("the deep copy shares gpuUnitCounters")
+	}
+}
