@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench k8s-bins node-bins generate helm image fmt vet clean
+.PHONY: all build test unit lint e2e demo bench k8s-bins node-bins generate helm kueue image fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -56,13 +56,17 @@ node-bins:
 helm:
 	hack/build-helm.sh
 
+## kueue: the Kueue manager (pinned v0.19.2) from the Go module proxy into _output/bin, its CRDs into _output/kueue (cached)
+kueue:
+	hack/build-kueue.sh
+
 ## image: one image with both binaries (needs a Docker engine with BuildKit)
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
 ## the Helm chart, and simulated nodes; never skipped here
-e2e: k8s-bins node-bins helm
+e2e: k8s-bins node-bins helm kueue
 	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs

@@ -73,6 +73,7 @@ func parseFlags() *flags {
 	fs.StringSliceVar(&o.ExemptNamespaces, "exempt-namespaces", nil, "Namespaces besides kube-system, kube-public and kube-node-lease whose claims skip the quota webhook.")
 	fs.BoolVar(&o.DenyUnassigned, "deny-unassigned", false, "Refuse claims for GPUs in namespaces no TenantQuota covers.")
 	fs.BoolVar(&o.NudgeWaitingPods, "nudge-waiting-pods", true, "When quota frees up, annotate pods whose claims were denied so the kube-controller-manager retries them at once.")
+	fs.BoolVar(&o.Kueue, "kueue", false, "Admit the claims of workloads Kueue has admitted even over their tenant's quota (still charged); claims that bypass Kueue are judged as before. Needs get/list on workloads.kueue.x-k8s.io.")
 	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
 	cli.Parse(fs, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).")
 	return f

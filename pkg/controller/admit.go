@@ -22,6 +22,9 @@ type Admission struct {
 	Cohort string
 	// Cost is the claim's worst case.
 	Cost quota.Charge
+	// OverruledBy names what admitted a claim the quota would have denied
+	// (a Kueue workload); empty otherwise.
+	OverruledBy string
 }
 
 // Admit decides on a claim being created. An admitted claim that costs
@@ -33,6 +36,18 @@ type Admission struct {
 // across processes, and a replica that lost the race decides the group
 // again on what the winner wrote.
 func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (Admission, error) {
+	return a.admit(ctx, claim, dryRun, "")
+}
+
+// AdmitOverruled admits a claim the quota denied because something else
+// with the authority to admit it did (overruledBy, e.g. the Kueue workload
+// that owns its pod). The claim is reserved like any other, so the claims
+// that follow are judged against what it holds.
+func (a *Accountant) AdmitOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, overruledBy string) (Admission, error) {
+	return a.admit(ctx, claim, dryRun, overruledBy)
+}
+
+func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, overruledBy string) (Admission, error) {
 	if err := a.prefetchNamespace(ctx, claim.Namespace); err != nil {
 		return Admission{}, err
 	}
@@ -41,13 +56,15 @@ func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim
 		return Admission{}, err
 	}
 	if !ok { // no quota applies: nothing to reserve
-		return a.decide(ctx, claim, nil)
+		adm, err := a.decide(ctx, claim, nil)
+		return overrule(adm, overruledBy), err
 	}
 	b := a.ledger.bookFor(tenant)
 	if dryRun { // nothing is written: the last read of the book will do
-		return a.decide(ctx, claim, b.snapshot())
+		adm, err := a.decide(ctx, claim, b.snapshot())
+		return overrule(adm, overruledBy), err
 	}
-	req := &pendingAdmission{claim: claim, done: make(chan admitResult, 1)}
+	req := &pendingAdmission{claim: claim, overruledBy: overruledBy, done: make(chan admitResult, 1)}
 	b.enqueue(req)
 	select {
 	case r := <-req.done: // decided in another caller's group
@@ -109,6 +126,7 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 	reserved := false
 	for i, req := range group {
 		adm, err := a.decide(ctx, req.claim, held)
+		adm = overrule(adm, req.overruledBy)
 		results[i] = admitResult{adm: adm, err: err}
 		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
 			held = a.reserve(held, req.claim, adm.Cost)
@@ -116,6 +134,16 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 		}
 	}
 	return results, held, reserved
+}
+
+// overrule turns a denial into an admission when something with the
+// authority to admit the claim did.
+func overrule(adm Admission, by string) Admission {
+	if by == "" || adm.Allowed {
+		return adm
+	}
+	adm.Allowed, adm.OverruledBy = true, by
+	return adm
 }
 
 // tenantOf is the valid tenant a namespace is charged to; ok is false when

@@ -38,7 +38,7 @@ var (
 	}, []string{"tenant"})
 	admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpuaas_claim_admissions_total",
-		Help: "ResourceClaims the quota webhook decided on, by tenant and result (admitted, denied).",
+		Help: "ResourceClaims the quota webhook decided on, by tenant and result (admitted, denied, overruled: over quota but admitted because Kueue admitted its workload).",
 	}, []string{"tenant", "result"})
 	denials = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpuaas_claim_denials_total",
@@ -67,6 +67,10 @@ func registerMetrics() {
 func recordAdmission(tenant string, adm Admission) {
 	if tenant == "" {
 		tenant = "none"
+	}
+	if adm.OverruledBy != "" {
+		admissions.WithLabelValues(tenant, "overruled").Inc()
+		return
 	}
 	if adm.Allowed {
 		admissions.WithLabelValues(tenant, "admitted").Inc()

@@ -55,6 +55,12 @@ type Options struct {
 	// once rather than after its back-off (up to ~16 minutes).
 	NudgeWaitingPods bool
 
+	// Kueue admits the claims of workloads Kueue has admitted even over
+	// their tenant's quota (they are still charged), so that Kueue and the
+	// TenantQuota never strand an admitted gang between them. Needs read
+	// access to Kueue's Workloads.
+	Kueue bool
+
 	// Resync is how often quota status (and the gpu-unit-seconds billing
 	// counter) is refreshed without any change; default 30s.
 	Resync time.Duration

@@ -139,12 +139,22 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := watchForeignClasses(ctx, mgr.GetCache(), acct, conditions); err != nil {
 		return err
 	}
-	registerWebhooks(mgr, acct, nudge, opts.exemptNamespaces())
+	var gate *kueueGate
+	if opts.Kueue {
+		gate = &kueueGate{reader: mgr.GetAPIReader()}
+	}
+	registerWebhooks(mgr, acct, nudge, gate, opts.exemptNamespaces())
 	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
 		return err
 	}
 	if err := setupPostureController(ctx, mgr); err != nil {
 		return err
+	}
+	if opts.Kueue {
+		r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: opts.LedgerNamespace}
+		if err := r.setup(mgr); err != nil {
+			return fmt.Errorf("setting up the Kueue mappings controller: %w", err)
+		}
 	}
 	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
@@ -185,11 +195,11 @@ func cachesSynced(c cache.Cache) healthz.Checker {
 	}
 }
 
-func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, exempt []string) {
+func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, gate *kueueGate, exempt []string) {
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
-		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
+		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
 	}})
 	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
 	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})

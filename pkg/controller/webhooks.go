@@ -36,6 +36,9 @@ type claimWebhook struct {
 	decoder  admission.Decoder
 	recorder events.EventRecorder
 	nudger   *nudger
+	// kueue admits claims of Kueue-admitted workloads over quota; nil
+	// when the controller does not integrate with Kueue.
+	kueue *kueueGate
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -63,8 +66,17 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		klog.FromContext(ctx).Error(err, "Quota check failed", "claim", klog.KObj(&claim))
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 	}
+	if !adm.Allowed {
+		adm, err = h.overruleForKueue(ctx, &claim, adm, dryRun)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
+		}
+	}
 	if !dryRun {
 		recordAdmission(adm.Tenant, adm)
+	}
+	if adm.OverruledBy != "" {
+		return admission.Allowed("").WithWarnings(fmt.Sprintf("over TenantQuota %q (%s); admitted because %s", adm.Tenant, adm.Reason, adm.OverruledBy))
 	}
 	if !adm.Allowed {
 		h.denied(ctx, &claim, adm, dryRun)
@@ -76,6 +88,29 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		resp = resp.WithWarnings(fmt.Sprintf("TenantQuota %q is over its own limits; this claim borrows idle quota of cohort %q", adm.Tenant, adm.Cohort))
 	}
 	return resp
+}
+
+// overruleForKueue admits a claim the quota denied when it belongs to a
+// workload Kueue admitted, charging it like any other.
+func (h *claimWebhook) overruleForKueue(ctx context.Context, claim *resourceapi.ResourceClaim, adm Admission, dryRun bool) (Admission, error) {
+	workload, err := h.kueue.admitted(ctx, claim)
+	if err != nil {
+		// Deny rather than fail: the claim is retried, and a workload
+		// that is not Kueue's must not wait for Kueue's API.
+		klog.FromContext(ctx).Error(err, "Checking for a Kueue workload", "claim", klog.KObj(claim))
+		return adm, nil
+	}
+	if workload == "" {
+		return adm, nil
+	}
+	by := fmt.Sprintf("Kueue admitted workload %s/%s", claim.Namespace, workload)
+	overruled, err := h.acct.AdmitOverruled(ctx, claim, dryRun, by)
+	if err != nil {
+		return adm, err
+	}
+	klog.FromContext(ctx).V(2).Info("Claim over quota admitted for Kueue", "claim", klog.KObj(claim), "tenant", adm.Tenant, "workload", workload, "reason", adm.Reason)
+	overruled.Reason = adm.Reason
+	return overruled, nil
 }
 
 // denied tells the pod that waits for the claim why, and remembers it so it

@@ -82,6 +82,12 @@ type runningController struct {
 // (or earlier with stop).
 func startController(t testing.TB) *runningController {
 	t.Helper()
+	return startControllerWith(t, nil)
+}
+
+// startControllerWith is startController with options changed by set.
+func startControllerWith(t testing.TB, set func(*controller.Options)) *runningController {
+	t.Helper()
 	installCRDs(t)
 	ports, err := framework.FreePorts(1)
 	if err != nil {
@@ -93,6 +99,9 @@ func startController(t testing.TB) *runningController {
 			Host: "127.0.0.1", Port: ports[0], CertDir: t.TempDir(),
 			URL: fmt.Sprintf("https://127.0.0.1:%d", ports[0]), RemoveOnExit: true,
 		},
+	}
+	if set != nil {
+		set(&opts)
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().WithName("dra-controller")))
 	rc := &runningController{cancel: cancel, done: make(chan error, 1)}

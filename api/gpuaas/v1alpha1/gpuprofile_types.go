@@ -75,6 +75,17 @@ type GpuProfileSpec struct {
 	// +optional
 	ExtendedResourceName *string `json:"extendedResourceName,omitempty"`
 
+	// KueueResource is the Kueue resource this profile's devices are
+	// charged as, in thousandths of a GPU unit read from the
+	// gpu-milliunits counter each device consumes (docs/kueue.md); e.g.
+	// one resource per GPU model. Default gpu.gpuaas.io/gpu-milliunits.
+	// With --kueue the controller lists the profile's DeviceClass under it
+	// in the deviceClassMappings it renders for Kueue's configuration.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	KueueResource *string `json:"kueueResource,omitempty"`
+
 	// Enabled profiles have a DeviceClass. Disabling a profile removes its
 	// DeviceClass once no ResourceClaim uses it any more.
 	// +kubebuilder:default=true

@@ -217,6 +217,11 @@ func (in *GpuProfileSpec) DeepCopyInto(out *GpuProfileSpec) {
 		*out = new(string)
 		**out = **in
 	}
+	if in.KueueResource != nil {
+		in, out := &in.KueueResource, &out.KueueResource
+		*out = new(string)
+		**out = **in
+	}
 	if in.Enabled != nil {
 		in, out := &in.Enabled, &out.Enabled
 		*out = new(bool)

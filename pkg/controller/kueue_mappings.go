@@ -1,0 +1,96 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/yaml"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+)
+
+// KueueMappingsConfigMap holds the deviceClassMappings rendered for Kueue,
+// in the controller's namespace.
+const KueueMappingsConfigMap = "gpuaas-kueue-mappings"
+
+// KueueMappingsKey is the ConfigMap key of the rendered mappings.
+const KueueMappingsKey = "deviceClassMappings.yaml"
+
+// kueueMappingsReconciler keeps KueueMappingsConfigMap in line with the
+// catalog: every enabled GpuProfile's DeviceClass under the Kueue resource
+// it is charged as. Kueue reads its configuration at start only, so the
+// ConfigMap is what an admin (or a GitOps pipeline) copies into Kueue's
+// configuration, and the annotation on it says when that is due.
+type kueueMappingsReconciler struct {
+	profiles client.Reader // the cache
+	// direct writes the ConfigMap without a cluster-wide ConfigMap
+	// informer (and the RBAC that would need).
+	direct    client.Client
+	namespace string
+}
+
+// kueueMappingsKey is the one key every profile event maps to.
+var kueueMappingsKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: KueueMappingsConfigMap}}
+
+func (r *kueueMappingsReconciler) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").
+		Watches(&gpuaas.GpuProfile{}, handler.EnqueueRequestsFromMapFunc(
+			func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{kueueMappingsKey} })).
+		Complete(r)
+}
+
+func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	var profiles gpuaas.GpuProfileList
+	if err := r.profiles.List(ctx, &profiles); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing GpuProfiles: %w", err)
+	}
+	rendered, err := renderKueueMappings(profiles.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: KueueMappingsConfigMap}}
+	op, err := controllerutil.CreateOrUpdate(ctx, r.direct, cm, func() error {
+		cm.Data = map[string]string{KueueMappingsKey: rendered}
+		return nil
+	})
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", r.namespace, KueueMappingsConfigMap, err)
+	}
+	if op != controllerutil.OperationResultNone {
+		klog.FromContext(ctx).Info("Kueue deviceClassMappings changed: copy them into Kueue's configuration and restart Kueue",
+			"configMap", klog.KObj(cm), "profiles", len(profiles.Items))
+	}
+	return reconcile.Result{}, nil
+}
+
+// renderKueueMappings renders the enabled profiles' mappings as the YAML of
+// Kueue's resources section.
+func renderKueueMappings(profiles []gpuaas.GpuProfile) (string, error) {
+	charges := make([]kueue.Charge, 0, len(profiles))
+	for i := range profiles {
+		p := &profiles[i]
+		// A share of a shared GPU consumes no gpu-milliunits (docs/kueue.md):
+		// Kueue would refuse every workload asking for one.
+		if !ptr.Deref(p.Spec.Enabled, true) || !p.DeletionTimestamp.IsZero() || p.Spec.Selector.Type == "shared" {
+			continue
+		}
+		charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: ptr.Deref(p.Spec.KueueResource, "")})
+	}
+	out, err := yaml.Marshal(kueue.Resources(charges))
+	if err != nil {
+		return "", fmt.Errorf("rendering Kueue's deviceClassMappings: %w", err)
+	}
+	return "# resources: section of Kueue's Configuration (config.kueue.x-k8s.io/v1beta2),\n" +
+		"# rendered by dra-controller from the GpuProfiles; see docs/kueue.md.\n" + string(out), nil
+}

@@ -1,0 +1,97 @@
+// Package kueue describes our devices to Kueue: the deviceClassMappings of
+// Kueue's Configuration that charge every request for one of our
+// DeviceClasses in GPU milli-units, read from the gpu-milliunits counter
+// that each device consumes (KEP-4815 counter-based quota, beta and on by
+// default in Kueue v0.19). It is pure: it renders configuration and imports
+// no client code.
+//
+// The mirror of Kueue's configuration types is a few fields of its
+// documented configuration file, not its Go API: importing sigs.k8s.io/kueue
+// would pin this module to Kueue's Kubernetes libraries.
+package kueue
+
+import (
+	"cmp"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// Driver is the DRA driver whose slices Kueue reads the counter from.
+const Driver = "gpu.gpuaas.io"
+
+// CounterName is the counter every device consumes in thousandths of a GPU
+// unit (pkg/mig CounterGPUMilliunits).
+const CounterName = "gpu-milliunits"
+
+// DefaultResource is the Kueue resource GPU units are charged as, unless a
+// GpuProfile names another (e.g. one per GPU model).
+const DefaultResource = "gpu.gpuaas.io/gpu-milliunits"
+
+// DeviceClassMapping is one entry of Kueue's
+// Configuration.resources.deviceClassMappings.
+type DeviceClassMapping struct {
+	Name             string         `json:"name"`
+	DeviceClassNames []string       `json:"deviceClassNames"`
+	Sources          []SourceConfig `json:"sources,omitempty"`
+}
+
+// SourceConfig is one accounting source of a mapping.
+type SourceConfig struct {
+	Counter *CounterSource `json:"counter,omitempty"`
+}
+
+// CounterSource names the counter Kueue charges and where to read it.
+type CounterSource struct {
+	Name           string                     `json:"name"`
+	Driver         string                     `json:"driver"`
+	DeviceSelector resourceapi.DeviceSelector `json:"deviceSelector"`
+}
+
+// Charge says which Kueue resource one DeviceClass is charged as.
+type Charge struct {
+	DeviceClass string
+	// Resource is the Kueue resource; empty means DefaultResource.
+	Resource string
+}
+
+// Mappings renders the charges as deviceClassMappings: one per Kueue
+// resource, listing its classes, each charging the gpu-milliunits counter
+// of our devices. Kueue takes the largest value among the devices that the
+// class and the request's selectors match, so a class that matches devices
+// of several sizes is charged its largest, as our own admission does.
+// The output is sorted, so the same catalog renders the same bytes.
+func Mappings(charges []Charge) []DeviceClassMapping {
+	byResource := map[string][]string{}
+	for _, c := range charges {
+		res := cmp.Or(c.Resource, DefaultResource)
+		byResource[res] = append(byResource[res], c.DeviceClass)
+	}
+	out := make([]DeviceClassMapping, 0, len(byResource))
+	for res, classes := range byResource {
+		slices.Sort(classes)
+		out = append(out, DeviceClassMapping{
+			Name:             res,
+			DeviceClassNames: slices.Compact(classes),
+			Sources:          []SourceConfig{{Counter: counterSource()}},
+		})
+	}
+	slices.SortFunc(out, func(a, b DeviceClassMapping) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+func counterSource() *CounterSource {
+	return &CounterSource{
+		Name:   CounterName,
+		Driver: Driver,
+		DeviceSelector: resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "` + Driver + `"`,
+		}},
+	}
+}
+
+// Resources is the `resources` section of Kueue's Configuration holding
+// the mappings.
+func Resources(charges []Charge) map[string]any {
+	return map[string]any{"deviceClassMappings": Mappings(charges)}
+}

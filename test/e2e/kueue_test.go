@@ -1,0 +1,220 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// kueueCharges are the catalog's classes, all charged in GPU milli-units.
+var kueueCharges = []kueue.Charge{
+	{DeviceClass: "gpu.gpuaas.io"}, {DeviceClass: "mig.gpuaas.io"},
+	{DeviceClass: "mig-1g.10gb.gpuaas.io"}, {DeviceClass: "timeslice.gpuaas.io"},
+}
+
+// TestKueue runs the real Kueue manager (hack/build-kueue.sh) against the
+// control plane, configured with the deviceClassMappings pkg/kueue renders,
+// over one demo node (4 whole GPUs, a GPU time-sliced 4 ways, a shared GPU,
+// 2 dynamic-MIG GPUs). Each subtest has its own queues and namespaces.
+func TestKueue(t *testing.T) {
+	startNode(t)
+	ctx := framework.Context(t, 20*time.Minute)
+	applySharingClasses(t, ctx)
+	k, err := cp.StartKueue(ctx, framework.KueueOptions{Resources: kueue.Resources(kueueCharges), FairSharing: true})
+	if err != nil {
+		t.Fatalf("starting Kueue: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kueue log %s, last lines:\n%s", k.Process.LogPath, k.Process.Tail(40))
+		}
+		if err := k.Stop(context.Background()); err != nil {
+			t.Errorf("stopping Kueue: %v", err)
+		}
+	})
+	kq := &kueueHelper{t: t}
+	kq.apply(ctx, `apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: gpuaas}`)
+	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
+	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
+	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })
+	t.Run("Reclaim", func(t *testing.T) { testKueueReclaim(t, &kueueHelper{t: t}) })
+	t.Run("FairShare", func(t *testing.T) { testKueueFairShare(t, &kueueHelper{t: t}) })
+	t.Run("TenantQuota", func(t *testing.T) { testKueueTenantQuota(t, &kueueHelper{t: t}) })
+}
+
+// testKueueGPUUnits: a ClusterQueue of one GPU unit (1000 milli-units)
+// admits a whole GPU, then nothing else until it is gone; then seven 1g
+// MIG slices (142 each, 1/7 rounded down) but not an eighth.
+func testKueueGPUUnits(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 5*time.Minute)
+	ns := kq.team("units", "", 1000, nil)
+	kq.job(ctx, ns, "whole", jobSpec{class: "gpu.gpuaas.io"})
+	if got := kq.waitAdmitted(ctx, ns, "whole"); got != 1000 {
+		t.Errorf("a whole GPU was charged %d milli-units, want 1000", got)
+	}
+	kq.job(ctx, ns, "slice-0", jobSpec{class: "mig-1g.10gb.gpuaas.io"})
+	kq.staysPending(ctx, ns, "slice-0", 5*time.Second)
+	kq.deleteJob(ctx, ns, "whole")
+	if got := kq.waitAdmitted(ctx, ns, "slice-0"); got != 142 {
+		t.Errorf("a 1g.10gb slice was charged %d milli-units, want 142 (1/7 of a GPU, rounded down)", got)
+	}
+	for i := 1; i < 7; i++ {
+		name := fmt.Sprintf("slice-%d", i)
+		kq.job(ctx, ns, name, jobSpec{class: "mig-1g.10gb.gpuaas.io"})
+		kq.waitAdmitted(ctx, ns, name)
+	}
+	kq.job(ctx, ns, "slice-7", jobSpec{class: "mig-1g.10gb.gpuaas.io"})
+	kq.staysPending(ctx, ns, "slice-7", 5*time.Second)
+	if used := kq.usage(ctx, kq.queue(ns)); used != 7*142 {
+		t.Errorf("ClusterQueue usage %d, want %d for seven 1g slices", used, 7*142)
+	}
+	// The scheduler puts all seven on the MIG GPUs: Kueue's charge and the
+	// devices agree.
+	for i := range 7 {
+		kq.waitRunningPods(ctx, ns, fmt.Sprintf("slice-%d", i), 1)
+	}
+}
+
+// testKueueGang: a Job of four one-GPU pods against room for three is
+// admitted whole or not at all: none of its pods exist until the quota
+// grows to four, then all four run.
+func testKueueGang(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 5*time.Minute)
+	ns := kq.team("gang", "", 3000, nil)
+	kq.job(ctx, ns, "four", jobSpec{class: "gpu.gpuaas.io", pods: 4})
+	kq.job(ctx, ns, "three", jobSpec{class: "gpu.gpuaas.io", pods: 3})
+	if got := kq.waitAdmitted(ctx, ns, "three"); got != 3000 {
+		t.Errorf("a job of three whole GPUs was charged %d, want 3000", got)
+	}
+	kq.staysPending(ctx, ns, "four", 5*time.Second)
+	if n := len(kq.jobPods(ctx, ns, "four")); n != 0 {
+		t.Fatalf("the job of four that does not fit has %d pods, want none", n)
+	}
+	kq.deleteJob(ctx, ns, "three")
+	kq.setQuota(ctx, kq.queue(ns), 4000)
+	kq.waitAdmitted(ctx, ns, "four")
+	kq.waitRunningPods(ctx, ns, "four", 4)
+}
+
+// testKueuePriority: two jobs wait behind a running one; when it ends, the
+// one of higher priority is admitted first although it came second.
+func testKueuePriority(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 5*time.Minute)
+	kq.priorityClass("gpuaas-e2e-low", 100)
+	kq.priorityClass("gpuaas-e2e-high", 1000)
+	ns := kq.team("priority", "", 1000, nil)
+	kq.job(ctx, ns, "running", jobSpec{class: "gpu.gpuaas.io"})
+	kq.waitAdmitted(ctx, ns, "running")
+	kq.job(ctx, ns, "low", jobSpec{class: "gpu.gpuaas.io", priority: "gpuaas-e2e-low"})
+	time.Sleep(time.Second) // "low" is older
+	kq.job(ctx, ns, "high", jobSpec{class: "gpu.gpuaas.io", priority: "gpuaas-e2e-high"})
+	kq.staysPending(ctx, ns, "high", 3*time.Second)
+	kq.deleteJob(ctx, ns, "running")
+	kq.waitAdmitted(ctx, ns, "high")
+	kq.staysPending(ctx, ns, "low", 5*time.Second)
+	kq.deleteJob(ctx, ns, "high")
+	kq.waitAdmitted(ctx, ns, "low")
+}
+
+// testKueueReclaim: team B borrows team A's idle GPUs; when A submits, Kueue
+// preempts B's borrowed workloads and A's pods run on the GPUs they held.
+func testKueueReclaim(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 6*time.Minute)
+	cohort := kq.unique("reclaim")
+	preempt := map[string]any{"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+	nsA := kq.team("reclaim-a", cohort, 2000, preempt)
+	nsB := kq.team("reclaim-b", cohort, 2000, preempt)
+	for i := range 4 {
+		kq.job(ctx, nsB, fmt.Sprintf("b-%d", i), jobSpec{class: "gpu.gpuaas.io"})
+	}
+	for i := range 4 {
+		kq.waitAdmitted(ctx, nsB, fmt.Sprintf("b-%d", i))
+	}
+	for i := range 2 {
+		kq.job(ctx, nsA, fmt.Sprintf("a-%d", i), jobSpec{class: "gpu.gpuaas.io"})
+	}
+	for i := range 2 {
+		kq.waitAdmitted(ctx, nsA, fmt.Sprintf("a-%d", i))
+		kq.waitRunningPods(ctx, nsA, fmt.Sprintf("a-%d", i), 1)
+	}
+	// ClusterQueue status is written apart from admission: wait for it.
+	shares := kq.waitShares(ctx, kq.queue(nsA), kq.queue(nsB), 2000, 2000)
+	t.Logf("usage after team A submitted (seconds: A/B milli-units): %s", shares)
+	if n := kq.pendingWorkloads(ctx, nsB); n != 2 {
+		t.Errorf("%d of team B's workloads wait after the reclaim, want the 2 preempted", n)
+	}
+}
+
+// testKueueFairShare: two teams with no quota of their own share a cohort
+// of four GPUs. Team A takes all four first; once team B queues work, fair
+// sharing preempts A until both hold two.
+func testKueueFairShare(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 6*time.Minute)
+	cohort := kq.unique("fair")
+	kq.apply(ctx, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: Cohort
+metadata: {name: %s}
+spec:
+  resourceGroups:
+  - coveredResources: [%q]
+    flavors:
+    - name: gpuaas
+      resources:
+      - {name: %q, nominalQuota: "4000"}`, cohort, kueue.DefaultResource, kueue.DefaultResource))
+	preempt := map[string]any{"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+	nsA := kq.team("fair-a", cohort, 0, preempt)
+	nsB := kq.team("fair-b", cohort, 0, preempt)
+	for i := range 4 {
+		kq.job(ctx, nsA, fmt.Sprintf("a-%d", i), jobSpec{class: "gpu.gpuaas.io"})
+	}
+	for i := range 4 {
+		kq.waitAdmitted(ctx, nsA, fmt.Sprintf("a-%d", i))
+	}
+	start := time.Now()
+	for i := range 4 {
+		kq.job(ctx, nsB, fmt.Sprintf("b-%d", i), jobSpec{class: "gpu.gpuaas.io"})
+	}
+	shares := kq.waitShares(ctx, kq.queue(nsA), kq.queue(nsB), 2000, 2000)
+	t.Logf("fair share over time after team B queued (seconds: A/B milli-units): %s (converged in %.1fs)",
+		shares, time.Since(start).Seconds())
+}
+
+// testKueueTenantQuota: the dra-controller runs with --kueue, and the team's
+// TenantQuota allows one GPU unit while its ClusterQueue allows two. A Job
+// of two whole GPUs that Kueue admits runs whole: the claim over the
+// TenantQuota is admitted (and charged) because Kueue admitted its
+// workload. A bare pod of the same namespace, which bypasses Kueue, is
+// still refused by the TenantQuota.
+func testKueueTenantQuota(t *testing.T, kq *kueueHelper) {
+	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
+	ctx := framework.Context(t, 5*time.Minute)
+	ns := kq.team("tenant", "", 2000, nil)
+	tenant := uniqueName("kueue-tenant")
+	createObject(t, quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units("1")}))
+	waitForQuota(t, tenant, "enforced", func(q *gpuaas.TenantQuota) bool { return len(q.Status.Namespaces) == 1 })
+	kq.job(ctx, ns, "pair", jobSpec{class: "gpu.gpuaas.io", pods: 2})
+	kq.waitAdmitted(ctx, ns, "pair")
+	kq.waitRunningPods(ctx, ns, "pair", 2)
+	waitForQuota(t, tenant, "charged both GPUs", func(q *gpuaas.TenantQuota) bool { return usedUnits(q) == "2" })
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "bypass", Namespace: ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
+		}}},
+	}
+	createTemplatePod(t, ctx, tmpl)
+	if _, err := cp.WaitForEvent(ctx, ns, "Pod", "bypass", "QuotaExceeded", "gpuUnits: used 2", "limit 1"); err != nil {
+		t.Fatalf("a pod that bypasses Kueue was not refused by the TenantQuota: %v", err)
+	}
+}
