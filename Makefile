@@ -70,7 +70,7 @@ e2e: k8s-bins node-bins helm kueue
 	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
-demo: k8s-bins
+demo: k8s-bins kueue
 	$(GO) run ./hack/demo $(DEMO_FLAGS)
 
 ## bench: the Go benchmarks reported in BENCHMARKS.md

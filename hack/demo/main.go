@@ -130,6 +130,9 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.reportPosture(ctx); err != nil {
 		return err
 	}
+	if err := d.queueingScenario(ctx); err != nil {
+		return err
+	}
 	if d.opts.keep {
 		d.out.printf("\nCluster left running; Ctrl-C to stop it.\n  export KUBECONFIG=%s\n  %s get pods -A\n",
 			d.cp.Kubeconfig, filepath.Join(d.cp.BinDir, "kubectl"))
@@ -286,7 +289,7 @@ func (d *demo) startController(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.controller, err = d.cp.StartController(ctx, bin)
+	d.controller, err = d.cp.StartController(ctx, bin, "--kueue")
 	return err
 }
 

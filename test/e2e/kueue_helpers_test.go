@@ -11,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -185,6 +184,24 @@ func (kq *kueueHelper) job(ctx context.Context, ns, name string, spec jobSpec) {
 	}
 }
 
+// gpuJobs queues n Jobs of one whole GPU each, named prefix-0...
+func (kq *kueueHelper) gpuJobs(ctx context.Context, ns, prefix string, n int) []string {
+	kq.t.Helper()
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		kq.job(ctx, ns, names[i], jobSpec{class: "gpu.gpuaas.io"})
+	}
+	return names
+}
+
+func (kq *kueueHelper) waitAllAdmitted(ctx context.Context, ns string, jobs []string) {
+	kq.t.Helper()
+	for _, job := range jobs {
+		kq.waitAdmitted(ctx, ns, job)
+	}
+}
+
 func (kq *kueueHelper) deleteJob(ctx context.Context, ns, name string) {
 	kq.t.Helper()
 	err := cp.Client.BatchV1().Jobs(ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
@@ -216,29 +233,7 @@ func (kq *kueueHelper) workload(ctx context.Context, ns, job string) (*unstructu
 // admittedUsage is what an admitted workload is charged in GPU milli-units
 // (all its pods together), and whether it is admitted.
 func admittedUsage(wl *unstructured.Unstructured) (int64, bool) {
-	if wl == nil || !hasCondition(wl, "Admitted") {
-		return 0, false
-	}
-	psas, _, _ := unstructured.NestedSlice(wl.Object, "status", "admission", "podSetAssignments")
-	var total int64
-	for _, p := range psas {
-		usage, _, _ := unstructured.NestedString(p.(map[string]any), "resourceUsage", kueue.DefaultResource)
-		if q, err := resource.ParseQuantity(usage); err == nil {
-			total += q.Value()
-		}
-	}
-	return total, true
-}
-
-func hasCondition(obj *unstructured.Unstructured, condType string) bool {
-	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		if m["type"] == condType && m["status"] == "True" {
-			return true
-		}
-	}
-	return false
+	return framework.WorkloadCharge(wl, kueue.DefaultResource)
 }
 
 // waitAdmitted waits until Kueue admits the Job's workload and returns its
@@ -279,27 +274,9 @@ func (kq *kueueHelper) staysPending(ctx context.Context, ns, job string, d time.
 // usage is a ClusterQueue's GPU milli-units in use.
 func (kq *kueueHelper) usage(ctx context.Context, name string) int64 {
 	kq.t.Helper()
-	cq, err := cp.Dynamic.Resource(framework.KueueResource("clusterqueues")).Get(ctx, name, metav1.GetOptions{})
+	total, _, err := cp.ClusterQueueUsage(ctx, name, kueue.DefaultResource)
 	if err != nil {
-		kq.t.Fatalf("reading ClusterQueue %s: %v", name, err)
-	}
-	return queueUsage(cq)
-}
-
-func queueUsage(cq *unstructured.Unstructured) int64 {
-	flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
-	var total int64
-	for _, f := range flavors {
-		res, _ := f.(map[string]any)["resources"].([]any)
-		for _, r := range res {
-			m, _ := r.(map[string]any)
-			if m["name"] != kueue.DefaultResource {
-				continue
-			}
-			if q, err := resource.ParseQuantity(fmt.Sprint(m["total"])); err == nil {
-				total += q.Value()
-			}
-		}
+		kq.t.Fatal(err)
 	}
 	return total
 }

@@ -135,18 +135,10 @@ func testKueueReclaim(t *testing.T, kq *kueueHelper) {
 	preempt := map[string]any{"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
 	nsA := kq.team("reclaim-a", cohort, 2000, preempt)
 	nsB := kq.team("reclaim-b", cohort, 2000, preempt)
-	for i := range 4 {
-		kq.job(ctx, nsB, fmt.Sprintf("b-%d", i), jobSpec{class: "gpu.gpuaas.io"})
-	}
-	for i := range 4 {
-		kq.waitAdmitted(ctx, nsB, fmt.Sprintf("b-%d", i))
-	}
-	for i := range 2 {
-		kq.job(ctx, nsA, fmt.Sprintf("a-%d", i), jobSpec{class: "gpu.gpuaas.io"})
-	}
-	for i := range 2 {
-		kq.waitAdmitted(ctx, nsA, fmt.Sprintf("a-%d", i))
-		kq.waitRunningPods(ctx, nsA, fmt.Sprintf("a-%d", i), 1)
+	kq.waitAllAdmitted(ctx, nsB, kq.gpuJobs(ctx, nsB, "b", 4))
+	for _, job := range kq.gpuJobs(ctx, nsA, "a", 2) {
+		kq.waitAdmitted(ctx, nsA, job)
+		kq.waitRunningPods(ctx, nsA, job, 1)
 	}
 	// ClusterQueue status is written apart from admission: wait for it.
 	shares := kq.waitShares(ctx, kq.queue(nsA), kq.queue(nsB), 2000, 2000)
@@ -172,19 +164,13 @@ spec:
     - name: gpuaas
       resources:
       - {name: %q, nominalQuota: "4000"}`, cohort, kueue.DefaultResource, kueue.DefaultResource))
+	kq.deleteAtCleanup("cohorts", cohort)
 	preempt := map[string]any{"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
 	nsA := kq.team("fair-a", cohort, 0, preempt)
 	nsB := kq.team("fair-b", cohort, 0, preempt)
-	for i := range 4 {
-		kq.job(ctx, nsA, fmt.Sprintf("a-%d", i), jobSpec{class: "gpu.gpuaas.io"})
-	}
-	for i := range 4 {
-		kq.waitAdmitted(ctx, nsA, fmt.Sprintf("a-%d", i))
-	}
+	kq.waitAllAdmitted(ctx, nsA, kq.gpuJobs(ctx, nsA, "a", 4))
 	start := time.Now()
-	for i := range 4 {
-		kq.job(ctx, nsB, fmt.Sprintf("b-%d", i), jobSpec{class: "gpu.gpuaas.io"})
-	}
+	kq.gpuJobs(ctx, nsB, "b", 4)
 	shares := kq.waitShares(ctx, kq.queue(nsA), kq.queue(nsB), 2000, 2000)
 	t.Logf("fair share over time after team B queued (seconds: A/B milli-units): %s (converged in %.1fs)",
 		shares, time.Since(start).Seconds())

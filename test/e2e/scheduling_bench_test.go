@@ -15,21 +15,25 @@ import (
 )
 
 // BenchmarkSchedulingThroughput measures pods/s of the real kube-scheduler
-// placing one-device claims on our slices: plain whole GPUs versus dynamic
-// MIG (partitionable devices with counters), on the same number of
+// placing one-device claims on our slices: whole GPUs versus dynamic MIG
+// (partitionable devices with counters), each with and without the
+// gpu-milliunits counter that Kueue charges, on the same number of
 // simulated 8 x H100 nodes with the real plugin. Each iteration creates the
 // pods, waits until all are bound, and deletes them (not timed).
 //
 //	make k8s-bins && E2E_REQUIRED=1 go test ./test/e2e -run '^$' -bench Scheduling -benchtime 3x
 func BenchmarkSchedulingThroughput(b *testing.B) {
 	const nodes, pods = 4, 32
-	dynamic := filepath.Join(b.TempDir(), "dynamic.yaml")
-	if err := os.WriteFile(dynamic, []byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ndefault: {mig: dynamic}\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	// The gpu-milliunits counter (Kueue's GPU units) is on by default; the
+	// modes without it measure what it costs the scheduler.
+	noUnits := writeNodeConfig(b, "whole-no-units", "gpuUnitCounters: false\n")
+	dynamic := writeNodeConfig(b, "dynamic", "default: {mig: dynamic}\n")
+	dynamicNoUnits := writeNodeConfig(b, "dynamic-no-units", "default: {mig: dynamic}\ngpuUnitCounters: false\n")
 	for _, mode := range []struct{ name, nodeConfig, class string }{
 		{"whole-gpu", "", "gpu.gpuaas.io"},
+		{"whole-gpu-without-unit-counters", noUnits, "gpu.gpuaas.io"},
 		{"dynamic-mig-1g", dynamic, "mig-1g.10gb.gpuaas.io"},
+		{"dynamic-mig-1g-without-unit-counters", dynamicNoUnits, "mig-1g.10gb.gpuaas.io"},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			startBenchNodes(b, nodes, mode.name, mode.nodeConfig)
@@ -41,6 +45,16 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 			b.ReportMetric(float64(pods*b.N)/total.Seconds(), "pods/s")
 		})
 	}
+}
+
+// writeNodeConfig writes a plugin --node-config with the given body.
+func writeNodeConfig(tb testing.TB, name, body string) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), name+".yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\n"+body), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }
 
 func startBenchNodes(b *testing.B, n int, prefix, nodeConfig string) {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -26,12 +25,10 @@ import (
 //
 //	make k8s-bins && E2E_REQUIRED=1 go test ./test/e2e -run '^$' -bench SliceAPICost -benchtime 5x
 func BenchmarkSliceAPICost(b *testing.B) {
-	dynamic := filepath.Join(b.TempDir(), "dynamic.yaml")
-	if err := os.WriteFile(dynamic, []byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ndefault: {mig: dynamic}\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	dynamic := writeNodeConfig(b, "dynamic", "default: {mig: dynamic}\n")
 	for _, c := range []struct{ name, nodeConfig string }{
 		{"whole", ""},
+		{"whole-without-unit-counters", writeNodeConfig(b, "whole-no-units", "gpuUnitCounters: false\n")},
 		{"demo-mix", filepath.Join(repoRoot, "demo", "node-config.yaml")},
 		{"all-dynamic-mig", dynamic},
 	} {

@@ -93,6 +93,8 @@ controller:
   replicas: 1
   # The tests' namespaces belong to no tenant unless a test makes one.
   denyUnassigned: false
+  # The demo's queueing scenario runs Kueue in front of the quota.
+  kueue: true
   hostNetwork: true
   metricsPort: %d
   healthPort: %d

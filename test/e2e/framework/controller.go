@@ -37,7 +37,8 @@ func Build(ctx context.Context, dir, cmd string) (string, error) {
 // binary against the control plane, its webhook on 127.0.0.1. It returns
 // once the kube-apiserver calls the webhook. The controller removes its
 // webhook configuration when stopped, so a stopped controller blocks nothing.
-func (cp *ControlPlane) StartController(ctx context.Context, binary string) (*Process, error) {
+// extraArgs are appended to its command line.
+func (cp *ControlPlane) StartController(ctx context.Context, binary string, extraArgs ...string) (*Process, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -49,13 +50,13 @@ func (cp *ControlPlane) StartController(ctx context.Context, binary string) (*Pr
 	if err != nil {
 		return nil, err
 	}
-	p := NewProcess("dra-controller", binary, filepath.Join(cp.LogDir, "dra-controller.log"),
-		"--kubeconfig", cp.Kubeconfig,
+	args := append([]string{"--kubeconfig", cp.Kubeconfig,
 		"--metrics-addr", "0", "--health-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
 		"--webhook-host", "127.0.0.1", "--webhook-port", fmt.Sprint(ports[0]),
 		"--webhook-url", fmt.Sprintf("https://127.0.0.1:%d", ports[0]),
 		"--webhook-cert-dir", filepath.Join(cp.Dir, "dra-controller-certs"),
-		"--webhook-remove-on-exit", "--resync", "5s", "-v", "2")
+		"--webhook-remove-on-exit", "--resync", "5s", "-v", "2"}, extraArgs...)
+	p := NewProcess("dra-controller", binary, filepath.Join(cp.LogDir, "dra-controller.log"), args...)
 	if err := p.Start(); err != nil {
 		return nil, err
 	}

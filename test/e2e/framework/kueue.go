@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -99,6 +101,15 @@ func (cp *ControlPlane) StartKueue(ctx context.Context, opts KueueOptions) (*Kue
 		return nil, errors.Join(err, k.Stop(context.WithoutCancel(ctx)))
 	}
 	return k, nil
+}
+
+// KueueVersion is the version hack/build-kueue.sh built into dir, or "".
+func KueueVersion(dir string) string {
+	v, err := os.ReadFile(filepath.Join(dir, "VERSION"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(v))
 }
 
 // installKueueCRDs applies Kueue's CRDs and waits until its kinds are
@@ -318,4 +329,113 @@ func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error 
 		return fmt.Errorf("creating namespace %s: %w", name, err)
 	}
 	return nil
+}
+
+// KueueJob is what Kueue decided about one Job, as the demo prints it.
+type KueueJob struct {
+	Namespace, Name string
+	// Priority is the WorkloadPriorityClass, "" for none.
+	Priority string
+	// Admitted: quota reserved and admitted now.
+	Admitted bool
+	// Charged is the admitted workload's usage of resource, all pods.
+	Charged int64
+	// Evicted is the reason of a True Evicted condition (e.g.
+	// Preempted), "" when none.
+	Evicted string
+}
+
+// KueueJobs reads the Workloads of a namespace, one per Job that owns one.
+func (cp *ControlPlane) KueueJobs(ctx context.Context, namespace, resourceName string) ([]KueueJob, error) {
+	list, err := cp.Dynamic.Resource(KueueResource("workloads")).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing workloads of %s: %w", namespace, err)
+	}
+	var jobs []KueueJob
+	for i := range list.Items {
+		wl := &list.Items[i]
+		job := ""
+		for _, ref := range wl.GetOwnerReferences() {
+			if ref.Kind == "Job" {
+				job = ref.Name
+			}
+		}
+		if job == "" {
+			continue
+		}
+		priority, _, _ := unstructured.NestedString(wl.Object, "spec", "priorityClassRef", "name")
+		charged, admitted := WorkloadCharge(wl, resourceName)
+		jobs = append(jobs, KueueJob{Namespace: namespace, Name: job, Priority: priority,
+			Admitted: admitted, Charged: charged, Evicted: conditionReason(wl, "Evicted")})
+	}
+	slices.SortFunc(jobs, func(a, b KueueJob) int { return strings.Compare(a.Name, b.Name) })
+	return jobs, nil
+}
+
+// WorkloadCharge is what an admitted workload is charged of a resource (all
+// its pods together), and whether it is admitted.
+func WorkloadCharge(wl *unstructured.Unstructured, resourceName string) (int64, bool) {
+	if wl == nil || conditionReason(wl, "Admitted") == "" {
+		return 0, false
+	}
+	psas, _, _ := unstructured.NestedSlice(wl.Object, "status", "admission", "podSetAssignments")
+	var total int64
+	for _, p := range psas {
+		m, _ := p.(map[string]any)
+		usage, _, _ := unstructured.NestedString(m, "resourceUsage", resourceName)
+		if q, err := resource.ParseQuantity(usage); err == nil {
+			total += q.Value()
+		}
+	}
+	return total, true
+}
+
+// conditionReason is the reason of a True condition ("True" when it has
+// none), "" when the condition is not True.
+func conditionReason(obj *unstructured.Unstructured, condType string) string {
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] != condType || m["status"] != "True" {
+			continue
+		}
+		if reason, _ := m["reason"].(string); reason != "" {
+			return reason
+		}
+		return "True"
+	}
+	return ""
+}
+
+// ClusterQueueUsage is a ClusterQueue's total and borrowed use of a
+// resource.
+func (cp *ControlPlane) ClusterQueueUsage(ctx context.Context, name, resourceName string) (total, borrowed int64, err error) {
+	cq, err := cp.Dynamic.Resource(KueueResource("clusterqueues")).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading ClusterQueue %s: %w", name, err)
+	}
+	flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
+	for _, f := range flavors {
+		res, _ := f.(map[string]any)["resources"].([]any)
+		for _, r := range res {
+			m, _ := r.(map[string]any)
+			if m["name"] != resourceName {
+				continue
+			}
+			total += quantityValue(m["total"])
+			borrowed += quantityValue(m["borrowed"])
+		}
+	}
+	return total, borrowed, nil
+}
+
+func quantityValue(v any) int64 {
+	if v == nil {
+		return 0
+	}
+	q, err := resource.ParseQuantity(fmt.Sprint(v))
+	if err != nil {
+		return 0
+	}
+	return q.Value()
 }

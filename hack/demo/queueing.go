@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// queueingNamespaces are the teams of demo/queueing.
+var queueingNamespaces = []string{"ml-a", "ml-b"}
+
+// queueingScenario runs Kueue's manager with the deviceClassMappings the
+// dra-controller rendered from the catalog, applies demo/queueing in two
+// steps, and prints what Kueue decided after each. It is skipped, with one
+// line, when Kueue is not built.
+func (d *demo) queueingScenario(ctx context.Context) error {
+	if missing := kueueMissing(d.cp); missing != "" {
+		d.out.printf("\nQueueing: skipped (%s; `make kueue` builds it).\n", missing)
+		return nil
+	}
+	d.out.printf("\nQueueing: Kueue %s with the deviceClassMappings the dra-controller rendered from the catalog ...\n", kueueVersion())
+	resources, err := d.renderedMappings(ctx)
+	if err != nil {
+		return err
+	}
+	k, err := d.cp.StartKueue(ctx, framework.KueueOptions{Resources: resources})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = k.Stop(context.WithoutCancel(ctx)) }()
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "demo", "queueing")
+	for _, step := range []struct{ file, title string }{
+		{"00-queues.yaml", ""},
+		{"10-jobs.yaml", "Team A preprocesses on 4 x 1g and trains on an H100, borrowing; team B evaluates on 2 x 1g:"},
+		{"20-urgent.yaml", "Team B's urgent job needs an H100 of its own quota back:"},
+	} {
+		if _, err := d.cp.Apply(ctx, filepath.Join(dir, step.file), ""); err != nil {
+			return err
+		}
+		if step.title == "" {
+			continue
+		}
+		d.out.printf("  %s\n", step.title)
+		if err := d.reportQueues(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func kueueMissing(cp *framework.ControlPlane) string {
+	bin := filepath.Join(cp.BinDir, "kueue")
+	if _, err := os.Stat(bin); err != nil {
+		return "no " + bin
+	}
+	return ""
+}
+
+func kueueVersion() string {
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return ""
+	}
+	return framework.KueueVersion(filepath.Join(root, "_output", "kueue"))
+}
+
+// renderedMappings waits for the controller's ConfigMap and returns its
+// mappings as the resources section of Kueue's configuration.
+func (d *demo) renderedMappings(ctx context.Context) (map[string]any, error) {
+	var rendered string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := d.cp.Client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + controller.KueueMappingsConfigMap})
+		if err != nil || len(list.Items) == 0 {
+			return false, nil
+		}
+		rendered = list.Items[0].Data[controller.KueueMappingsKey]
+		return strings.Contains(rendered, "mig-1g"), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the dra-controller's ConfigMap %s: %w", controller.KueueMappingsConfigMap, err)
+	}
+	var resources map[string]any
+	if err := yaml.Unmarshal([]byte(rendered), &resources); err != nil {
+		return nil, fmt.Errorf("reading the rendered mappings: %w", err)
+	}
+	return resources, nil
+}
+
+// reportQueues waits until Kueue has settled (no change for 3 s), then
+// prints every job and both queues.
+func (d *demo) reportQueues(ctx context.Context) error {
+	var last string
+	stableSince := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		now, err := d.queueTable(ctx)
+		if err != nil {
+			return false, err
+		}
+		if now != last {
+			last, stableSince = now, time.Now()
+		}
+		return time.Since(stableSince) > 3*time.Second, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for Kueue to settle: %w", err)
+	}
+	d.out.printf("%s", last)
+	return nil
+}
+
+func (d *demo) queueTable(ctx context.Context) (string, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "    %-14s %-9s %-9s %-10s %s\n", "JOB", "PRIORITY", "CHARGED", "KUEUE", "PODS")
+	for _, ns := range queueingNamespaces {
+		jobs, err := d.cp.KueueJobs(ctx, ns, kueue.DefaultResource)
+		if err != nil {
+			return "", err
+		}
+		for _, j := range jobs {
+			pods, err := d.jobPods(ctx, ns, j.Name)
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&b, "    %-14s %-9s %-9s %-10s %s\n", ns+"/"+j.Name, orDash(j.Priority), charged(j), kueueState(j), pods)
+		}
+	}
+	for _, cq := range queueingNamespaces {
+		total, borrowed, err := d.cp.ClusterQueueUsage(ctx, cq, kueue.DefaultResource)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "    ClusterQueue %s: %d milli-units in use, %d borrowed\n", cq, total, borrowed)
+	}
+	return b.String(), nil
+}
+
+func (d *demo) jobPods(ctx context.Context, ns, job string) (string, error) {
+	list, err := d.cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})
+	if err != nil {
+		return "", fmt.Errorf("listing pods of %s/%s: %w", ns, job, err)
+	}
+	running := 0
+	for _, p := range list.Items {
+		if p.Status.Phase == corev1.PodRunning {
+			running++
+		}
+	}
+	return fmt.Sprintf("%d running of %d", running, len(list.Items)), nil
+}
+
+func charged(j framework.KueueJob) string {
+	if !j.Admitted {
+		return "-"
+	}
+	return fmt.Sprint(j.Charged)
+}
+
+func kueueState(j framework.KueueJob) string {
+	switch {
+	case j.Admitted:
+		return "admitted"
+	case j.Evicted != "":
+		return strings.ToLower(j.Evicted)
+	}
+	return "waiting"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
