@@ -50,7 +50,7 @@ func (d *demo) queueingScenario(ctx context.Context) error {
 		{"10-jobs.yaml", "Team A preprocesses on 4 x 1g and trains on an H100, borrowing; team B evaluates on 2 x 1g:"},
 		{"20-urgent.yaml", "Team B's urgent job needs an H100 of its own quota back:"},
 	} {
-		if _, err := d.cp.Apply(ctx, filepath.Join(dir, step.file), ""); err != nil {
+		if err := d.applyQueueing(ctx, filepath.Join(dir, step.file)); err != nil {
 			return err
 		}
 		if step.title == "" {
@@ -59,6 +59,26 @@ func (d *demo) queueingScenario(ctx context.Context) error {
 		d.out.printf("  %s\n", step.title)
 		if err := d.reportQueues(ctx); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// applyQueueing applies one file of demo/queueing; on the real node, Jobs
+// run the gpuinfo workload on the host network, as the demo's pods do.
+func (d *demo) applyQueueing(ctx context.Context, file string) error {
+	objs, err := framework.ReadObjects(file)
+	if err != nil {
+		return err
+	}
+	for _, obj := range objs {
+		if d.real != nil && obj.GetKind() == "Job" {
+			if err := framework.UseWorkloadImageInJob(obj); err != nil {
+				return err
+			}
+		}
+		if _, err := d.cp.ApplyObject(ctx, obj, ""); err != nil {
+			return fmt.Errorf("%s: %w", file, err)
 		}
 	}
 	return nil
@@ -102,8 +122,8 @@ func (d *demo) renderedMappings(ctx context.Context) (map[string]any, error) {
 	return resources, nil
 }
 
-// reportQueues waits until Kueue has settled (no change for 3 s), then
-// prints every job and both queues.
+// reportQueues waits until Kueue and the pods have settled (no change for
+// 5 s), then prints every job and both queues.
 func (d *demo) reportQueues(ctx context.Context) error {
 	var last string
 	stableSince := time.Now()
@@ -115,7 +135,7 @@ func (d *demo) reportQueues(ctx context.Context) error {
 		if now != last {
 			last, stableSince = now, time.Now()
 		}
-		return time.Since(stableSince) > 3*time.Second, nil
+		return time.Since(stableSince) > 5*time.Second, nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for Kueue to settle: %w", err)

@@ -75,7 +75,17 @@ func BuildNodeImages(ctx context.Context, dir string) ([]string, error) {
 // workload on the host network: the demo's pause image prints nothing, and
 // the real node has no pod network.
 func UseWorkloadImage(pod *unstructured.Unstructured) error {
-	containers, _, err := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	return useWorkloadImageAt(pod, "spec")
+}
+
+// UseWorkloadImageInJob does what UseWorkloadImage does to the pod
+// template of a Job.
+func UseWorkloadImageInJob(job *unstructured.Unstructured) error {
+	return useWorkloadImageAt(job, "spec", "template", "spec")
+}
+
+func useWorkloadImageAt(pod *unstructured.Unstructured, spec ...string) error {
+	containers, _, err := unstructured.NestedSlice(pod.Object, append(spec, "containers")...)
 	if err != nil {
 		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
 	}
@@ -89,11 +99,11 @@ func UseWorkloadImage(pod *unstructured.Unstructured) error {
 		delete(c, "command")
 		delete(c, "args")
 	}
-	if err := unstructured.SetNestedSlice(pod.Object, containers, "spec", "containers"); err != nil {
+	if err := unstructured.SetNestedSlice(pod.Object, containers, append(spec, "containers")...); err != nil {
 		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
 	}
-	if err := unstructured.SetNestedField(pod.Object, true, "spec", "hostNetwork"); err != nil {
+	if err := unstructured.SetNestedField(pod.Object, true, append(spec, "hostNetwork")...); err != nil {
 		return fmt.Errorf("pod %s: %w", pod.GetName(), err)
 	}
-	return unstructured.SetNestedField(pod.Object, int64(5), "spec", "terminationGracePeriodSeconds")
+	return unstructured.SetNestedField(pod.Object, int64(5), append(spec, "terminationGracePeriodSeconds")...)
 }
