@@ -130,7 +130,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.reportPosture(ctx); err != nil {
 		return err
 	}
-	if err := d.queueingScenario(ctx); err != nil {
+	if err := d.queueingScenario(ctx, objs); err != nil {
 		return err
 	}
 	if d.opts.keep {

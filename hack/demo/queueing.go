@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -23,14 +24,18 @@ var queueingNamespaces = []string{"ml-a", "ml-b"}
 
 // queueingScenario runs Kueue's manager with the deviceClassMappings the
 // dra-controller rendered from the catalog, applies demo/queueing in two
-// steps, and prints what Kueue decided after each. It is skipped, with one
-// line, when Kueue is not built.
-func (d *demo) queueingScenario(ctx context.Context) error {
+// steps, and prints what Kueue decided after each. The pods of the specs
+// applied before (objs) are deleted first, so that the GPUs Kueue hands
+// out are free. It is skipped, with one line, when Kueue is not built.
+func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstructured) error {
 	if missing := kueueMissing(d.cp); missing != "" {
 		d.out.printf("\nQueueing: skipped (%s; `make kueue` builds it).\n", missing)
 		return nil
 	}
-	d.out.printf("\nQueueing: Kueue %s with the deviceClassMappings the dra-controller rendered from the catalog ...\n", kueueVersion())
+	if err := d.deletePods(ctx, objs); err != nil {
+		return err
+	}
+	d.out.printf("Queueing: Kueue %s with the deviceClassMappings the dra-controller rendered from the catalog ...\n", kueueVersion())
 	resources, err := d.renderedMappings(ctx)
 	if err != nil {
 		return err
@@ -58,6 +63,30 @@ func (d *demo) queueingScenario(ctx context.Context) error {
 		}
 		d.out.printf("  %s\n", step.title)
 		if err := d.reportQueues(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deletePods deletes the pods among objs and waits until they are gone.
+func (d *demo) deletePods(ctx context.Context, objs []*unstructured.Unstructured) error {
+	namespaces := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() == "Pod" {
+			namespaces[o.GetNamespace()] = true
+		}
+	}
+	d.out.printf("\nDeleting the pods of the specs above, so that the queueing scenario has free GPUs ...\n")
+	for ns := range namespaces {
+		if err := d.cp.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			return fmt.Errorf("deleting the pods of %s: %w", ns, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for ns := range namespaces {
+		if err := d.cp.WaitForNoPods(ctx, ns); err != nil {
 			return err
 		}
 	}
