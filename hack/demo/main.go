@@ -5,7 +5,9 @@
 // built): containerd, runc and the kubelet, with the Helm chart installed
 // on it, and containers that print what they saw. Otherwise it is
 // simulated: the dra-kubelet-plugin binary and the kubelet simulator, with
-// the dra-controller binary beside them; one line says why.
+// the dra-controller binary beside them; one line says why. It ends with
+// the queueing scenario of demo/queueing: Kueue's manager in front of the
+// GPU quota, charging GPU units.
 // Everything is stopped at the end, or on Ctrl-C; with --keep the cluster
 // stays up until Ctrl-C.
 package main
