@@ -3,10 +3,16 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -14,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	"sigs.k8s.io/yaml"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -31,9 +38,13 @@ const KueueMappingsKey = "deviceClassMappings.yaml"
 // catalog: every enabled GpuProfile's DeviceClass under the Kueue resource
 // it is charged as. Kueue reads its configuration at start only, so the
 // ConfigMap is what an admin (or a GitOps pipeline) copies into Kueue's
-// configuration, and the annotation on it says when that is due.
+// configuration; the controller logs when that is due. It also keeps the
+// ResourceFlavor the ClusterQueues name (kueue.Flavor), once Kueue's CRDs
+// are installed.
 type kueueMappingsReconciler struct {
 	profiles client.Reader // the cache
+	// resync retries the ResourceFlavor, for Kueue installed later.
+	resync time.Duration
 	// direct writes the ConfigMap without a cluster-wide ConfigMap
 	// informer (and the RBAC that would need).
 	direct    client.Client
@@ -47,6 +58,11 @@ func (r *kueueMappingsReconciler) setup(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").
 		Watches(&gpuaas.GpuProfile{}, handler.EnqueueRequestsFromMapFunc(
 			func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{kueueMappingsKey} })).
+		// Once at start: an empty catalog has no profile event.
+		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			q.Add(kueueMappingsKey)
+			return nil
+		})).
 		Complete(r)
 }
 
@@ -71,7 +87,36 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 		klog.FromContext(ctx).Info("Kueue deviceClassMappings changed: copy them into Kueue's configuration and restart Kueue",
 			"configMap", klog.KObj(cm), "profiles", len(profiles.Items))
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: r.resync}, r.ensureFlavor(ctx)
+}
+
+// kueueFlavorKind is Kueue's ResourceFlavor; Kueue is optional.
+var kueueFlavorKind = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ResourceFlavor"}
+
+// ensureFlavor creates the ResourceFlavor unless it exists. Without
+// Kueue's CRDs there is nothing to do; the next profile change tries again.
+func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
+	flavor := &unstructured.Unstructured{}
+	flavor.SetGroupVersionKind(kueueFlavorKind)
+	err := r.direct.Get(ctx, types.NamespacedName{Name: kueue.Flavor}, flavor)
+	switch {
+	case err == nil:
+		return nil
+	case meta.IsNoMatchError(err):
+		klog.FromContext(ctx).V(2).Info("Kueue is not installed: no ResourceFlavor to keep")
+		return nil
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading ResourceFlavor %s: %w", kueue.Flavor, err)
+	}
+	flavor = &unstructured.Unstructured{}
+	flavor.SetGroupVersionKind(kueueFlavorKind)
+	flavor.SetName(kueue.Flavor)
+	flavor.SetLabels(map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"})
+	if err := r.direct.Create(ctx, flavor); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating ResourceFlavor %s: %w", kueue.Flavor, err)
+	}
+	klog.FromContext(ctx).Info("Created Kueue ResourceFlavor", "name", kueue.Flavor)
+	return nil
 }
 
 // renderKueueMappings renders the enabled profiles' mappings as the YAML of

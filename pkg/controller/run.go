@@ -151,7 +151,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		return err
 	}
 	if opts.Kueue {
-		r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: opts.LedgerNamespace}
+		r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: opts.LedgerNamespace, resync: opts.Resync}
 		if err := r.setup(mgr); err != nil {
 			return fmt.Errorf("setting up the Kueue mappings controller: %w", err)
 		}

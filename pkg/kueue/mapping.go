@@ -28,6 +28,11 @@ const CounterName = "gpu-milliunits"
 // GpuProfile names another (e.g. one per GPU model).
 const DefaultResource = "gpu.gpuaas.io/gpu-milliunits"
 
+// Flavor is the ResourceFlavor the controller keeps for our GPU units: it
+// names no node labels, as the devices, not the nodes, tell GPUs apart
+// (a GpuProfile's kueueResource does that, not a flavor).
+const Flavor = "gpuaas"
+
 // DeviceClassMapping is one entry of Kueue's
 // Configuration.resources.deviceClassMappings.
 type DeviceClassMapping struct {

@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
@@ -41,10 +42,10 @@ func TestKueue(t *testing.T) {
 			t.Errorf("stopping Kueue: %v", err)
 		}
 	})
-	kq := &kueueHelper{t: t}
-	kq.apply(ctx, `apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {name: gpuaas}`)
+	// The dra-controller runs as with the chart's controller.kueue: it
+	// keeps the ResourceFlavor and judges every claim of the subtests.
+	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
+	waitForFlavor(t)
 	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
 	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
 	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })
@@ -183,7 +184,6 @@ spec:
 // workload. A bare pod of the same namespace, which bypasses Kueue, is
 // still refused by the TenantQuota.
 func testKueueTenantQuota(t *testing.T, kq *kueueHelper) {
-	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
 	ctx := framework.Context(t, 5*time.Minute)
 	ns := kq.team("tenant", "", 2000, nil)
 	tenant := uniqueName("kueue-tenant")
@@ -202,5 +202,19 @@ func testKueueTenantQuota(t *testing.T, kq *kueueHelper) {
 	createTemplatePod(t, ctx, tmpl)
 	if _, err := cp.WaitForEvent(ctx, ns, "Pod", "bypass", "QuotaExceeded", "gpuUnits: used 2", "limit 1"); err != nil {
 		t.Fatalf("a pod that bypasses Kueue was not refused by the TenantQuota: %v", err)
+	}
+}
+
+// waitForFlavor waits for the ResourceFlavor the controller creates once
+// Kueue's CRDs exist (it retries on its resync).
+func waitForFlavor(t *testing.T) {
+	t.Helper()
+	ctx := framework.Context(t, time.Minute)
+	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Dynamic.Resource(framework.KueueResource("resourceflavors")).Get(ctx, kueue.Flavor, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the dra-controller did not create ResourceFlavor %s: %v", kueue.Flavor, err)
 	}
 }
