@@ -108,8 +108,9 @@ func (h *claimWebhook) overruleForKueue(ctx context.Context, claim *resourceapi.
 	if err != nil {
 		return adm, err
 	}
-	klog.FromContext(ctx).V(2).Info("Claim over quota admitted for Kueue", "claim", klog.KObj(claim), "tenant", adm.Tenant, "workload", workload, "reason", adm.Reason)
-	overruled.Reason = adm.Reason
+	if overruled.OverruledBy != "" { // else it fits now, and was simply admitted
+		klog.FromContext(ctx).V(2).Info("Claim over quota admitted for Kueue", "claim", klog.KObj(claim), "tenant", adm.Tenant, "workload", workload, "reason", overruled.Reason)
+	}
 	return overruled, nil
 }
 
