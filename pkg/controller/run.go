@@ -155,6 +155,10 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		if err := r.setup(mgr); err != nil {
 			return fmt.Errorf("setting up the Kueue mappings controller: %w", err)
 		}
+		queues := &kueueQueueReconciler{quotas: mgr.GetClient(), direct: direct, resync: opts.Resync}
+		if err := queues.setup(mgr); err != nil {
+			return fmt.Errorf("setting up the Kueue ClusterQueue controller: %w", err)
+		}
 	}
 	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),

@@ -281,6 +281,25 @@ func (kq *kueueHelper) usage(ctx context.Context, name string) int64 {
 	return total
 }
 
+// waitNominal waits until a ClusterQueue exists with the nominal quota.
+func (kq *kueueHelper) waitNominal(ctx context.Context, name string, want int64) {
+	kq.t.Helper()
+	var got string
+	kq.poll(ctx, fmt.Sprintf("ClusterQueue %s with nominal quota %d", name, want), func(ctx context.Context) (bool, error) {
+		cq, err := cp.Dynamic.Resource(framework.KueueResource("clusterqueues")).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		groups, _, _ := unstructured.NestedSlice(cq.Object, "spec", "resourceGroups")
+		if len(groups) == 0 {
+			return false, nil
+		}
+		flavor := groups[0].(map[string]any)["flavors"].([]any)[0].(map[string]any)
+		got = fmt.Sprint(flavor["resources"].([]any)[0].(map[string]any)["nominalQuota"])
+		return got == fmt.Sprint(want), nil
+	})
+}
+
 // waitShares samples two ClusterQueues' usage every second until they hold
 // wantA and wantB, and returns the samples.
 func (kq *kueueHelper) waitShares(ctx context.Context, a, b string, wantA, wantB int64) string {

@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -52,6 +53,7 @@ func TestKueue(t *testing.T) {
 	t.Run("Reclaim", func(t *testing.T) { testKueueReclaim(t, &kueueHelper{t: t}) })
 	t.Run("FairShare", func(t *testing.T) { testKueueFairShare(t, &kueueHelper{t: t}) })
 	t.Run("TenantQuota", func(t *testing.T) { testKueueTenantQuota(t, &kueueHelper{t: t}) })
+	t.Run("BackedQueue", func(t *testing.T) { testKueueBackedQueue(t, &kueueHelper{t: t}) })
 }
 
 // testKueueGPUUnits: a ClusterQueue of one GPU unit (1000 milli-units)
@@ -203,6 +205,36 @@ func testKueueTenantQuota(t *testing.T, kq *kueueHelper) {
 	if _, err := cp.WaitForEvent(ctx, ns, "Pod", "bypass", "QuotaExceeded", "gpuUnits: used 2", "limit 1"); err != nil {
 		t.Fatalf("a pod that bypasses Kueue was not refused by the TenantQuota: %v", err)
 	}
+}
+
+// testKueueBackedQueue: a TenantQuota with spec.kueue has the controller
+// keep a ClusterQueue that mirrors it (1.5 GPU units = 1500 milli-units);
+// a job queued there is admitted, and a new limit reaches the queue.
+func testKueueBackedQueue(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 5*time.Minute)
+	ns := cp.CreateNamespace(t, "backed")
+	kq.deleteJobsAtCleanup(ns)
+	tenant, queue := uniqueName("backed"), uniqueName("backed-gpus")
+	q := quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units("1.5")})
+	q.Spec.Kueue = &gpuaas.TenantKueue{ClusterQueue: queue}
+	createObject(t, q)
+	kq.waitNominal(ctx, queue, 1500)
+	kq.apply(ctx, fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: queue, namespace: %s}
+spec: {clusterQueue: %s}`, ns, queue))
+	kq.job(ctx, ns, "slice", jobSpec{class: "mig-1g.10gb.gpuaas.io"})
+	if got := kq.waitAdmitted(ctx, ns, "slice"); got != 142 {
+		t.Errorf("a 1g slice was charged %d in the mirrored queue, want 142", got)
+	}
+	if err := ctrlClient.Get(ctx, types.NamespacedName{Name: tenant}, q); err != nil {
+		t.Fatal(err)
+	}
+	q.Spec.Limits.GpuUnits = units("2")
+	if err := ctrlClient.Update(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	kq.waitNominal(ctx, queue, 2000)
 }
 
 // waitForFlavor waits for the ResourceFlavor the controller creates once

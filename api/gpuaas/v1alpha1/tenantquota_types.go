@@ -35,6 +35,7 @@ type TenantQuota struct {
 // TenantQuotaSpec is what an administrator writes.
 // +kubebuilder:validation:XValidation:rule="(has(self.namespaces) && size(self.namespaces) > 0) || has(self.namespaceSelector)",message="set namespaces or namespaceSelector"
 // +kubebuilder:validation:XValidation:rule="!has(self.borrowingLimit) || (has(self.cohort) && size(self.cohort) > 0)",message="borrowingLimit requires a cohort"
+// +kubebuilder:validation:XValidation:rule="!has(self.kueue) || has(self.limits.gpuUnits)",message="kueue requires limits.gpuUnits"
 type TenantQuotaSpec struct {
 	// Namespaces belonging to the tenant.
 	// +kubebuilder:validation:MaxItems=1024
@@ -63,6 +64,24 @@ type TenantQuotaSpec struct {
 	// has idle; zero: no borrowing.
 	// +optional
 	BorrowingLimit *BorrowingLimit `json:"borrowingLimit,omitempty"`
+
+	// Kueue, when set, has the controller (run with --kueue) keep a Kueue
+	// ClusterQueue that mirrors this tenant, so the two quotas never
+	// disagree: its namespaces, its cohort, and limits.gpuUnits (and
+	// borrowingLimit.gpuUnits) in GPU milli-units (docs/kueue.md). Other
+	// fields of the ClusterQueue (preemption, fair sharing) stay the
+	// admin's.
+	// +optional
+	Kueue *TenantKueue `json:"kueue,omitempty"`
+}
+
+// TenantKueue names the Kueue ClusterQueue kept for a tenant.
+type TenantKueue struct {
+	// ClusterQueue is the name of the ClusterQueue.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	ClusterQueue string `json:"clusterQueue"`
 }
 
 // QuotaLimits are the limits of a tenant.
