@@ -45,7 +45,7 @@ func TestDynamicMIGCountersWithRealScheduler(t *testing.T) {
 	checkPrepared(t, node, full, onlyClaim(t, ctx, full))
 }
 
-func deletePod(t *testing.T, ctx context.Context, ns, name string) {
+func deletePod(t testing.TB, ctx context.Context, ns, name string) {
 	t.Helper()
 	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
