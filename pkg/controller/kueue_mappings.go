@@ -9,8 +9,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -90,14 +88,10 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 	return reconcile.Result{RequeueAfter: r.resync}, r.ensureFlavor(ctx)
 }
 
-// kueueFlavorKind is Kueue's ResourceFlavor; Kueue is optional.
-var kueueFlavorKind = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ResourceFlavor"}
-
 // ensureFlavor creates the ResourceFlavor unless it exists. Without
 // Kueue's CRDs there is nothing to do; the next profile change tries again.
 func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
-	flavor := &unstructured.Unstructured{}
-	flavor.SetGroupVersionKind(kueueFlavorKind)
+	flavor := kueueObject("ResourceFlavor")
 	err := r.direct.Get(ctx, types.NamespacedName{Name: kueue.Flavor}, flavor)
 	switch {
 	case err == nil:
@@ -108,8 +102,7 @@ func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading ResourceFlavor %s: %w", kueue.Flavor, err)
 	}
-	flavor = &unstructured.Unstructured{}
-	flavor.SetGroupVersionKind(kueueFlavorKind)
+	flavor = kueueObject("ResourceFlavor")
 	flavor.SetName(kueue.Flavor)
 	flavor.SetLabels(map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"})
 	if err := r.direct.Create(ctx, flavor); err != nil && !apierrors.IsAlreadyExists(err) {

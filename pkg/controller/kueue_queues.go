@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -21,9 +20,6 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
-
-// kueueClusterQueueKind is Kueue's ClusterQueue; Kueue is optional.
-var kueueClusterQueueKind = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueue"}
 
 // kueueQueueReconciler keeps, for each TenantQuota with spec.kueue, the
 // ClusterQueue that mirrors it (kueue.ClusterQueueSpec): the namespaces the
@@ -70,8 +66,7 @@ func (r *kueueQueueReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 // apply creates the ClusterQueue, or writes the mirrored fields into the
 // one that exists (which must be this TenantQuota's).
 func (r *kueueQueueReconciler) apply(ctx context.Context, q *gpuaas.TenantQuota, spec map[string]any) error {
-	cq := &unstructured.Unstructured{}
-	cq.SetGroupVersionKind(kueueClusterQueueKind)
+	cq := kueueObject("ClusterQueue")
 	name := q.Spec.Kueue.ClusterQueue
 	err := r.direct.Get(ctx, types.NamespacedName{Name: name}, cq)
 	if apierrors.IsNotFound(err) {

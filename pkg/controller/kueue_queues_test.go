@@ -53,8 +53,8 @@ func TestClusterQueueOfAnotherOwnerIsNotTaken(t *testing.T) {
 	q := tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
 		Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}, Kueue: &gpuaas.TenantKueue{ClusterQueue: "shared"}})
 	q.Status.Namespaces = []string{"a"}
-	other := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
-	other.SetGroupVersionKind(kueueClusterQueueKind)
+	other := kueueObject("ClusterQueue")
+	other.Object["spec"] = map[string]any{}
 	other.SetName("shared")
 	c := newFakeClient(t, q, other)
 	r := &kueueQueueReconciler{quotas: c, direct: c}
@@ -65,8 +65,7 @@ func TestClusterQueueOfAnotherOwnerIsNotTaken(t *testing.T) {
 
 func getClusterQueue(t *testing.T, c client.Client, name string) *unstructured.Unstructured {
 	t.Helper()
-	cq := &unstructured.Unstructured{}
-	cq.SetGroupVersionKind(kueueClusterQueueKind)
+	cq := kueueObject("ClusterQueue")
 	if err := c.Get(ctx(t), types.NamespacedName{Name: name}, cq); err != nil {
 		t.Fatalf("ClusterQueue %s: %v", name, err)
 	}

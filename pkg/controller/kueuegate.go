@@ -20,10 +20,17 @@ import (
 // started by a Kueue admission.
 const kueuePodSetLabel = "kueue.x-k8s.io/podset"
 
-// kueueWorkloads is Kueue's Workload list kind. Kueue is optional: the
-// controller reads Workloads as unstructured objects and treats a cluster
-// without the kind as one where nothing is Kueue-admitted.
-var kueueWorkloads = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "WorkloadList"}
+// kueueAPI is the Kueue API the controller reads and writes. Kueue is
+// optional: its objects are handled as unstructured, and a cluster without
+// its kinds is one where nothing is Kueue's.
+var kueueAPI = schema.GroupVersion{Group: "kueue.x-k8s.io", Version: "v1beta2"}
+
+// kueueObject is an empty Kueue object (or list) of a kind.
+func kueueObject(kind string) *unstructured.Unstructured {
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(kueueAPI.WithKind(kind))
+	return obj
+}
 
 // kueueGate tells whether a claim belongs to a pod of a workload that Kueue
 // has admitted. Kueue already decided that such a workload fits its
@@ -67,7 +74,7 @@ func (g *kueueGate) admitted(ctx context.Context, claim *resourceapi.ResourceCla
 // admittedWorkloadOf finds the admitted Workload that a job (by UID) owns.
 func (g *kueueGate) admittedWorkloadOf(ctx context.Context, namespace string, job types.UID) (string, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(kueueWorkloads)
+	list.SetGroupVersionKind(kueueAPI.WithKind("WorkloadList"))
 	if err := g.reader.List(ctx, list, client.InNamespace(namespace)); err != nil {
 		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
 			return "", nil // Kueue is not installed

@@ -57,9 +57,16 @@ func setup(c *framework.ControlPlane) error {
 // still unprepare.
 func startNode(t *testing.T) *framework.Node {
 	t.Helper()
+	return startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: filepath.Join(repoRoot, "demo", "node-config.yaml")})
+}
+
+// startNodeWith is startNode with the node's options (the test's plugin
+// binary is filled in).
+func startNodeWith(t *testing.T, opts framework.NodeOptions) *framework.Node {
+	t.Helper()
 	ctx := framework.Context(t, 3*time.Minute)
-	node, err := cp.StartNode(ctx, framework.NodeOptions{Name: nodeName(t), PluginBinary: pluginBinary,
-		NodeConfig: filepath.Join(repoRoot, "demo", "node-config.yaml")})
+	opts.PluginBinary = pluginBinary
+	node, err := cp.StartNode(ctx, opts)
 	if err != nil {
 		t.Fatalf("starting node: %v", err)
 	}

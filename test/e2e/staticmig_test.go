@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,23 +24,9 @@ func TestStaticMIGEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := filepath.Join(t.TempDir(), "node-config.yaml")
-	if err := os.WriteFile(cfg, []byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ngpus:\n- indexes: [0]\n  mig: static\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	node, err := cp.StartNode(ctx, framework.NodeOptions{Name: name, PluginBinary: pluginBinary, NodeConfig: cfg,
+	cfg := writeNodeConfig(t, "static", "gpus:\n- indexes: [0]\n  mig: static\n")
+	node := startNodeWith(t, framework.NodeOptions{Name: name, NodeConfig: cfg,
 		ExtraArgs: []string{"--mock-nvml-state-dir=" + stateDir}})
-	if err != nil {
-		t.Fatalf("starting node: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("plugin log %s, last lines:\n%s", node.Plugin.LogPath, node.Plugin.Tail(40))
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = node.Stop(ctx)
-	})
 	devices, err := node.WaitForDevices(ctx, 4+7)
 	if err != nil {
 		t.Fatal(err)
