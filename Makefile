@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench k8s-bins node-bins generate helm kueue image fmt vet clean
+.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok image fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -60,14 +60,19 @@ helm:
 kueue:
 	hack/build-kueue.sh
 
+## kwok: kwok (pinned v0.8.0) from the Go module proxy into _output/bin, its stages into _output/kwok (cached)
+kwok:
+	hack/build-kwok.sh
+
 ## image: one image with both binaries (needs a Docker engine with BuildKit)
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
-## the Helm chart, and simulated nodes; never skipped here
-e2e: k8s-bins node-bins helm kueue
-	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e/... -v
+## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
+## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
+e2e: k8s-bins node-bins helm kueue kwok
+	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
 demo: k8s-bins kueue
@@ -76,6 +81,11 @@ demo: k8s-bins kueue
 ## bench: the Go benchmarks reported in BENCHMARKS.md
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/...
+
+## bench-scale: the real scheduler on 100 and 500 kwok nodes of 8 x H100 (our plugin's slices), every
+## device mode; prints the tables of BENCHMARKS.md "Scale". SCALE_NODES=100 for one size (~30 min for both)
+bench-scale: k8s-bins kwok
+	E2E_REQUIRED=1 $(GO) test ./test/e2e/scale -run '^$$' -bench Scale -benchtime 1x -timeout 3h -v
 
 ## generate: deepcopy, CRD manifests (config/crd) and the chart's catalog schema from api/gpuaas
 generate:

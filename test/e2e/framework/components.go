@@ -60,8 +60,8 @@ func (cp *ControlPlane) apiserver(port, etcdPort int, saKey, saPub, tokens strin
 	}
 }
 
-func (cp *ControlPlane) scheduler(port, verbosity int) component {
-	return component{
+func (cp *ControlPlane) scheduler(port, verbosity, qps int) component {
+	c := component{
 		name: "kube-scheduler",
 		args: []string{
 			"--kubeconfig", cp.Kubeconfig,
@@ -74,9 +74,18 @@ func (cp *ControlPlane) scheduler(port, verbosity int) component {
 		},
 		healthURL: fmt.Sprintf("https://127.0.0.1:%d/healthz", port),
 	}
+	if qps > 0 {
+		c.args = append(c.args, fmt.Sprintf("--kube-api-qps=%d", qps), fmt.Sprintf("--kube-api-burst=%d", 2*qps))
+	}
+	return c
 }
 
-func (cp *ControlPlane) controllerManager(port, verbosity int, saKey string) component {
+func (cp *ControlPlane) controllerManager(port, verbosity, qps int, saKey string) component {
+	if qps == 0 {
+		// The default 20 QPS would make claim creation from templates,
+		// not scheduling, the limit of the throughput benchmark.
+		qps = 200
+	}
 	return component{
 		name: "kube-controller-manager",
 		args: []string{
@@ -93,9 +102,7 @@ func (cp *ControlPlane) controllerManager(port, verbosity int, saKey string) com
 			"--service-account-private-key-file", saKey,
 			"--root-ca-file", filepath.Join(cp.Dir, "apiserver", "apiserver.crt"),
 			"--use-service-account-credentials=false",
-			// The default 20 QPS would make claim creation from templates,
-			// not scheduling, the limit of the throughput benchmark.
-			"--kube-api-qps=200", "--kube-api-burst=400",
+			fmt.Sprintf("--kube-api-qps=%d", qps), fmt.Sprintf("--kube-api-burst=%d", 2*qps),
 			"--v", fmt.Sprint(verbosity),
 		},
 		healthURL: fmt.Sprintf("https://127.0.0.1:%d/healthz", port),

@@ -43,6 +43,12 @@ type Options struct {
 	Verbosity int
 	// Progress receives one line per milestone; nil means io.Discard.
 	Progress io.Writer
+	// ClientQPS, when set, is the API client rate (QPS, burst twice that)
+	// of the scheduler and the controller-manager, raised for the scale
+	// benchmark so that it measures their work, not their client-side
+	// throttling (upstream's scheduler_perf does the same). Zero keeps the
+	// scheduler's default of 50 and the controller-manager's 200.
+	ClientQPS int
 }
 
 // ControlPlane is a running control plane.
@@ -88,7 +94,7 @@ func Start(ctx context.Context, opts Options) (cp *ControlPlane, err error) {
 		}
 	}()
 	begin := time.Now()
-	if err := cp.start(ctx, opts.Verbosity); err != nil {
+	if err := cp.start(ctx, opts); err != nil {
 		return cp, err
 	}
 	cp.logf("control plane ready in %.1fs (logs: %s)", time.Since(begin).Seconds(), cp.LogDir)
@@ -123,7 +129,7 @@ func newControlPlane(opts Options) (*ControlPlane, error) {
 	return cp, nil
 }
 
-func (cp *ControlPlane) start(ctx context.Context, verbosity int) error {
+func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 	ports, err := FreePorts(5)
 	if err != nil {
 		return err
@@ -146,10 +152,10 @@ func (cp *ControlPlane) start(ctx context.Context, verbosity int) error {
 	if err := cp.connect(apiPort, token); err != nil {
 		return err
 	}
-	if err := cp.run(ctx, cp.scheduler(schedPort, verbosity), ""); err != nil {
+	if err := cp.run(ctx, cp.scheduler(schedPort, opts.Verbosity, opts.ClientQPS), ""); err != nil {
 		return err
 	}
-	if err := cp.run(ctx, cp.controllerManager(kcmPort, verbosity, saKey), ""); err != nil {
+	if err := cp.run(ctx, cp.controllerManager(kcmPort, opts.Verbosity, opts.ClientQPS, saKey), ""); err != nil {
 		return err
 	}
 	return WaitForServiceAccount(ctx, cp.Client, "default")

@@ -69,6 +69,12 @@ func Required() bool { return os.Getenv("E2E_REQUIRED") == "1" }
 // kept and the tails of the component logs are printed. It returns the exit
 // code for os.Exit. E2E_KEEP=1 keeps the work dir of a passing run too.
 func Main(m *testing.M, setup func(*ControlPlane) error) int {
+	return MainWith(m, Options{Verbosity: 2}, setup)
+}
+
+// MainWith is Main with the control plane's options (BinDir and Progress
+// are filled in).
+func MainWith(m *testing.M, opts Options, setup func(*ControlPlane) error) int {
 	binDir, err := DefaultBinDir()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
@@ -82,7 +88,8 @@ func Main(m *testing.M, setup func(*ControlPlane) error) int {
 		fmt.Printf("e2e: skipped, control-plane binaries not found in %s; run `make e2e`\n", binDir)
 		return 0
 	}
-	cp, err := Start(context.Background(), Options{BinDir: binDir, Verbosity: 2, Progress: os.Stderr})
+	opts.BinDir, opts.Progress = binDir, os.Stderr
+	cp, err := Start(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: starting control plane: %v\n", err)
 		return 1

@@ -1,0 +1,251 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	"github.com/gpuaas/gpu-dra-driver/test/fleet"
+)
+
+// result is one mode's figures.
+type result struct {
+	mode string
+	pods int
+	// podsPerSec is pods over the time from the first creation to the last
+	// bind; p50 and p99 are of each pod's creation-to-bind time.
+	podsPerSec float64
+	p50, p99   time.Duration
+	// slices is what the fleet publishes in this mode, converged in
+	// publish after the nodes' configuration changed (0: unchanged).
+	slices  int
+	publish time.Duration
+}
+
+// runner runs modes on one fleet of nodes.
+type runner struct {
+	client kubernetes.Interface
+	fleet  *fleet.Fleet
+	nodes  int
+	pods   int
+	// config is the nodes' configuration now.
+	config string
+}
+
+// startRunner starts a fleet of n nodes (whole GPUs) and waits until kwok
+// has them Ready and their slices are published.
+func startRunner(tb testing.TB, n, pods int) *runner {
+	ctx := framework.Context(tb, 10*time.Minute)
+	cfg := *cp.Config
+	cfg.QPS, cfg.Burst = 5000, 10000
+	client := kubernetes.NewForConfigOrDie(&cfg)
+	f, err := fleet.Start(ctx, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(f.Stop)
+	took, err := f.WaitPublished(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := waitNodesReady(ctx, client, f.Names()); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Logf("%d nodes Ready, %d slices published in %.1fs", n, f.Slices(), took.Seconds())
+	return &runner{client: client, fleet: f, nodes: n, pods: pods, config: wholeConfig}
+}
+
+func decodeConfig(tb testing.TB, body string) *configapi.NodeConfig {
+	tb.Helper()
+	cfg, err := configapi.DecodeNodeConfig([]byte("apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\n" + body))
+	if err != nil {
+		tb.Fatalf("node configuration %q: %v", body, err)
+	}
+	return cfg
+}
+
+// configure republishes every node's slices for a configuration, as plugins
+// restarted with a new --node-config would, and returns how long the
+// cluster took to converge. It waits for the scheduler's informer to catch
+// up too (no API says when; 2 s is ample at 500 nodes on this machine).
+func (r *runner) configure(tb testing.TB, config string) time.Duration {
+	if config == r.config {
+		return 0
+	}
+	ctx := framework.Context(tb, 10*time.Minute)
+	r.fleet.Reconfigure(ctx, decodeConfig(tb, config))
+	took, err := r.fleet.WaitPublished(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.config = config
+	time.Sleep(2 * time.Second)
+	return took
+}
+
+// run measures one mode: its pods are created by 8 workers (as fast as the
+// apiserver takes them), and each pod's bind is seen through a watch.
+func (r *runner) run(tb testing.TB, m mode) result {
+	publish := r.configure(tb, m.config)
+	ctx := framework.Context(tb, 30*time.Minute)
+	ns := cp.CreateNamespace(tb, "scale-"+m.name)
+	if m.prefill != nil {
+		r.createTemplates(tb, ns, "prefill", []resourceapi.DeviceRequest{*m.prefill})
+		rec := watchBinds(tb, r.client, ns, "prefill")
+		r.createPods(tb, ns, "prefill", r.nodes, 1)
+		rec.waitAll(tb, r.nodes)
+	}
+	r.createTemplates(tb, ns, "claim", m.claims)
+	rec := watchBinds(tb, r.client, ns, "claim")
+	start := time.Now()
+	created := r.createPods(tb, ns, "claim", r.pods, len(m.claims))
+	last := rec.waitAll(tb, r.pods)
+	res := result{mode: m.name, pods: r.pods, podsPerSec: float64(r.pods) / last.Sub(start).Seconds(),
+		slices: r.fleet.Slices(), publish: publish}
+	res.p50, res.p99 = rec.latencies(created)
+	if len(m.claims) > 0 {
+		checkAllocations(tb, r.client, ns, m.name == "memory-share")
+	}
+	if err := cp.DeleteNamespace(ctx, ns); err != nil {
+		tb.Fatal(err)
+	}
+	waitNoClaims(tb, r.client, ns)
+	return res
+}
+
+// createTemplates makes one ResourceClaimTemplate per request, named
+// prefix-0, prefix-1, ...
+func (r *runner) createTemplates(tb testing.TB, ns, prefix string, reqs []resourceapi.DeviceRequest) {
+	ctx := framework.Context(tb, time.Minute)
+	for i, req := range reqs {
+		tmpl := &resourceapi.ResourceClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i), Namespace: ns},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{req},
+			}}},
+		}
+		if _, err := r.client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, createOpts); err != nil {
+			tb.Fatalf("creating ResourceClaimTemplate: %v", err)
+		}
+	}
+}
+
+// createPods creates n pods named prefix-<i>, pod i with a claim from
+// template prefix-<i % templates> (none when templates is 0), and returns
+// when each creation was sent, by pod name.
+func (r *runner) createPods(tb testing.TB, ns, prefix string, n, templates int) map[string]time.Time {
+	ctx := framework.Context(tb, 10*time.Minute)
+	sent := make([]time.Time, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				sent[i] = time.Now()
+				pod := podFor(ns, fmt.Sprintf("%s-%d", prefix, i), prefix, i, templates)
+				if _, err := r.client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, fmt.Errorf("creating pod %s: %w", pod.Name, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if firstErr != nil {
+		tb.Fatal(firstErr)
+	}
+	out := make(map[string]time.Time, n)
+	for i, t := range sent {
+		out[fmt.Sprintf("%s-%d", prefix, i)] = t
+	}
+	return out
+}
+
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+func podFor(ns, name, prefix string, i, templates int) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "ctr", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+	if templates == 0 {
+		return pod
+	}
+	tmpl := fmt.Sprintf("%s-%d", prefix, i%templates)
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}
+	return pod
+}
+
+// percentile of sorted durations (nearest rank).
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func sortedDurations(d []time.Duration) []time.Duration {
+	slices.Sort(d)
+	return d
+}
+
+func waitNodesReady(ctx context.Context, client kubernetes.Interface, names []string) error {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var ready int
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: fleet.FleetLabel})
+		if err != nil {
+			return false, err
+		}
+		ready = 0
+		for _, n := range list.Items {
+			if want[n.Name] && nodeReady(&n) {
+				ready++
+			}
+		}
+		return ready == len(want), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d of %d nodes Ready (is kwok running?): %w", ready, len(want), err)
+	}
+	return nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

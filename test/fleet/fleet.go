@@ -1,0 +1,195 @@
+// Package fleet publishes the ResourceSlices of many simulated GPU nodes from
+// one process, for the scale benchmark (issue 14): each node is a Node object
+// that kwok keeps Ready and whose pods kwok runs, and its slices are exactly
+// what dra-kubelet-plugin would publish there, built by the plugin's own
+// inventory and slice code (plugin.Discover, plugin.Resources) over a mock
+// NVML machine of the node, and published by the same resourceslice
+// controller the plugin's kubeletplugin helper runs. Nothing is prepared:
+// kwok's nodes have no kubelet.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+)
+
+// KwokAnnotation marks the nodes kwok manages (its
+// --manage-nodes-with-annotation-selector).
+const KwokAnnotation = "kwok.x-k8s.io/node"
+
+// FleetLabel names the fleet (its Prefix) on each of its Nodes.
+const FleetLabel = "fleet.gpuaas.io/name"
+
+// Options say what fleet to run.
+type Options struct {
+	Client kubernetes.Interface
+	// Nodes is how many nodes; their names are Prefix-0 ... Prefix-(Nodes-1).
+	Nodes  int
+	Prefix string
+	// Machine is the go-nvml mock machine of every node (nvdev.MockMachines);
+	// "" is the 8 x H100 DGX.
+	Machine string
+	// Config is every node's NodeConfig (how its GPUs are offered); nil
+	// offers every GPU whole.
+	Config *configapi.NodeConfig
+}
+
+// Fleet is a running fleet of simulated nodes.
+type Fleet struct {
+	client kubernetes.Interface
+	prefix string
+	nodes  []*node
+	slices *sliceWatch
+}
+
+type node struct {
+	name string
+	lib  nvdev.Interface
+	ctrl *resourceslice.Controller
+	// slices is how many slices the node's pool has now.
+	slices int
+}
+
+// Start creates the nodes (or adopts them when they exist) and starts
+// publishing their slices. It does not wait for the slices to be stored;
+// WaitPublished does. Stop ends it.
+func Start(ctx context.Context, opts Options) (*Fleet, error) {
+	if opts.Machine == "" {
+		opts.Machine = "dgxh100"
+	}
+	f := &Fleet{client: opts.Client, prefix: opts.Prefix}
+	var err error
+	if f.slices, err = watchSlices(ctx, opts.Client); err != nil {
+		return nil, err
+	}
+	for i := range opts.Nodes {
+		n, err := f.startNode(ctx, opts, fmt.Sprintf("%s-%d", opts.Prefix, i))
+		if err != nil {
+			f.Stop()
+			return nil, err
+		}
+		f.nodes = append(f.nodes, n)
+	}
+	return f, nil
+}
+
+func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node, error) {
+	obj, err := f.ensureNode(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + opts.Machine, MockSeed: name})
+	if err != nil {
+		return nil, fmt.Errorf("opening the mock NVML of node %s: %w", name, err)
+	}
+	res := resourcesOf(ctx, name, lib, opts.Config)
+	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", name))
+	ctrl, err := resourceslice.StartController(ctx, resourceslice.Options{
+		DriverName: configapi.DriverName,
+		KubeClient: f.client,
+		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: name, UID: obj.UID},
+		Resources:  &res,
+	})
+	if err != nil {
+		_ = lib.Shutdown()
+		return nil, fmt.Errorf("starting the slice controller of node %s: %w", name, err)
+	}
+	return &node{name: name, lib: lib, ctrl: ctrl, slices: len(res.Pools[name].Slices)}, nil
+}
+
+// resourcesOf is what the plugin publishes for a node: discovery over its
+// GPUs and configuration, cut into slices.
+func resourcesOf(ctx context.Context, name string, lib nvdev.Interface, cfg *configapi.NodeConfig) resourceslice.DriverResources {
+	if cfg == nil {
+		cfg = &configapi.NodeConfig{}
+	}
+	return plugin.Resources(name, plugin.Discover(klog.FromContext(ctx), lib, cfg))
+}
+
+// ensureNode creates the Node kwok will keep Ready: 32 CPUs, 256 GiB and
+// 110 pods allocatable, so only the GPUs limit where pods go.
+func (f *Fleet) ensureNode(ctx context.Context, name string) (*corev1.Node, error) {
+	obj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Annotations: map[string]string{KwokAnnotation: "fake"},
+			Labels:      map[string]string{"kubernetes.io/hostname": name, "type": "kwok", FleetLabel: f.prefix},
+		},
+		Status: corev1.NodeStatus{
+			Allocatable: nodeResources(),
+			Capacity:    nodeResources(),
+		},
+	}
+	created, err := f.client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	if err == nil {
+		return created, nil
+	}
+	existing, getErr := f.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if getErr != nil {
+		return nil, fmt.Errorf("creating node %s: %w", name, errors.Join(err, getErr))
+	}
+	return existing, nil
+}
+
+func nodeResources() corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("32"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+}
+
+// Reconfigure offers every node's GPUs as cfg says from now on, as a
+// plugin restarted with a new --node-config would.
+func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
+	for _, n := range f.nodes {
+		res := resourcesOf(ctx, n.name, n.lib, cfg)
+		n.slices = len(res.Pools[n.name].Slices)
+		n.ctrl.Update(&res)
+	}
+}
+
+// Names are the nodes' names.
+func (f *Fleet) Names() []string {
+	out := make([]string, len(f.nodes))
+	for i, n := range f.nodes {
+		out[i] = n.name
+	}
+	return out
+}
+
+// Slices is how many slices the fleet publishes in all.
+func (f *Fleet) Slices() int {
+	total := 0
+	for _, n := range f.nodes {
+		total += n.slices
+	}
+	return total
+}
+
+// Stop stops publishing; the slices stay until their Nodes are deleted
+// (DeleteNodes), as when a plugin stops.
+func (f *Fleet) Stop() {
+	f.slices.stop()
+	var wg sync.WaitGroup
+	for _, n := range f.nodes {
+		wg.Go(func() {
+			n.ctrl.Stop()
+			_ = n.lib.Shutdown()
+		})
+	}
+	wg.Wait()
+}
