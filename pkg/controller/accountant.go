@@ -11,7 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -34,21 +33,36 @@ type Accountant struct {
 
 	catalogGen, tenancyGen atomic.Int64
 
-	mu      sync.Mutex
-	cat     *catalog
-	ten     *tenancy
-	charges map[types.UID]cachedCharge
-	nsUsage map[string]*namespaceUsage
+	// mu guards the snapshots and the map of running totals; it is held
+	// for moments only. Decisions lock their cohort's running total
+	// (cohortUsage.mu) instead: tenants of different cohorts never wait
+	// for each other, as nothing one decides depends on the other.
+	mu  sync.Mutex
+	cat *catalog
+	ten *tenancy
+	// cohorts are the running totals of the book owners (cohort.go), for
+	// the tenancy generation cohortsGen.
+	cohorts    map[string]*cohortUsage
+	cohortsGen int64
+	now        func() time.Time
+
+	// claimsMu guards what is known of the claims, which running totals
+	// of different cohorts share (a namespace moves between cohorts when
+	// a quota changes); every holder only reads or prices a namespace.
+	claimsMu sync.Mutex
+	charges  map[types.UID]cachedCharge
+	nsUsage  map[string]*namespaceUsage
 	// gone remembers deleted claims for reservationGrace: a reservation
 	// of a claim this cache saw come and go holds nothing.
 	gone      map[types.UID]time.Time
 	lastSweep time.Time
-	now       func() time.Time
 
 	// nsMu guards the claim generations, bumped by informer handlers
-	// that must not wait for an admission holding mu.
+	// that must not wait for an admission holding mu, and the namespaces
+	// whose claims changed since a running total counted them.
 	nsMu     sync.Mutex
 	nsGen    map[string]int64
+	nsDirty  map[string]struct{}
 	tracking bool
 
 	// liveMu guards live: namespaces the cache had not seen when a claim in
@@ -99,6 +113,8 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		charges: map[types.UID]cachedCharge{},
 		nsUsage: map[string]*namespaceUsage{},
 		nsGen:   map[string]int64{},
+		nsDirty: map[string]struct{}{},
+		cohorts: map[string]*cohortUsage{},
 		gone:    map[types.UID]time.Time{},
 		live:    map[string]liveNamespace{},
 		now:     time.Now,
@@ -117,8 +133,8 @@ func (a *Accountant) InvalidateTenancy() { a.tenancyGen.Add(1) }
 // ForgetClaim drops the cached charge of a deleted claim and remembers
 // that it is gone.
 func (a *Accountant) ForgetClaim(uid types.UID) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
 	delete(a.charges, uid)
 	now := a.now()
 	a.gone[uid] = now
@@ -130,6 +146,18 @@ func (a *Accountant) ForgetClaim(uid types.UID) {
 		}
 		a.lastSweep = now
 	}
+}
+
+// snapshots are the catalog and the tenancy, rebuilt where they changed.
+func (a *Accountant) snapshots(ctx context.Context) (*catalog, *tenancy, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cat, err := a.catalogLocked(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	ten, err := a.tenancyLocked(ctx)
+	return cat, ten, err
 }
 
 func (a *Accountant) catalogLocked(ctx context.Context) (*catalog, error) {
@@ -229,9 +257,10 @@ func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Name
 	return ten
 }
 
-// ownerLocked is the quota a namespace is charged to, or "". A namespace
-// the cache has not seen yet (created a moment ago) is taken from the live
-// read prefetchNamespace made before mu was taken, so a label selector
+// ownerLocked is the quota a namespace is charged to, or "" (it needs no
+// lock, only a tenancy snapshot). A namespace the cache has not seen yet
+// (created a moment ago) is taken from the live read prefetchNamespace made
+// before, so a label selector
 // cannot be dodged by racing the informer; without one (a caller that did
 // not prefetch) it is read from the API here.
 func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace string) (string, error) {
@@ -318,56 +347,6 @@ func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *reso
 	return charged
 }
 
-// usageLocked sums what a tenant holds: every claim in its namespaces
-// (allocated ones at their allocation, the others at their worst case),
-// plus the reservations in held of claims the cache does not show yet.
-func (a *Accountant) usageLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held []reservation) (quota.Usage, error) {
-	return a.usageOfLocked(ctx, cat, ten, tenant, heldByNamespace(held))
-}
-
-// heldByNamespace groups a book's reservations by namespace, so that the
-// usage of each of a cohort's tenants reads only its own: a cohort of 500
-// tenants with 600 reservations in its book scanned 300,000 entries per
-// admission.
-func heldByNamespace(held []reservation) map[string][]reservation {
-	out := make(map[string][]reservation)
-	for _, r := range held {
-		out[r.Namespace] = append(out[r.Namespace], r)
-	}
-	return out
-}
-
-func (a *Accountant) usageOfLocked(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held map[string][]reservation) (quota.Usage, error) {
-	var tally quota.Tally
-	now := a.now()
-	for _, ns := range ten.assign.Namespaces[tenant] {
-		nu, err := a.namespaceUsageLocked(ctx, cat, ns)
-		if err != nil {
-			return quota.Usage{}, err
-		}
-		tally.AddUsage(nu.usage)
-		for _, r := range held[ns] {
-			if !a.stillReservedLocked(r, now) {
-				continue
-			}
-			c, err := r.charge()
-			if err != nil {
-				klog.FromContext(ctx).Error(err, "Ignoring a damaged reservation")
-				continue
-			}
-			tally.Add(c, false)
-		}
-	}
-	return tally.Usage(), nil
-}
-
-// stillReservedLocked: a reservation counts until the cache shows its claim
-// (which then counts itself) or the claim's deletion, and never past
-// reservationGrace (its create failed).
-func (a *Accountant) stillReservedLocked(r reservation, now time.Time) bool {
-	return now.Sub(r.At) < reservationGrace && !a.seenLocked(r)
-}
-
 // seenLocked: this replica's cache showed the reserved claim, or its
 // deletion. The per-namespace snapshot is as fresh as the last decision.
 func (a *Accountant) seenLocked(r reservation) bool {
@@ -382,8 +361,8 @@ func (a *Accountant) seenLocked(r reservation) bool {
 // those that hold nothing any more and those every replica has surely
 // seen resolved.
 func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClaim, cost quota.Charge) []reservation {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
 	now := a.now()
 	out := make([]reservation, 0, len(book)+1)
 	for _, r := range book {
@@ -417,6 +396,7 @@ func (a *Accountant) heldFor(ctx context.Context, name string) []reservation {
 type namespaceUsage struct {
 	claimGen, catalogGen int64
 	usage                quota.Usage
+	total                dimVals                            // of usage.Total(), for the running totals
 	claims               map[types.NamespacedName]types.UID // what was counted
 }
 
@@ -426,6 +406,7 @@ type namespaceUsage struct {
 func (a *Accountant) ClaimChanged(namespace string) {
 	a.nsMu.Lock()
 	a.nsGen[namespace]++
+	a.nsDirty[namespace] = struct{}{}
 	a.tracking = true
 	a.nsMu.Unlock()
 }
@@ -436,16 +417,24 @@ func (a *Accountant) claimGen(namespace string) (int64, bool) {
 	return a.nsGen[namespace], a.tracking
 }
 
-func (a *Accountant) namespaceUsageLocked(ctx context.Context, cat *catalog, ns string) (*namespaceUsage, error) {
+// namespaceUsage is the namespace's sum, recounted when its claims or the
+// catalog changed. The cache is listed without claimsMu: a slow list must
+// not hold up the other cohorts' decisions.
+func (a *Accountant) namespaceUsage(ctx context.Context, cat *catalog, ns string) (*namespaceUsage, error) {
 	gen, tracking := a.claimGen(ns)
-	if nu := a.nsUsage[ns]; tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
+	a.claimsMu.Lock()
+	nu := a.nsUsage[ns]
+	a.claimsMu.Unlock()
+	if tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
 		return nu, nil
 	}
 	var claims resourceapi.ResourceClaimList
 	if err := a.reader.List(ctx, &claims, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing ResourceClaims of namespace %s: %w", ns, err)
 	}
-	nu := &namespaceUsage{claimGen: gen, catalogGen: cat.gen, claims: make(map[types.NamespacedName]types.UID, len(claims.Items))}
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen, claims: make(map[types.NamespacedName]types.UID, len(claims.Items))}
 	var tally quota.Tally
 	for i := range claims.Items {
 		c := &claims.Items[i]
@@ -455,27 +444,7 @@ func (a *Accountant) namespaceUsageLocked(ctx context.Context, cat *catalog, ns 
 		}
 	}
 	nu.usage = tally.Usage()
+	nu.total = dimsOf(nu.usage.Total())
 	a.nsUsage[ns] = nu
 	return nu, nil
-}
-
-// peersLocked are the other members of a tenant's cohort with what they
-// hold.
-func (a *Accountant) peersLocked(ctx context.Context, cat *catalog, ten *tenancy, t quota.Tenant, held []reservation) ([]quota.Peer, error) {
-	if t.Cohort == "" {
-		return nil, nil
-	}
-	var peers []quota.Peer
-	byNamespace := heldByNamespace(held)
-	for _, q := range ten.quotas {
-		if q.Name == t.Name || q.Spec.Cohort != t.Cohort || ten.invalid[q.Name] != "" {
-			continue
-		}
-		u, err := a.usageOfLocked(ctx, cat, ten, q.Name, byNamespace)
-		if err != nil {
-			return nil, err
-		}
-		peers = append(peers, quota.Peer{Tenant: ten.tenants[q.Name], Total: u.Total()})
-	}
-	return peers, nil
 }

@@ -165,17 +165,7 @@ func (a *Accountant) tenantOf(ctx context.Context, namespace string) (quota.Tena
 // decide prices and judges a claim against the cache plus the book's
 // reservations.
 func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation) (Admission, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.decideLocked(ctx, claim, held)
-}
-
-func (a *Accountant) decideLocked(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation) (Admission, error) {
-	cat, err := a.catalogLocked(ctx)
-	if err != nil {
-		return Admission{}, err
-	}
-	ten, err := a.tenancyLocked(ctx)
+	cat, ten, err := a.snapshots(ctx)
 	if err != nil {
 		return Admission{}, err
 	}
@@ -200,15 +190,11 @@ func (a *Accountant) decideLocked(ctx context.Context, claim *resourceapi.Resour
 	}
 	tenant := ten.tenants[owner]
 	adm.Cohort = tenant.Cohort
-	usage, err := a.usageLocked(ctx, cat, ten, owner, held)
+	usage, peers, err := a.usageOf(ctx, cat, ten, owner, held)
 	if err != nil {
 		return adm, err
 	}
-	peers, err := a.peersLocked(ctx, cat, ten, tenant, held)
-	if err != nil {
-		return adm, err
-	}
-	adm.Decision = quota.Decide(tenant, usage, adm.Cost, peers)
+	adm.Decision = quota.DecideIdle(tenant, usage, adm.Cost, peers)
 	return adm, nil
 }
 
@@ -220,20 +206,13 @@ type TenantReport struct {
 	Conflicts  []string
 	Invalid    string
 	Usage      quota.Usage
-	Peers      []quota.Peer
 }
 
 // Report computes a tenant's status from the cache and what this replica
 // last read of its book.
 func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, error) {
 	held := a.heldFor(ctx, name)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	cat, err := a.catalogLocked(ctx)
-	if err != nil {
-		return TenantReport{}, err
-	}
-	ten, err := a.tenancyLocked(ctx)
+	cat, ten, err := a.snapshots(ctx)
 	if err != nil {
 		return TenantReport{}, err
 	}
@@ -243,10 +222,7 @@ func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, err
 		Conflicts:  ten.assign.Conflicts[name],
 		Invalid:    ten.invalid[name],
 	}
-	if r.Usage, err = a.usageLocked(ctx, cat, ten, name, held); err != nil {
-		return r, err
-	}
-	r.Peers, err = a.peersLocked(ctx, cat, ten, r.Tenant, held)
+	r.Usage, _, err = a.usageOf(ctx, cat, ten, name, held)
 	return r, err
 }
 

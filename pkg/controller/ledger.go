@@ -116,10 +116,7 @@ type book struct {
 
 // bookFor returns the book of a tenant: its cohort's, or its own.
 func (l *Ledger) bookFor(t quota.Tenant) *book {
-	owner := "tenant/" + t.Name
-	if t.Cohort != "" {
-		owner = "cohort/" + t.Cohort
-	}
+	owner := bookOwner(t)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.books[owner]
@@ -129,6 +126,15 @@ func (l *Ledger) bookFor(t quota.Tenant) *book {
 		l.books[owner] = b
 	}
 	return b
+}
+
+// bookOwner names whose decisions a tenant's depend on: its cohort's, or
+// its own outside any cohort.
+func bookOwner(t quota.Tenant) string {
+	if t.Cohort != "" {
+		return "cohort/" + t.Cohort
+	}
+	return "tenant/" + t.Name
 }
 
 // bookName is readable where the owner's name allows it.

@@ -223,7 +223,9 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchCo
 	}
 	everyQuota := handler.EnqueueRequestsFromMapFunc(allOf(quotaNames(c)))
 	err = ctrl.NewControllerManagedBy(mgr).Named("tenantquota").
-		For(&gpuaas.TenantQuota{}).
+		// Its own status writes do not requeue a quota either: the
+		// resync and the claim events bring its usage.
+		For(&gpuaas.TenantQuota{}, builder.WithPredicates(quotaSpecChanged)).
 		// One quota's namespaces decide the others' conflicts: its spec,
 		// not its status, which every reconcile writes (requeueing all
 		// quotas on each status write cost N^2 with N tenants).

@@ -53,11 +53,7 @@ func watchChanges(ctx context.Context, c cache.Cache, acct *Accountant, n *nudge
 		{&resourceapi.DeviceClass{}, catalog},
 		{&gpuaas.GpuProfile{}, catalog},
 		{&corev1.Namespace{}, tenancy},
-		{&gpuaas.TenantQuota{}, toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { acct.InvalidateTenancy() },
-			UpdateFunc: func(any, any) { acct.InvalidateTenancy(); n.Kick() },
-			DeleteFunc: func(any) { acct.InvalidateTenancy(); n.Kick() },
-		}},
+		{&gpuaas.TenantQuota{}, quotaHandler(acct, n)},
 		{&resourceapi.ResourceClaim{}, claimHandler(acct, n)},
 	} {
 		inf, err := c.GetInformer(ctx, w.obj)
@@ -69,6 +65,25 @@ func watchChanges(ctx context.Context, c cache.Cache, acct *Accountant, n *nudge
 		}
 	}
 	return nil
+}
+
+// quotaHandler invalidates the tenancy when a quota comes, goes or changes
+// its spec (its generation). Not on a status write: the reconciler writes
+// the status of a quota whose usage changed, after nearly every admission,
+// and a new tenancy rebuilds every cohort's running total.
+func quotaHandler(acct *Accountant, n *nudger) toolscache.ResourceEventHandlerFuncs {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { acct.InvalidateTenancy() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*gpuaas.TenantQuota)
+			q, ok2 := newObj.(*gpuaas.TenantQuota)
+			if !ok1 || !ok2 || o.Generation != q.Generation {
+				acct.InvalidateTenancy()
+			}
+			n.Kick()
+		},
+		DeleteFunc: func(any) { acct.InvalidateTenancy(); n.Kick() },
+	}
 }
 
 func onAny(f func(any)) toolscache.ResourceEventHandlerFuncs {

@@ -83,6 +83,38 @@ type Decision struct {
 // cohort: up to t's borrowing limit. Every admission, borrowing or not,
 // keeps the cohort as a whole within the sum of its members' limits.
 func Decide(t Tenant, usage Usage, req Charge, peers []Peer) Decision {
+	return DecideIdle(t, usage, req, IdleOf(t, peers))
+}
+
+// PeersIdle is, per borrowable resource, what the other members of a
+// tenant's cohort hold idle: the sum over those with a limit on it of the
+// limit minus what they hold (negative when they borrow). It is all of the
+// cohort that admission needs, so a caller that keeps it as a running sum
+// decides without visiting every member.
+type PeersIdle struct {
+	Units  Units
+	Memory Units // bytes, as whole units
+}
+
+// IdleOf sums the peers' idle quota (members of other cohorts and t itself
+// are skipped).
+func IdleOf(t Tenant, peers []Peer) PeersIdle {
+	var idle [2]Units
+	for _, p := range peers {
+		if p.Tenant.Cohort != t.Cohort || p.Tenant.Name == t.Name {
+			continue
+		}
+		for i, dim := range dimensions {
+			if l := dim.limit(p.Tenant.Limits); l != nil {
+				idle[i] = idle[i].Add(*l).Sub(dim.get(p.Total))
+			}
+		}
+	}
+	return PeersIdle{Units: idle[0], Memory: idle[1]}
+}
+
+// DecideIdle is Decide with the peers summed up beforehand.
+func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 	var violations []string
 	d := Decision{Allowed: true}
 	fail := func(resource, reason string) {
@@ -103,7 +135,7 @@ func Decide(t Tenant, usage Usage, req Charge, peers []Peer) Decision {
 		}
 	}
 	for _, dim := range dimensions {
-		ok, borrows, reason := dim.check(t, usage, req, peers)
+		ok, borrows, reason := dim.check(t, usage, req, dim.idle(peers))
 		d.Borrows = d.Borrows || (ok && borrows)
 		if !ok {
 			fail(dim.name, reason)
@@ -122,6 +154,7 @@ type dimension struct {
 	get    func(Charge) Units
 	limit  func(Limits) *Units
 	format func(Units) string
+	idle   func(PeersIdle) Units
 }
 
 var dimensions = []dimension{
@@ -130,6 +163,7 @@ var dimensions = []dimension{
 		get:    func(c Charge) Units { return c.Units },
 		limit:  func(l Limits) *Units { return l.Units },
 		format: Units.String,
+		idle:   func(p PeersIdle) Units { return p.Units },
 	},
 	{
 		name: ResourceGpuMemory,
@@ -141,6 +175,7 @@ var dimensions = []dimension{
 			return ptrTo(WholeUnits(*l.Memory))
 		},
 		format: func(u Units) string { return FormatMemory(unitsInt(u)) },
+		idle:   func(p PeersIdle) Units { return p.Memory },
 	},
 }
 
@@ -149,7 +184,7 @@ func unitsInt(u Units) int64 {
 }
 
 // check admits one resource: within the own limit, or by borrowing.
-func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok, borrows bool, reason string) {
+func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (ok, borrows bool, reason string) {
 	limit := dim.limit(t.Limits)
 	want := dim.get(req)
 	if limit == nil || want.Sign() <= 0 {
@@ -161,7 +196,7 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok,
 	reason = fmt.Sprintf("%s: used %s, reserved %s, requested %s, limit %s",
 		dim.name, f(used), f(reserved), f(want), f(*limit))
 	if after.Cmp(*limit) <= 0 {
-		return dim.withinCohort(t, usage, want, peers, reason)
+		return dim.withinCohort(t, usage, want, peersIdle, reason)
 	}
 	if t.Cohort == "" {
 		return false, false, reason
@@ -171,7 +206,7 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok,
 		return false, false, reason + fmt.Sprintf(" (borrowing %s from cohort %q would exceed the borrowing limit %s)",
 			f(borrow), t.Cohort, f(*cap))
 	}
-	idle := dim.cohortIdle(t, usage, peers)
+	idle := dim.cohortIdle(t, usage, peersIdle)
 	if want.Cmp(idle) > 0 {
 		// Own headroom is part of the cohort's idle quota but not lent.
 		headroom := MaxUnits(limit.Sub(used.Add(reserved)), Units{})
@@ -189,11 +224,11 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peers []Peer) (ok,
 // retried when quota frees); admitting it anyway would take the cohort past
 // the capacity its limits promise, with nothing to reclaim the loan. A
 // lender that must not wait caps its peers' borrowingLimit.
-func (dim dimension) withinCohort(t Tenant, usage Usage, want Units, peers []Peer, reason string) (ok, borrows bool, _ string) {
+func (dim dimension) withinCohort(t Tenant, usage Usage, want, peersIdle Units, reason string) (ok, borrows bool, _ string) {
 	if t.Cohort == "" {
 		return true, false, ""
 	}
-	idle := dim.cohortIdle(t, usage, peers)
+	idle := dim.cohortIdle(t, usage, peersIdle)
 	if want.Cmp(idle) <= 0 {
 		return true, false, ""
 	}
@@ -203,16 +238,7 @@ func (dim dimension) withinCohort(t Tenant, usage Usage, want Units, peers []Pee
 
 // cohortIdle is the sum of the limits minus the sum of the usage of every
 // cohort member that has a limit on this resource (a member without one
-// neither lends nor counts).
-func (dim dimension) cohortIdle(t Tenant, usage Usage, peers []Peer) Units {
-	idle := dim.limit(t.Limits).Sub(dim.get(usage.Total()))
-	for _, p := range peers {
-		if p.Tenant.Cohort != t.Cohort || p.Tenant.Name == t.Name {
-			continue
-		}
-		if l := dim.limit(p.Tenant.Limits); l != nil {
-			idle = idle.Add(*l).Sub(dim.get(p.Total))
-		}
-	}
-	return idle
+// neither lends nor counts): t's own idle plus its peers'.
+func (dim dimension) cohortIdle(t Tenant, usage Usage, peersIdle Units) Units {
+	return dim.limit(t.Limits).Sub(dim.get(usage.Total())).Add(peersIdle)
 }
