@@ -142,9 +142,15 @@ func names(ps []mig.Partition) []string {
 }
 
 // The mock's H100 1g.20gb has seven placements but four instances: its
-// instance counter stops a fifth, whatever the other counters say.
+// instance counter stops a fifth, whatever the other counters say. (On the
+// mock's H100 memory stops a fifth too, so the published, pruned set drops
+// the instance counter: TestPrunedCountersAllowTheSamePackings.)
 func TestCountersInstanceLimit(t *testing.T) {
-	l := layout(t, gpu(machine(t, h100_80), 0))
+	d := gpu(machine(t, h100_80), 0)
+	l, err := mig.BuildDynamicUnpruned(parentOf(t, d), profiles(t, d), true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var devs []resourceapi.Device
 	var p mig.Profile
 	for _, part := range l.Partitions {
@@ -160,6 +166,16 @@ func TestCountersInstanceLimit(t *testing.T) {
 	}
 	if over := overCommitted(l.CounterSet, devs[:5]...); !slices.Contains(over, mig.InstancesCounter(p)) {
 		t.Errorf("five 1g.20gb exceed %v, want %s among them", over, mig.InstancesCounter(p))
+	}
+	published := layout(t, d)
+	var five []resourceapi.Device
+	for _, part := range published.Partitions {
+		if part.Profile.Name == "1g.20gb" && len(five) < 5 {
+			five = append(five, part.Device)
+		}
+	}
+	if fits(published.CounterSet, five...) {
+		t.Error("five 1g.20gb fit in the published counters")
 	}
 	// Profiles whose placements already bound them get no such counter.
 	if _, ok := l.CounterSet.Counters["instances-1g10gb"]; ok {

@@ -95,6 +95,36 @@ type Layout struct {
 	// WholeGPU is the consumption to set on the GPU's whole-GPU device.
 	WholeGPU []resourceapi.DeviceCounterConsumption
 	byName   map[string]int
+	// every partition of every profile, offered or not (Offer): what a GPU
+	// instance made outside the plugin takes is known for all of them.
+	every []Partition
+}
+
+// Offer keeps only the partitions of the named profiles (all when none are
+// named); a name the GPU has no profile of is an error.
+func (l *Layout) Offer(profiles []string) error {
+	if len(profiles) == 0 {
+		return nil
+	}
+	var known []string
+	for _, p := range l.every {
+		if !slices.Contains(known, p.Profile.Name) {
+			known = append(known, p.Profile.Name)
+		}
+	}
+	for _, name := range profiles {
+		if !slices.Contains(known, name) {
+			return fmt.Errorf("migProfiles: this GPU has no MIG profile %q (it has %v)", name, known)
+		}
+	}
+	l.Partitions, l.byName = nil, map[string]int{}
+	for _, p := range l.every {
+		if slices.Contains(profiles, p.Profile.Name) {
+			l.byName[p.Device.Name] = len(l.Partitions)
+			l.Partitions = append(l.Partitions, p)
+		}
+	}
+	return nil
 }
 
 // Find returns the partition of a device name.
@@ -107,9 +137,16 @@ func (l *Layout) Find(name string) (Partition, bool) {
 }
 
 // BuildDynamic describes a GPU's dynamic MIG devices: one per (full
-// profile, placement), each consuming its GPU's counters. units adds the
-// GPU milliunits counter (CounterGPUMilliunits) for Kueue.
+// profile, placement), each consuming its GPU's counters, less those that
+// decide no packing on this GPU (pruneCounters). units adds the GPU
+// milliunits counter (CounterGPUMilliunits) for Kueue.
 func BuildDynamic(parent Parent, profiles []Profile, units bool) (Layout, error) {
+	return buildDynamic(parent, profiles, units, true)
+}
+
+// buildDynamic is BuildDynamic; prune false keeps every counter (tests
+// compare the two).
+func buildDynamic(parent Parent, profiles []Profile, units, prune bool) (Layout, error) {
 	totals := Totals(profiles)
 	set := CounterSetName(parent.Index)
 	l := Layout{
@@ -139,6 +176,10 @@ func BuildDynamic(parent Parent, profiles []Profile, units bool) (Layout, error)
 			l.Partitions = append(l.Partitions, Partition{Profile: p, Placement: pl, Device: dev})
 		}
 	}
+	if prune {
+		pruneCounters(&l)
+	}
+	l.every = l.Partitions
 	return l, nil
 }
 
@@ -197,7 +238,7 @@ func (l *Layout) Remaining(gis []GPUInstance) resourceapi.CounterSet {
 }
 
 func (l *Layout) occupied(gi GPUInstance) []resourceapi.DeviceCounterConsumption {
-	for _, p := range l.Partitions {
+	for _, p := range l.every {
 		if p.Profile.GIProfileID == gi.GIProfileID && p.Placement == gi.Placement {
 			return p.Device.ConsumesCounters
 		}

@@ -196,3 +196,31 @@ func TestRemainingOfUnknownPlacementIsNothing(t *testing.T) {
 		t.Errorf("remaining set has %d counters, want all %d (at zero)", len(remaining.Counters), len(l.CounterSet.Counters))
 	}
 }
+
+// A GPU instance the plugin did not make takes what its own partition
+// takes even when the layout does not offer that profile: offering fewer
+// profiles must not make an admin's instance block the whole GPU.
+func TestRemainingKnowsProfilesNotOffered(t *testing.T) {
+	d := gpu(machine(t, h100_80), 0)
+	all := layout(t, d)
+	some := layout(t, d)
+	if err := some.Offer([]string{"1g.10gb"}); err != nil {
+		t.Fatal(err)
+	}
+	var twoG mig.Partition
+	for _, p := range all.Partitions {
+		if p.Profile.Name == "2g.20gb" {
+			twoG = p
+		}
+	}
+	gi := []mig.GPUInstance{{GIID: 1, GIProfileID: twoG.Profile.GIProfileID, Placement: twoG.Placement}}
+	want, got := all.Remaining(gi), some.Remaining(gi)
+	for name, c := range want.Counters {
+		if g := got.Counters[name]; g.Value.Cmp(c.Value) != 0 {
+			t.Errorf("counter %s: %s left with 1g.10gb offered, %s with every profile", name, g.Value.String(), c.Value.String())
+		}
+	}
+	if err := some.Offer([]string{"9g.99gb"}); err == nil {
+		t.Error("offering a profile the GPU lacks: no error")
+	}
+}

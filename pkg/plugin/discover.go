@@ -148,6 +148,9 @@ func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode config
 	if err != nil {
 		return err
 	}
+	if err := layout.Offer(mode.MigProfiles); err != nil {
+		return err
+	}
 	inv.ownSlice[len(inv.Devices)] = true
 	inv.CounterSets = append(inv.CounterSets, layout.CounterSet)
 	inv.layouts[gpu.UUID] = &layout

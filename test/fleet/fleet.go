@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -57,6 +58,8 @@ type Fleet struct {
 
 type node struct {
 	name string
+	uid  types.UID
+	res  resourceslice.DriverResources
 	lib  nvdev.Interface
 	ctrl *resourceslice.Controller
 	// slices is how many slices the node's pool has now.
@@ -95,19 +98,30 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 	if err != nil {
 		return nil, fmt.Errorf("opening the mock NVML of node %s: %w", name, err)
 	}
-	res := resourcesOf(ctx, name, lib, opts.Config)
-	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", name))
-	ctrl, err := resourceslice.StartController(ctx, resourceslice.Options{
+	n := &node{name: name, uid: obj.UID, lib: lib, res: resourcesOf(ctx, name, lib, opts.Config)}
+	n.slices = len(n.res.Pools[name].Slices)
+	if err := n.startPublisher(ctx, f.client); err != nil {
+		_ = lib.Shutdown()
+		return nil, err
+	}
+	return n, nil
+}
+
+// startPublisher starts the node's slice controller, as the plugin's
+// kubeletplugin helper does: the node owns its slices.
+func (n *node) startPublisher(ctx context.Context, client kubernetes.Interface) error {
+	res := n.res
+	ctrl, err := resourceslice.StartController(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", n.name)), resourceslice.Options{
 		DriverName: configapi.DriverName,
-		KubeClient: f.client,
-		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: name, UID: obj.UID},
+		KubeClient: client,
+		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: n.name, UID: n.uid},
 		Resources:  &res,
 	})
 	if err != nil {
-		_ = lib.Shutdown()
-		return nil, fmt.Errorf("starting the slice controller of node %s: %w", name, err)
+		return fmt.Errorf("starting the slice controller of node %s: %w", n.name, err)
 	}
-	return &node{name: name, lib: lib, ctrl: ctrl, slices: len(res.Pools[name].Slices)}, nil
+	n.ctrl = ctrl
+	return nil
 }
 
 // resourcesOf is what the plugin publishes for a node: discovery over its
@@ -156,10 +170,34 @@ func nodeResources() corev1.ResourceList {
 // plugin restarted with a new --node-config would.
 func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 	for _, n := range f.nodes {
-		res := resourcesOf(ctx, n.name, n.lib, cfg)
-		n.slices = len(res.Pools[n.name].Slices)
-		n.ctrl.Update(&res)
+		n.res = resourcesOf(ctx, n.name, n.lib, cfg)
+		n.slices = len(n.res.Pools[n.name].Slices)
+		n.ctrl.Update(&n.res)
 	}
+}
+
+// Restart stops every node's publisher and starts a new one with the same
+// slices, as a rolling restart of the plugin DaemonSet does; the new
+// controllers find their slices stored and should write nothing (Writes).
+func (f *Fleet) Restart(ctx context.Context) error {
+	f.stopPublishers()
+	for _, n := range f.nodes {
+		if err := n.startPublisher(ctx, f.client); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Writes is how many slice creates, updates and deletes the nodes'
+// current publishers made.
+func (f *Fleet) Writes() int64 {
+	var total int64
+	for _, n := range f.nodes {
+		s := n.ctrl.GetStats()
+		total += s.NumCreates + s.NumUpdates + s.NumDeletes
+	}
+	return total
 }
 
 // Names are the nodes' names.
@@ -184,12 +222,16 @@ func (f *Fleet) Slices() int {
 // (DeleteNodes), as when a plugin stops.
 func (f *Fleet) Stop() {
 	f.slices.stop()
+	f.stopPublishers()
+	for _, n := range f.nodes {
+		_ = n.lib.Shutdown()
+	}
+}
+
+func (f *Fleet) stopPublishers() {
 	var wg sync.WaitGroup
 	for _, n := range f.nodes {
-		wg.Go(func() {
-			n.ctrl.Stop()
-			_ = n.lib.Shutdown()
-		})
+		wg.Go(n.ctrl.Stop)
 	}
 	wg.Wait()
 }

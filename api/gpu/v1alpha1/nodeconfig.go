@@ -34,6 +34,13 @@ type GpuMode struct {
 	// this GPU. Ampere GPUs need a reset to change MIG mode, so the plugin
 	// never toggles it there and needs this promise for dynamic MIG.
 	MigModeEnabledByAdmin bool `json:"migModeEnabledByAdmin,omitempty"`
+	// MigProfiles, with mig: dynamic, are the MIG profiles offered (e.g.
+	// [1g.10gb, 3g.40gb, 7g.80gb]); empty offers every profile of the GPU.
+	// Each profile offered is one device per placement that the scheduler
+	// examines for every pod on every node (29 per H100 with all of them),
+	// so offering only the profiles the catalog sells makes scheduling
+	// faster and slices smaller.
+	MigProfiles []string `json:"migProfiles,omitempty"`
 	// TimeSlicing offers the GPU as N time-slice replicas.
 	TimeSlicing *TimeSlicingMode `json:"timeSlicing,omitempty"`
 	// Shared offers the GPU as one multi-allocatable device whose memory
@@ -141,7 +148,27 @@ func (m GpuMode) validate() error {
 	if m.MigModeEnabledByAdmin && m.MIG == "" {
 		return errors.New("migModeEnabledByAdmin: only meaningful with mig")
 	}
+	if err := m.validateMigProfiles(); err != nil {
+		return err
+	}
 	return m.validateSharing()
+}
+
+func (m GpuMode) validateMigProfiles() error {
+	if len(m.MigProfiles) == 0 {
+		return nil
+	}
+	if m.MIG != MigDynamic {
+		return fmt.Errorf("migProfiles: only meaningful with mig: %s", MigDynamic)
+	}
+	seen := map[string]bool{}
+	for _, name := range m.MigProfiles {
+		if name == "" || seen[name] {
+			return fmt.Errorf("migProfiles: %q is empty or listed twice", name)
+		}
+		seen[name] = true
+	}
+	return nil
 }
 
 var nodeConfigScheme = func() *runtime.Scheme {

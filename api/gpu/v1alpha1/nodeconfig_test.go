@@ -38,14 +38,16 @@ gpus:
 func TestDecodeNodeConfigErrors(t *testing.T) {
 	const head = "apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\n"
 	for name, tc := range map[string]struct{ in, want string }{
-		"unknown field":    {head + "gpus:\n- indexes: [0]\n  mgi: dynamic\n", `unknown field "gpus[0].mgi"`},
-		"bad mig value":    {head + "default: {mig: auto}\n", `default: mig: unsupported value "auto"`},
-		"no selector":      {head + "gpus:\n- mig: static\n", "gpus[0]: selects no GPU"},
-		"negative index":   {head + "gpus:\n- indexes: [-1]\n", "must not be negative"},
-		"promise w/o mig":  {head + "default: {migModeEnabledByAdmin: true}\n", "only meaningful with mig"},
-		"wrong kind":       {"apiVersion: gpu.gpuaas.io/v1alpha1\nkind: GpuConfig\n", "GpuConfig"},
-		"not yaml":         {"gpus: [", "parsing node configuration"},
-		"two errors shown": {head + "default: {mig: x}\ngpus:\n- mig: static\n", "selects no GPU"},
+		"unknown field":        {head + "gpus:\n- indexes: [0]\n  mgi: dynamic\n", `unknown field "gpus[0].mgi"`},
+		"bad mig value":        {head + "default: {mig: auto}\n", `default: mig: unsupported value "auto"`},
+		"no selector":          {head + "gpus:\n- mig: static\n", "gpus[0]: selects no GPU"},
+		"negative index":       {head + "gpus:\n- indexes: [-1]\n", "must not be negative"},
+		"promise w/o mig":      {head + "default: {migModeEnabledByAdmin: true}\n", "only meaningful with mig"},
+		"wrong kind":           {"apiVersion: gpu.gpuaas.io/v1alpha1\nkind: GpuConfig\n", "GpuConfig"},
+		"not yaml":             {"gpus: [", "parsing node configuration"},
+		"two errors shown":     {head + "default: {mig: x}\ngpus:\n- mig: static\n", "selects no GPU"},
+		"profiles w/o dynamic": {head + "default: {mig: static, migProfiles: [1g.10gb]}\n", "migProfiles: only meaningful with mig: dynamic"},
+		"profile twice":        {head + "default: {mig: dynamic, migProfiles: [1g.10gb, 1g.10gb]}\n", `migProfiles: "1g.10gb" is empty or listed twice`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeNodeConfig([]byte(tc.in))

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -105,6 +106,7 @@ func (m GpuMode) validateSharing() error {
 
 // deepCopy copies the mode's pointers.
 func (m GpuMode) deepCopy() GpuMode {
+	m.MigProfiles = slices.Clone(m.MigProfiles)
 	if m.TimeSlicing != nil {
 		ts := *m.TimeSlicing
 		m.TimeSlicing = &ts

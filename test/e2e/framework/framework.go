@@ -64,7 +64,9 @@ type ControlPlane struct {
 	Dynamic dynamic.Interface
 
 	mapper *restmapper.DeferredDiscoveryRESTMapper
-	procs  []*Process // in start order
+	// schedulerURL is the scheduler's secure endpoint (SchedulerProfile).
+	schedulerURL string
+	procs        []*Process // in start order
 	// nodeCount numbers the nodes' directories.
 	nodeCount atomic.Int32
 	progress  io.Writer
@@ -152,6 +154,7 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 	if err := cp.connect(apiPort, token); err != nil {
 		return err
 	}
+	cp.schedulerURL = fmt.Sprintf("https://127.0.0.1:%d", schedPort)
 	if err := cp.run(ctx, cp.scheduler(schedPort, opts.Verbosity, opts.ClientQPS), ""); err != nil {
 		return err
 	}

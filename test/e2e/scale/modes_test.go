@@ -42,6 +42,17 @@ type mode struct {
 	// prefill, when set, is a claim each of nodes pods gets before the
 	// measurement, to leave the nodes part full.
 	prefill *resourceapi.DeviceRequest
+	// fewerPods measures a fifth of the pods: the mode is slow enough
+	// (every full GPU's devices are checked before a free one) that the
+	// full count would take most of the run.
+	fewerPods bool
+}
+
+func (m mode) podsDivisor() int {
+	if m.fewerPods {
+		return 5
+	}
+	return 1
 }
 
 func exactly(class string) resourceapi.DeviceRequest {
@@ -51,10 +62,13 @@ func exactly(class string) resourceapi.DeviceRequest {
 // Node configurations, as an admin writes them (decoded, defaulted and
 // validated as the plugin does its --node-config).
 const (
-	wholeConfig     = ""
-	dynamicConfig   = "default: {mig: dynamic}"
-	timeSliceConfig = "default: {timeSlicing: {replicas: 4}}"
-	sharedConfig    = "default: {shared: {memory: {min: 1Gi, step: 1Gi, default: 1Gi}}}"
+	wholeConfig   = ""
+	dynamicConfig = "default: {mig: dynamic}"
+	// fourProfiles offers the MIG profiles a catalog of small, medium and
+	// large slices and whole GPUs sells: 14 devices per GPU instead of 29.
+	fourProfilesConfig = "default: {mig: dynamic, migProfiles: [1g.10gb, 2g.20gb, 3g.40gb, 7g.80gb]}"
+	timeSliceConfig    = "default: {timeSlicing: {replicas: 4}}"
+	sharedConfig       = "default: {shared: {memory: {min: 1Gi, step: 1Gi, default: 1Gi}}}"
 )
 
 // modes are the cases of issue 14, baseline and whole GPU first: the
@@ -78,7 +92,8 @@ func modes() []mode {
 			{Name: "whole", DeviceClassName: "gpu.gpuaas.io"},
 		}}}},
 		{name: "dynamic-mig-1g", config: dynamicConfig, claims: []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")}},
-		{name: "dynamic-mig-mixed-half-full", config: dynamicConfig, claims: mixed, prefill: &fourWhole},
+		{name: "dynamic-mig-1g-four-profiles", config: fourProfilesConfig, claims: []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")}},
+		{name: "dynamic-mig-mixed-half-full", config: dynamicConfig, claims: mixed, prefill: &fourWhole, fewerPods: true},
 		{name: "time-slice-replica", config: timeSliceConfig,
 			claims: []resourceapi.DeviceRequest{exactly("timeslice.gpuaas.io")}},
 		{name: "memory-share", config: sharedConfig,

@@ -3,6 +3,8 @@ package scale
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -50,19 +52,20 @@ func startRunner(tb testing.TB, n, pods int) *runner {
 	cfg := *cp.Config
 	cfg.QPS, cfg.Burst = 5000, 10000
 	client := kubernetes.NewForConfigOrDie(&cfg)
+	start := time.Now()
 	f, err := fleet.Start(ctx, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(f.Stop)
-	took, err := f.WaitPublished(ctx)
-	if err != nil {
+	if _, err := f.WaitPublished(ctx); err != nil {
 		tb.Fatal(err)
 	}
+	took := time.Since(start)
 	if err := waitNodesReady(ctx, client, f.Names()); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Logf("%d nodes Ready, %d slices published in %.1fs", n, f.Slices(), took.Seconds())
+	tb.Logf("%d nodes created and their %d slices published in %.1fs", n, f.Slices(), took.Seconds())
 	return &runner{client: client, fleet: f, nodes: n, pods: pods, config: wholeConfig}
 }
 
@@ -108,10 +111,13 @@ func (r *runner) run(tb testing.TB, m mode) result {
 	}
 	r.createTemplates(tb, ns, "claim", m.claims)
 	rec := watchBinds(tb, r.client, ns, "claim")
+	profiled := profileScheduler(tb, fmt.Sprintf("nodes=%d-%s", r.nodes, m.name))
+	pods := max(1, r.pods/m.podsDivisor())
 	start := time.Now()
-	created := r.createPods(tb, ns, "claim", r.pods, len(m.claims))
-	last := rec.waitAll(tb, r.pods)
-	res := result{mode: m.name, pods: r.pods, podsPerSec: float64(r.pods) / last.Sub(start).Seconds(),
+	created := r.createPods(tb, ns, "claim", pods, len(m.claims))
+	last := rec.waitAll(tb, pods)
+	profiled()
+	res := result{mode: m.name, pods: pods, podsPerSec: float64(pods) / last.Sub(start).Seconds(),
 		slices: r.fleet.Slices(), publish: publish}
 	res.p50, res.p99 = rec.latencies(created)
 	if len(m.claims) > 0 {
@@ -248,4 +254,43 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// restart restarts every node's publisher, as a rolling restart of the
+// plugin DaemonSet would, and returns how long starting them all took and
+// how many slice writes they made in the 5 s after: unchanged slices must
+// not be written again.
+func (r *runner) restart(tb testing.TB) (time.Duration, int64) {
+	ctx := framework.Context(tb, 5*time.Minute)
+	start := time.Now()
+	if err := r.fleet.Restart(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	took := time.Since(start)
+	time.Sleep(5 * time.Second)
+	return took, r.fleet.Writes()
+}
+
+// profileScheduler, when $SCALE_PROFILE_DIR is set, takes a 20 s CPU
+// profile of the scheduler from now into <dir>/<name>.pprof; the function
+// it returns waits for it.
+func profileScheduler(tb testing.TB, name string) func() {
+	dir := os.Getenv("SCALE_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prof, err := cp.SchedulerProfile(ctx, 20*time.Second)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name+".pprof"), prof, 0o600)
+		}
+		if err != nil {
+			tb.Errorf("profiling the scheduler: %v", err)
+		}
+	}()
+	return func() { <-done }
 }
