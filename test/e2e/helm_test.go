@@ -63,6 +63,7 @@ kubeletPlugin:
         memory: {min: 1Gi, step: 1Gi, default: 2Gi}
     - indexes: [6, 7]
       mig: dynamic
+      migProfiles: [1g.10gb, 7g.80gb]
     - uuids: [GPU-00000000-0000-0000-0000-000000000001]
       mig: static
       migModeEnabledByAdmin: true
