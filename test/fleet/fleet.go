@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -78,15 +79,46 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 	if f.slices, err = watchSlices(ctx, opts.Client); err != nil {
 		return nil, err
 	}
-	for i := range opts.Nodes {
-		n, err := f.startNode(ctx, opts, fmt.Sprintf("%s-%d", opts.Prefix, i))
-		if err != nil {
-			f.Stop()
-			return nil, err
-		}
-		f.nodes = append(f.nodes, n)
+	f.nodes = make([]*node, opts.Nodes)
+	err = parallel(opts.Nodes, func(i int) error {
+		var err error
+		f.nodes[i], err = f.startNode(ctx, opts, fmt.Sprintf("%s-%d", opts.Prefix, i))
+		return err
+	})
+	if err != nil {
+		f.nodes = slices.DeleteFunc(f.nodes, func(n *node) bool { return n == nil })
+		f.Stop()
+		return nil, err
 	}
 	return f, nil
+}
+
+// parallel runs do(0..n-1) on 32 goroutines and returns the first error.
+// A slice controller waits for its informer to sync (polling each second)
+// before it starts, so one node at a time took a second per node.
+func parallel(n int, do func(i int) error) error {
+	next := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range min(n, 32) {
+		wg.Go(func() {
+			for i := range next {
+				errs <- do(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node, error) {
@@ -181,12 +213,7 @@ func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 // controllers find their slices stored and should write nothing (Writes).
 func (f *Fleet) Restart(ctx context.Context) error {
 	f.stopPublishers()
-	for _, n := range f.nodes {
-		if err := n.startPublisher(ctx, f.client); err != nil {
-			return err
-		}
-	}
-	return nil
+	return parallel(len(f.nodes), func(i int) error { return f.nodes[i].startPublisher(ctx, f.client) })
 }
 
 // Writes is how many slice creates, updates and deletes the nodes'
