@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,32 +94,17 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 	return f, nil
 }
 
-// parallel runs do(0..n-1) on 32 goroutines and returns the first error.
+// parallel runs do(0..n-1), 32 at a time, and returns the first error.
 // A slice controller waits for its informer to sync (polling each second)
 // before it starts, so one node at a time took a second per node.
+// (Not errgroup.WithContext: the publishers live on after it returns.)
 func parallel(n int, do func(i int) error) error {
-	next := make(chan int)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range min(n, 32) {
-		wg.Go(func() {
-			for i := range next {
-				errs <- do(i)
-			}
-		})
-	}
+	var g errgroup.Group
+	g.SetLimit(32)
 	for i := range n {
-		next <- i
+		g.Go(func() error { return do(i) })
 	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return g.Wait()
 }
 
 func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node, error) {
@@ -137,6 +123,15 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 		return nil, err
 	}
 	return n, nil
+}
+
+// devices is how many devices the node publishes now.
+func (n *node) devices() int {
+	total := 0
+	for _, s := range n.res.Pools[n.name].Slices {
+		total += len(s.Devices)
+	}
+	return total
 }
 
 // startPublisher starts the node's slice controller, as the plugin's

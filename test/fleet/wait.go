@@ -46,16 +46,19 @@ func (w *sliceWatch) stop() {
 
 // poolState is what the store holds of one pool.
 type poolState struct {
-	slices int
+	slices, devices int
 	// generations and counts are the pool generations and the
 	// ResourceSliceCounts its slices state.
 	generations, counts map[int64]bool
 }
 
 // converged: every slice is of one generation and says the pool has as
-// many slices as are there, and that is the number wanted.
-func (p *poolState) converged(want int) bool {
-	return p != nil && p.slices == want && len(p.generations) == 1 && len(p.counts) == 1 && p.counts[int64(want)]
+// many slices as are there, and the slices and devices are as many as
+// wanted. (Counting devices too tells two layouts with as many slices
+// apart, e.g. dynamic MIG with every profile and with four.)
+func (p *poolState) converged(slices, devices int) bool {
+	return p != nil && p.slices == slices && p.devices == devices &&
+		len(p.generations) == 1 && len(p.counts) == 1 && p.counts[int64(slices)]
 }
 
 func (w *sliceWatch) pools() map[string]*poolState {
@@ -68,6 +71,7 @@ func (w *sliceWatch) pools() map[string]*poolState {
 			out[s.Spec.Pool.Name] = p
 		}
 		p.slices++
+		p.devices += len(s.Spec.Devices)
 		p.generations[s.Spec.Pool.Generation] = true
 		p.counts[s.Spec.Pool.ResourceSliceCount] = true
 	}
@@ -84,7 +88,7 @@ func (f *Fleet) WaitPublished(ctx context.Context) (time.Duration, error) {
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 		pools := f.slices.pools()
 		for _, n := range f.nodes {
-			if !pools[n.name].converged(n.slices) {
+			if !pools[n.name].converged(n.slices, n.devices()) {
 				pending = n.name
 				return false, nil
 			}

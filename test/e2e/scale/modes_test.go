@@ -39,9 +39,10 @@ type mode struct {
 	name   string
 	config string
 	claims []resourceapi.DeviceRequest
-	// prefill, when set, is a claim each of nodes pods gets before the
-	// measurement, to leave the nodes part full.
-	prefill *resourceapi.DeviceRequest
+	// prefillGPUs, when set, is how many whole GPUs of every node are
+	// taken before the measurement (prefillWholeGPUs), to leave the nodes
+	// part full.
+	prefillGPUs int
 	// fewerPods measures a fifth of the pods: the mode is slow enough
 	// (every full GPU's devices are checked before a free one) that the
 	// full count would take most of the run.
@@ -78,8 +79,6 @@ func modes() []mode {
 	share.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
 		"memory": resource.MustParse("10Gi"),
 	}}
-	fourWhole := exactly("gpu.gpuaas.io")
-	fourWhole.Exactly.AllocationMode, fourWhole.Exactly.Count = resourceapi.DeviceAllocationModeExactCount, 4
 	var mixed []resourceapi.DeviceRequest
 	for _, p := range mixedProfiles {
 		mixed = append(mixed, exactly(migClass(p).Name))
@@ -93,7 +92,7 @@ func modes() []mode {
 		}}}},
 		{name: "dynamic-mig-1g", config: dynamicConfig, claims: []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")}},
 		{name: "dynamic-mig-1g-four-profiles", config: fourProfilesConfig, claims: []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")}},
-		{name: "dynamic-mig-mixed-half-full", config: dynamicConfig, claims: mixed, prefill: &fourWhole, fewerPods: true},
+		{name: "dynamic-mig-mixed-half-full", config: dynamicConfig, claims: mixed, prefillGPUs: 4, fewerPods: true},
 		{name: "time-slice-replica", config: timeSliceConfig,
 			claims: []resourceapi.DeviceRequest{exactly("timeslice.gpuaas.io")}},
 		{name: "memory-share", config: sharedConfig,

@@ -48,12 +48,15 @@ type runner struct {
 // startRunner starts a fleet of n nodes (whole GPUs) and waits until kwok
 // has them Ready and their slices are published.
 func startRunner(tb testing.TB, n, pods int) *runner {
+	// The publishers live as long as the benchmark: a deadline here once
+	// stopped them mid-run, and a later mode measured stale slices.
+	live := tb.Context()
 	ctx := framework.Context(tb, 10*time.Minute)
 	cfg := *cp.Config
 	cfg.QPS, cfg.Burst = 5000, 10000
 	client := kubernetes.NewForConfigOrDie(&cfg)
 	start := time.Now()
-	f, err := fleet.Start(ctx, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
+	f, err := fleet.Start(live, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -103,11 +106,8 @@ func (r *runner) run(tb testing.TB, m mode) result {
 	publish := r.configure(tb, m.config)
 	ctx := framework.Context(tb, 30*time.Minute)
 	ns := cp.CreateNamespace(tb, "scale-"+m.name)
-	if m.prefill != nil {
-		r.createTemplates(tb, ns, "prefill", []resourceapi.DeviceRequest{*m.prefill})
-		rec := watchBinds(tb, r.client, ns, "prefill")
-		r.createPods(tb, ns, "prefill", r.nodes, 1)
-		rec.waitAll(tb, r.nodes)
+	if m.prefillGPUs > 0 {
+		r.prefillWholeGPUs(tb, ns, m.prefillGPUs)
 	}
 	r.createTemplates(tb, ns, "claim", m.claims)
 	rec := watchBinds(tb, r.client, ns, "claim")
@@ -261,9 +261,8 @@ func nodeReady(n *corev1.Node) bool {
 // how many slice writes they made in the 5 s after: unchanged slices must
 // not be written again.
 func (r *runner) restart(tb testing.TB) (time.Duration, int64) {
-	ctx := framework.Context(tb, 5*time.Minute)
 	start := time.Now()
-	if err := r.fleet.Restart(ctx); err != nil {
+	if err := r.fleet.Restart(tb.Context()); err != nil {
 		tb.Fatal(err)
 	}
 	took := time.Since(start)

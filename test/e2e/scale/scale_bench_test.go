@@ -67,12 +67,15 @@ func TestScaleSmoke(t *testing.T) {
 }
 
 // steadyRate is the steady state's creation rate: half what dynamic MIG
-// 1g reached in the same run, so the churn measures time-to-bind below
-// capacity rather than a growing queue.
+// 1g (or, in a run without it, with four profiles) reached in the same
+// run, so the churn measures time-to-bind below capacity rather than a
+// growing queue.
 func steadyRate(results []result) float64 {
-	for _, r := range results {
-		if r.mode == "dynamic-mig-1g" {
-			return max(1, r.podsPerSec/2)
+	for _, mode := range []string{"dynamic-mig-1g", "dynamic-mig-1g-four-profiles"} {
+		for _, r := range results {
+			if r.mode == mode {
+				return max(1, r.podsPerSec/2)
+			}
 		}
 	}
 	return 1
