@@ -83,7 +83,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/...
 
 ## bench-scale: the real scheduler on 100 and 500 kwok nodes of 8 x H100 (our plugin's slices), every
-## device mode; prints the tables of BENCHMARKS.md "Scale". SCALE_NODES=100 for one size (~30 min for both)
+## device mode; prints the tables of BENCHMARKS.md "Scale". SCALE_NODES=100 for one size (~45 min for both)
 bench-scale: k8s-bins kwok
 	E2E_REQUIRED=1 $(GO) test ./test/e2e/scale -run '^$$' -bench Scale -benchtime 1x -timeout 3h -v
 

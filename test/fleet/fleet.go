@@ -64,8 +64,6 @@ type node struct {
 	res  resourceslice.DriverResources
 	lib  nvdev.Interface
 	ctrl *resourceslice.Controller
-	// slices is how many slices the node's pool has now.
-	slices int
 }
 
 // Start creates the nodes (or adopts them when they exist) and starts
@@ -117,7 +115,6 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 		return nil, fmt.Errorf("opening the mock NVML of node %s: %w", name, err)
 	}
 	n := &node{name: name, uid: obj.UID, lib: lib, res: resourcesOf(ctx, name, lib, opts.Config)}
-	n.slices = len(n.res.Pools[name].Slices)
 	if err := n.startPublisher(ctx, f.client); err != nil {
 		_ = lib.Shutdown()
 		return nil, err
@@ -125,10 +122,13 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 	return n, nil
 }
 
+// pool is what the node publishes now.
+func (n *node) pool() resourceslice.Pool { return n.res.Pools[n.name] }
+
 // devices is how many devices the node publishes now.
 func (n *node) devices() int {
 	total := 0
-	for _, s := range n.res.Pools[n.name].Slices {
+	for _, s := range n.pool().Slices {
 		total += len(s.Devices)
 	}
 	return total
@@ -198,7 +198,6 @@ func nodeResources() corev1.ResourceList {
 func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 	for _, n := range f.nodes {
 		n.res = resourcesOf(ctx, n.name, n.lib, cfg)
-		n.slices = len(n.res.Pools[n.name].Slices)
 		n.ctrl.Update(&n.res)
 	}
 }
@@ -235,7 +234,7 @@ func (f *Fleet) Names() []string {
 func (f *Fleet) Slices() int {
 	total := 0
 	for _, n := range f.nodes {
-		total += n.slices
+		total += len(n.pool().Slices)
 	}
 	return total
 }

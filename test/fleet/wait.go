@@ -88,7 +88,7 @@ func (f *Fleet) WaitPublished(ctx context.Context) (time.Duration, error) {
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 		pools := f.slices.pools()
 		for _, n := range f.nodes {
-			if !pools[n.name].converged(n.slices, n.devices()) {
+			if !pools[n.name].converged(len(n.pool().Slices), n.devices()) {
 				pending = n.name
 				return false, nil
 			}

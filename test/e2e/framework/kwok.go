@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // KwokBinary is where hack/build-kwok.sh puts kwok, under the bin dir.
@@ -49,7 +46,9 @@ func (cp *ControlPlane) StartKwok(ctx context.Context) (*Process, error) {
 		return nil, err
 	}
 	cp.procs = append(cp.procs, proc)
-	if err := waitKwok(ctx, proc, "http://"+addr+"/healthz"); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := waitHealthy(ctx, proc, "http://"+addr+"/healthz", ""); err != nil {
 		return nil, err
 	}
 	cp.logf("kwok healthy")
@@ -97,28 +96,4 @@ func writeKwokConfig(dir string) (string, error) {
 		return "", fmt.Errorf("writing kwok's configuration: %w", err)
 	}
 	return config, nil
-}
-
-func waitKwok(ctx context.Context, proc *Process, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if exited, err := proc.Exited(); exited {
-			return false, fmt.Errorf("kwok exited: %w\n%s", err, proc.Tail(20))
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil //nolint:nilerr // not listening yet
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for kwok at %s: %w", url, err)
-	}
-	return nil
 }

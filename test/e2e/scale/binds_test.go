@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ func (r *bindRecorder) latencies(created map[string]time.Time) (p50, p99 time.Du
 			d = append(d, bound.Sub(sent))
 		}
 	}
-	d = sortedDurations(d)
+	slices.Sort(d)
 	return percentile(d, 0.50), percentile(d, 0.99)
 }
 

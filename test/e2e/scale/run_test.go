@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -147,49 +146,32 @@ func (r *runner) createTemplates(tb testing.TB, ns, prefix string, reqs []resour
 	}
 }
 
-// createPods creates n pods named prefix-<i>, pod i with a claim from
-// template prefix-<i % templates> (none when templates is 0), and returns
-// when each creation was sent, by pod name.
+// createPods creates n pods named prefix-<i>, 8 at a time, pod i with a
+// claim from template prefix-<i % templates> (none when templates is 0),
+// and returns when each creation was sent, by pod name.
 func (r *runner) createPods(tb testing.TB, ns, prefix string, n, templates int) map[string]time.Time {
 	ctx := framework.Context(tb, 10*time.Minute)
 	sent := make([]time.Time, n)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	for range 8 {
-		wg.Go(func() {
-			for i := range next {
-				sent[i] = time.Now()
-				pod := podFor(ns, fmt.Sprintf("%s-%d", prefix, i), prefix, i, templates)
-				if _, err := r.client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
-					mu.Lock()
-					firstErr = cmpErr(firstErr, fmt.Errorf("creating pod %s: %w", pod.Name, err))
-					mu.Unlock()
-				}
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			sent[i] = time.Now()
+			pod := podFor(ns, fmt.Sprintf("%s-%d", prefix, i), prefix, i, templates)
+			if _, err := r.client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
+				return fmt.Errorf("creating pod %s: %w", pod.Name, err)
 			}
+			return nil
 		})
 	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if firstErr != nil {
-		tb.Fatal(firstErr)
+	if err := g.Wait(); err != nil {
+		tb.Fatal(err)
 	}
 	out := make(map[string]time.Time, n)
 	for i, t := range sent {
 		out[fmt.Sprintf("%s-%d", prefix, i)] = t
 	}
 	return out
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }
 
 func podFor(ns, name, prefix string, i, templates int) *corev1.Pod {
@@ -215,11 +197,6 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	i := int(p*float64(len(sorted))+0.5) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func sortedDurations(d []time.Duration) []time.Duration {
-	slices.Sort(d)
-	return d
 }
 
 func waitNodesReady(ctx context.Context, client kubernetes.Interface, names []string) error {
