@@ -21,6 +21,12 @@ import (
 var cp *framework.ControlPlane
 
 func TestMain(m *testing.M) {
+	if dir, err := framework.DefaultBinDir(); err == nil && !framework.Required() {
+		if _, err := os.Stat(filepath.Join(dir, framework.KwokBinary)); err != nil {
+			fmt.Printf("scale: skipped, kwok not found in %s; run `make kwok` (or `make e2e`)\n", dir)
+			return
+		}
+	}
 	// Client rates as in upstream's scheduler_perf: the scheduler and the
 	// claim-from-template controller are measured, not their throttles.
 	os.Exit(framework.MainWith(m, framework.Options{Verbosity: 1, ClientQPS: 5000}, setup))
