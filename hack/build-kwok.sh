@@ -6,9 +6,7 @@
 # build is skipped when a stamp file shows it was built
 # from the same version and script.
 #
-# As for Kueue (hack/build-kueue.sh), `go install ...@VERSION` needs the
-# module's version list, which the proxy refuses; so the one pinned module is
-# downloaded and built in a copy of itself, with its own go.mod and go.sum.
+# hack/lib/pinned-module.sh says why this is not `go install`.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +14,7 @@ bin="${KUBE_BIN_DIR:-$root/_output/bin}"
 out="$root/_output/kwok"
 version="${KWOK_VERSION:-v0.8.0}"
 stamp="$bin/.kwok.stamp"
-want=$(printf '%s\n' "$version" | cat - "$0" | sha256sum | cut -d' ' -f1)
+want=$(printf '%s\n' "$version" | cat - "$0" "$root/hack/lib/pinned-module.sh" | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$bin/kwok" ] && [ -d "$out/stages" ]; then
 	echo "kwok $version up to date in $bin"
@@ -26,15 +24,9 @@ fi
 mkdir -p "$bin"
 echo "building kwok $version into $bin (a few minutes cold on 2 cores)"
 start=$(date +%s)
-tmp=$(mktemp -d)
-trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
-# Outside any module, so this repository's go.mod is not touched.
-src=$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$version" |
-	sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')
-[ -d "$src" ] || { echo "downloading sigs.k8s.io/kwok@$version failed" >&2; exit 1; }
-cp -r "$src" "$tmp/kwok"
-chmod -R u+w "$tmp/kwok"
-(cd "$tmp/kwok" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/kwok" ./cmd/kwok)
+. "$root/hack/lib/pinned-module.sh"
+pinned_build "sigs.k8s.io/kwok" "$version" cmd/kwok "$bin/kwok"
+src=$PINNED_SRC
 rm -rf "$out/stages"
 mkdir -p "$out/stages"
 stages="$src/kustomize/stage"

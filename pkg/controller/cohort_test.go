@@ -268,21 +268,7 @@ func TestCohortsDecideIndependently(t *testing.T) {
 		stalled <- err
 	}()
 	<-slow.started
-	done := make(chan error, 1)
-	go func() {
-		_, err := acct.Admit(ctx(t), claim("a", "c", "h100", 1), false)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		close(slow.release)
-		t.Fatal("an admission in cohort y waited for a decision in cohort x")
-	}
-	close(slow.release)
+	admitsWhileStalled(t, acct, slow.release, "an admission in cohort y waited for a decision in cohort x")
 	if err := <-stalled; err != nil {
 		t.Fatal(err)
 	}

@@ -49,23 +49,30 @@ func TestLiveNamespaceReadDoesNotStallOtherAdmissions(t *testing.T) {
 		fresh <- adm
 	}()
 	<-live.started
+	admitsWhileStalled(t, acct, live.release, "an admission in a cached namespace waited for another namespace's live read")
+	adm := <-fresh
+	if adm.Allowed || adm.Tenant != "team-new" {
+		t.Fatalf("claim of 2 GPUs in the fresh namespace: %+v, want denied by team-new (limit 1)", adm)
+	}
+}
+
+// admitsWhileStalled admits a one-GPU claim in namespace "a" while another
+// admission is stalled, failing with why unless it finishes within 5 s;
+// then it releases the stalled one.
+func admitsWhileStalled(t *testing.T, acct *Accountant, release chan struct{}, why string) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() {
 		_, err := acct.Admit(ctx(t), claim("a", "c", "h100", 1), false)
 		done <- err
 	}()
+	defer close(release)
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(5 * time.Second):
-		close(live.release)
-		t.Fatal("an admission in a cached namespace waited for another namespace's live read")
-	}
-	close(live.release)
-	adm := <-fresh
-	if adm.Allowed || adm.Tenant != "team-new" {
-		t.Fatalf("claim of 2 GPUs in the fresh namespace: %+v, want denied by team-new (limit 1)", adm)
+		t.Fatal(why)
 	}
 }
