@@ -21,6 +21,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,8 @@ type flags struct {
 	podUID, cdiHookPath, nodeConfig, bootIDPath        string
 	mockStateDir                                       string
 	clearFaults                                        string
+	mpsDaemons, mpsImage, podName, podNamespace        string
+	priorityClass                                      string
 }
 
 func main() {
@@ -83,6 +86,10 @@ func parseFlags() flags {
 	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", plugin.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
 	fs.StringVar(&f.clearFaults, "clear-faults", "", "Do not run: ask the plugin running on this node (same --plugin-data-dir) to clear the faults, and so the taints, of a GPU (its UUID, or \"all\") after an operator reset it; run with kubectl exec in the plugin pod.")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
+	fs.StringVar(&f.mpsDaemons, "mps-daemons", cli.Env("MPS_DAEMONS", mpsInPods), fmt.Sprintf("Where MPS control daemons run: %q, a pod per GPU on this node (survives plugin restarts and rolling updates; needs --mps-daemon-image, $POD_NAME and $POD_NAMESPACE), or %q, background processes of the plugin (only where the plugin runs as a host process: in a container they die with it). [$MPS_DAEMONS]", mpsInPods, mpsInProcesses))
+	fs.StringVar(&f.mpsImage, "mps-daemon-image", os.Getenv("MPS_DAEMON_IMAGE"), "Image of the MPS daemon pods (the plugin's own; the daemon binary comes from the driver root). [$MPS_DAEMON_IMAGE]")
+	fs.StringVar(&f.priorityClass, "mps-daemon-priority-class", os.Getenv("MPS_DAEMON_PRIORITY_CLASS"), "Priority class of the MPS daemon pods. [$MPS_DAEMON_PRIORITY_CLASS]")
+	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
 }
@@ -119,9 +126,13 @@ func run(ctx context.Context, f flags) error {
 	if monitor != nil {
 		go monitor.Run(ctx)
 	}
+	mpsLauncher, err := newMPSLauncher(ctx, f, client)
+	if err != nil {
+		return err
+	}
 	driver, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
-		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath,
+		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher,
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor,
 	})
@@ -225,3 +236,30 @@ func healthMonitor(cfg *configapi.HealthConfig, lib nvdev.Interface, reg prometh
 
 // healthClearDir is where operators' requests to clear faults go.
 func healthClearDir(f flags) string { return filepath.Join(f.pluginDataDir, "health-clear") }
+
+const (
+	mpsInPods      = "pod"
+	mpsInProcesses = "process"
+)
+
+// newMPSLauncher picks where MPS daemons run. The pods belong to the
+// plugin's DaemonSet, read from the plugin's own pod.
+func newMPSLauncher(ctx context.Context, f flags, client kubernetes.Interface) (mps.Launcher, error) {
+	switch f.mpsDaemons {
+	case mpsInProcesses:
+		return nil, nil
+	case mpsInPods:
+	default:
+		return nil, fmt.Errorf("--mps-daemons=%q: want %q or %q", f.mpsDaemons, mpsInPods, mpsInProcesses)
+	}
+	l := &mps.PodLauncher{Client: client, Namespace: f.podNamespace, NodeName: f.nodeName, Image: f.mpsImage,
+		DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, PriorityClassName: f.priorityClass}
+	if f.podName != "" && f.podNamespace != "" {
+		owner, err := mps.OwnerOf(ctx, client, f.podNamespace, f.podName)
+		if err != nil {
+			return nil, err
+		}
+		l.Owner = owner
+	}
+	return l, nil
+}

@@ -89,9 +89,16 @@ type Device struct {
 	ExtraNodes []mig.CapNode
 	// Env is extra environment for this device, e.g. MPS settings.
 	Env map[string]string
-	// Mounts are host directories bind-mounted at the same path, e.g. the
-	// MPS daemon's pipe directory its clients talk through.
-	Mounts []string
+	// Mounts are host directories bind-mounted into the container, e.g.
+	// the MPS daemon's pipe directory and the shared memory its clients
+	// talk through.
+	Mounts []Mount
+}
+
+// Mount is a host directory and where a container sees it.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
 }
 
 // Handler writes and deletes per-claim CDI specs. It is safe for concurrent

@@ -439,7 +439,7 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 		"no UUID":          {claimUID, []Device{{Name: "gpu-3"}}},
 		"negative minor":   {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Minor: -1}}},
 		"relative node":    {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", ExtraNodes: []mig.CapNode{{Path: "dev/x", Minor: 1}}}}},
-		"relative mount":   {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Mounts: []string{"mps"}}}},
+		"relative mount":   {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Mounts: []Mount{{HostPath: "mps", ContainerPath: "/mps"}}}}},
 		"device-level NVD": {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Env: map[string]string{visibleDevicesEnv: "all"}}}},
 		"device env name":  {claimUID, []Device{{Name: "gpu-3", UUID: "GPU-x", Env: map[string]string{deviceEnvName("gpu-4"): "GPU-y"}}}},
 	}

@@ -85,9 +85,9 @@ func validateDevice(d Device) error {
 			return fmt.Errorf("device %q: capability node %q is not an absolute path", d.Name, n.Path)
 		}
 	}
-	for _, p := range d.Mounts {
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("device %q: mount %q is not an absolute path", d.Name, p)
+	for _, m := range d.Mounts {
+		if !filepath.IsAbs(m.HostPath) || !filepath.IsAbs(m.ContainerPath) {
+			return fmt.Errorf("device %q: mount %q at %q: both must be absolute paths", d.Name, m.HostPath, m.ContainerPath)
 		}
 	}
 	for k := range d.Env {
@@ -141,10 +141,10 @@ func (h *Handler) deviceSpec(log klog.Logger, claimUID string, d Device, capsMaj
 	}, nil
 }
 
-func bindMounts(dirs []string) []*specs.Mount {
+func bindMounts(mounts []Mount) []*specs.Mount {
 	var out []*specs.Mount
-	for _, dir := range dirs {
-		out = append(out, &specs.Mount{HostPath: dir, ContainerPath: dir, Options: []string{"rw", "nosuid", "nodev", "bind"}})
+	for _, m := range mounts {
+		out = append(out, &specs.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rw", "nosuid", "nodev", "bind"}})
 	}
 	return out
 }

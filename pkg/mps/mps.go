@@ -1,8 +1,12 @@
-// Package mps runs one node-local MPS control daemon per GPU for claims
-// that share a GPU with enforced limits. The daemon is a child of the
-// plugin's node, started from the driver root's nvidia-cuda-mps-control with
-// fixed arguments, health-checked before each new client, and stopped when
-// the GPU's last MPS claim is gone. No API-server object is involved.
+// Package mps runs one MPS control daemon per GPU for claims that share a
+// GPU with enforced limits. The daemon runs outside the plugin's process
+// (a Launcher decides where: a pod of its own on the node, or a background
+// process), so that it survives plugin restarts and rolling updates; its
+// pipe, log and shared-memory directories are host directories that the
+// daemon and every client container mount (the clients through the CDI
+// spec). The plugin talks to it only through nvidia-cuda-mps-control, with
+// fixed arguments: health-checked before each new client, asked to quit
+// when the GPU's last MPS claim is gone.
 package mps
 
 import (
@@ -27,23 +31,42 @@ const (
 	EnvThreads        = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 )
 
+// ShmContainerPath is where the daemon and its clients see the GPU's
+// shared memory: MPS clients and server exchange work through /dev/shm.
+const ShmContainerPath = "/dev/shm"
+
 // Daemons manages the control daemons of a node.
 type Daemons struct {
 	Runner     timeslice.Runner
 	DriverRoot string
-	// Dir holds one pipe and one log directory per GPU.
+	// Dir holds one directory per GPU (pipe, log, shm).
 	Dir string
 	// Ready bounds the wait for a started daemon to answer.
 	Ready time.Duration
+	// Launcher runs the daemons; nil means ProcessLauncher.
+	Launcher Launcher
 }
 
 // PipeDir is where the daemon of a GPU listens; clients need it mounted.
 func (d *Daemons) PipeDir(gpu string) string { return filepath.Join(d.Dir, gpu, "pipe") }
 
-func (d *Daemons) logDir(gpu string) string { return filepath.Join(d.Dir, gpu, "log") }
+// ShmDir is the GPU's shared memory directory, mounted at /dev/shm in the
+// daemon and its clients.
+func (d *Daemons) ShmDir(gpu string) string { return filepath.Join(d.Dir, gpu, "shm") }
 
-// control builds a control command for one GPU's daemon.
-func (d *Daemons) control(gpu string, args []string, stdin string) (timeslice.Cmd, error) {
+// LogDir is where the daemon writes control.log.
+func (d *Daemons) LogDir(gpu string) string { return filepath.Join(d.Dir, gpu, "log") }
+
+func (d *Daemons) launcher() Launcher {
+	if d.Launcher == nil {
+		return ProcessLauncher{Runner: d.Runner}
+	}
+	return d.Launcher
+}
+
+// control builds a control command for one GPU's daemon: the client when
+// stdin is given, the daemon itself for a Launcher to start.
+func (d *Daemons) control(gpu string, stdin string) (timeslice.Cmd, error) {
 	if err := timeslice.ValidateUUID(gpu); err != nil {
 		return timeslice.Cmd{}, err
 	}
@@ -51,8 +74,9 @@ func (d *Daemons) control(gpu string, args []string, stdin string) (timeslice.Cm
 	if err != nil {
 		return timeslice.Cmd{}, fmt.Errorf("MPS: %w", err)
 	}
-	env := []string{"CUDA_VISIBLE_DEVICES=" + gpu, EnvPipeDir + "=" + d.PipeDir(gpu), EnvLogDir + "=" + d.logDir(gpu)}
-	return timeslice.Cmd{Path: bin, Args: args, Env: env, Stdin: stdin}, nil
+	env := append([]string{"CUDA_VISIBLE_DEVICES=" + gpu, EnvPipeDir + "=" + d.PipeDir(gpu), EnvLogDir + "=" + d.LogDir(gpu)},
+		timeslice.ToolEnv(d.DriverRoot)...)
+	return timeslice.Cmd{Path: bin, Env: env, Stdin: stdin}, nil
 }
 
 // Available reports whether daemons can be started here at all, so prepare
@@ -64,27 +88,27 @@ func (d *Daemons) Available() error {
 	return nil
 }
 
-// Start starts the daemon of a GPU in the background (-d) and waits until
-// it answers.
+// Start launches the daemon of a GPU and waits until it answers.
 func (d *Daemons) Start(ctx context.Context, gpu string) error {
-	cmd, err := d.control(gpu, []string{"-d"}, "")
+	cmd, err := d.control(gpu, "")
 	if err != nil {
 		return err
 	}
-	for _, dir := range []string{d.PipeDir(gpu), d.logDir(gpu)} {
+	for _, dir := range []string{d.PipeDir(gpu), d.LogDir(gpu), d.ShmDir(gpu)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("MPS directory: %w", err)
 		}
 	}
-	if _, err := d.Runner.Run(ctx, cmd); err != nil {
-		return fmt.Errorf("starting MPS daemon of %s: %w", gpu, err)
+	daemon := Daemon{GPU: gpu, Command: cmd, Dir: filepath.Join(d.Dir, gpu), ShmDir: d.ShmDir(gpu)}
+	if err := d.launcher().Launch(ctx, daemon); err != nil {
+		return err
 	}
 	return d.waitReady(ctx, gpu)
 }
 
 // Healthy asks the daemon a harmless question.
 func (d *Daemons) Healthy(ctx context.Context, gpu string) error {
-	cmd, err := d.control(gpu, nil, "get_default_active_thread_percentage\n")
+	cmd, err := d.control(gpu, "get_default_active_thread_percentage\n")
 	if err != nil {
 		return err
 	}
@@ -94,7 +118,8 @@ func (d *Daemons) Healthy(ctx context.Context, gpu string) error {
 	return nil
 }
 
-// Ensure restarts a daemon that stopped answering.
+// Ensure starts a daemon that stopped answering (or was never started on
+// this boot).
 func (d *Daemons) Ensure(ctx context.Context, gpu string) error {
 	if d.Healthy(ctx, gpu) == nil {
 		return nil
@@ -102,19 +127,42 @@ func (d *Daemons) Ensure(ctx context.Context, gpu string) error {
 	return d.Start(ctx, gpu)
 }
 
-// Stop asks the daemon to quit and removes its directories.
+// Stop asks the daemon to quit, removes what the launcher made for it and
+// its directories.
 func (d *Daemons) Stop(ctx context.Context, gpu string) error {
-	cmd, err := d.control(gpu, nil, "quit\n")
+	cmd, err := d.control(gpu, "quit\n")
 	if err != nil {
 		return err
 	}
 	if _, err := d.Runner.Run(ctx, cmd); err != nil && d.Healthy(ctx, gpu) == nil {
 		return fmt.Errorf("stopping MPS daemon of %s: %w", gpu, err)
 	}
+	if err := d.launcher().Remove(ctx, gpu); err != nil {
+		return fmt.Errorf("removing MPS daemon of %s: %w", gpu, err)
+	}
 	if err := os.RemoveAll(filepath.Join(d.Dir, gpu)); err != nil {
 		return fmt.Errorf("removing MPS directories of %s: %w", gpu, err)
 	}
 	return nil
+}
+
+// Known lists the GPUs that have daemon directories: those a daemon was
+// started for and not stopped, so that one nobody holds can be stopped.
+func (d *Daemons) Known() ([]string, error) {
+	entries, err := os.ReadDir(d.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing MPS directories: %w", err)
+	}
+	var gpus []string
+	for _, e := range entries {
+		if e.IsDir() && timeslice.ValidateUUID(e.Name()) == nil {
+			gpus = append(gpus, e.Name())
+		}
+	}
+	return gpus, nil
 }
 
 func (d *Daemons) waitReady(ctx context.Context, gpu string) error {
@@ -127,7 +175,7 @@ func (d *Daemons) waitReady(ctx context.Context, gpu string) error {
 		select {
 		case <-ctx.Done():
 			return errors.Join(err, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("MPS daemon of %s not ready after %s: %w", gpu, d.Ready, err)

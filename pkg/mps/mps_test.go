@@ -47,8 +47,12 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := strings.Join(r.cmds[0].Env, " ")
-	if !strings.Contains(env, "CUDA_VISIBLE_DEVICES="+gpu) || !strings.Contains(env, EnvPipeDir+"="+d.PipeDir(gpu)) {
+	if !strings.Contains(env, "CUDA_VISIBLE_DEVICES="+gpu) || !strings.Contains(env, EnvPipeDir+"="+d.PipeDir(gpu)) ||
+		!strings.Contains(env, "LD_LIBRARY_PATH="+filepath.Join(d.DriverRoot, "usr/lib/x86_64-linux-gnu")+":") {
 		t.Errorf("daemon env %s", env)
+	}
+	if info, err := os.Stat(d.ShmDir(gpu)); err != nil || !info.IsDir() {
+		t.Errorf("no shared-memory directory for the daemon and its clients: %v", err)
 	}
 	r.alive = false // the daemon died
 	if err := d.Ensure(ctx, gpu); err != nil || !r.alive {

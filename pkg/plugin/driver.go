@@ -12,6 +12,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
@@ -42,6 +43,9 @@ type Options struct {
 	// means none: replicas and shares with the Default interval still
 	// work; claims asking for more fail at prepare, saying why.
 	DriverRoot string
+	// MPSLauncher runs the MPS control daemons; nil runs them as
+	// background processes of the plugin (see mps.ProcessLauncher).
+	MPSLauncher mps.Launcher
 	// BootIDPath is where the node's boot ID is read (a simulated node
 	// fakes its reboots there); empty means DefaultBootIDPath.
 	BootIDPath string
@@ -103,7 +107,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
-	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML})
+	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML,
+		MPSLauncher: opts.MPSLauncher})
 	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
 		BootIDPath: opts.BootIDPath}

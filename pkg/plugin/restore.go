@@ -22,6 +22,8 @@ import (
 //   - claims deleted while the plugin was down are unprepared;
 //   - damaged records are reported and rebuilt from the claim in the API
 //     (prepare is a function of the claim), or cleaned up if it is gone;
+//   - MPS daemons run and compute modes are set for the claims that hold
+//     them, and daemons that no claim holds are stopped;
 //   - CDI specs that no record explains are deleted;
 //   - MIG devices that no record names are found, for withhold.
 //
@@ -85,6 +87,9 @@ func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error
 	ctx = context.WithoutCancel(ctx)
 	s.undoInterrupted(ctx, records)
 	s.reestablishAll(ctx, rebooted)
+	if err := s.sharing.reconcile(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Restoring GPU sharing settings (MPS daemons, compute modes)")
+	}
 	return damaged, nil
 }
 

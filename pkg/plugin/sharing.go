@@ -12,11 +12,17 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
+	"k8s.io/klog/v2"
 )
+
+// mpsReady bounds the wait for a new MPS daemon: a daemon pod is created,
+// scheduled to this node by name and started by the kubelet.
+const mpsReady = 60 * time.Second
 
 // SharingOptions wire the GPU sharing settings.
 type SharingOptions struct {
@@ -29,6 +35,9 @@ type SharingOptions struct {
 	MPSDir string
 	// NVML sets the compute mode for MPS.
 	NVML nvdev.Interface
+	// MPSLauncher runs the MPS daemons; nil runs them as background
+	// processes (mps.ProcessLauncher).
+	MPSLauncher mps.Launcher
 }
 
 // Sharing applies per-GPU sharing settings, reference counted across the
@@ -51,7 +60,7 @@ func NewSharing(o SharingOptions) *Sharing {
 	}
 	return &Sharing{
 		smi:  timeslice.SMI{Runner: runner, DriverRoot: o.DriverRoot},
-		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: 10 * time.Second},
+		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: mpsReady, Launcher: o.MPSLauncher},
 		nvml: o.NVML,
 		mgrs: map[string]*timeslice.Manager{},
 	}
@@ -92,12 +101,61 @@ func (s *Sharing) Apply(ctx context.Context, gpu string, set timeslice.Settings)
 	return s.smi.SetInterval(ctx, gpu, set.Interval)
 }
 
-// Ensure implements timeslice.Backend: a dead MPS daemon is restarted.
+// Ensure implements timeslice.Backend: an MPS GPU is put back in
+// exclusive-process mode if something reset it, and a dead daemon is
+// started again.
 func (s *Sharing) Ensure(ctx context.Context, gpu string, set timeslice.Settings) error {
-	if set.Strategy == configapi.MPSStrategy {
-		return s.mps.Ensure(ctx, gpu)
+	if set.Strategy != configapi.MPSStrategy {
+		return nil
 	}
-	return nil
+	if err := s.ensureComputeMode(gpu, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); err != nil {
+		return err
+	}
+	return s.mps.Ensure(ctx, gpu)
+}
+
+// ensureComputeMode sets a mode only when the GPU is in another one.
+func (s *Sharing) ensureComputeMode(gpu string, mode nvml.ComputeMode) error {
+	if s.nvml == nil {
+		return errors.New("no NVML to set the compute mode with")
+	}
+	dev, err := s.nvml.DeviceByUUID(gpu)
+	if err != nil {
+		return err
+	}
+	if cur, ret := dev.GetComputeMode(); ret == nvml.SUCCESS && cur == mode {
+		return nil
+	}
+	return s.setComputeMode(gpu, mode)
+}
+
+// reconcile makes every GPU's settings what its holders were promised
+// (after a plugin restart: a daemon that died with an old plugin, a mode
+// reset under it) and stops the MPS daemons that no claim holds (left by a
+// plugin killed between starting one and recording it, or by one whose
+// reset failed). The caller holds every GPU.
+func (s *Sharing) reconcile(ctx context.Context) error {
+	var errs []error
+	s.mu.Lock()
+	held := map[string]*timeslice.Manager{}
+	for gpu, m := range s.mgrs {
+		held[gpu] = m
+	}
+	s.mu.Unlock()
+	for gpu, m := range held {
+		if n, set := m.Holders(gpu); n > 0 {
+			errs = append(errs, s.Ensure(ctx, gpu, set))
+		}
+	}
+	known, err := s.mps.Known()
+	errs = append(errs, err)
+	for _, gpu := range known {
+		if n, set := s.holders(gpu); n == 0 || set.Strategy != configapi.MPSStrategy {
+			klog.FromContext(ctx).Info("Stopping an MPS daemon that no claim holds", "gpu", gpu)
+			errs = append(errs, s.Reset(ctx, gpu, timeslice.Settings{Strategy: configapi.MPSStrategy}))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Reset implements timeslice.Backend.
@@ -316,12 +374,20 @@ func (s *State) adoptSharing(rec *checkpoint.Claim, on func(gpu string) bool) er
 
 func allGPUs(string) bool { return true }
 
-// sharingEnv is the MPS client environment of a device, nil otherwise.
-func (s *State) sharingEnv(p plannedDevice) map[string]string {
+// sharingEdits are what an MPS client container needs of its GPU's
+// daemon: the environment with its limits, the pipe directory at the path
+// the daemon listens on, and the shared memory at /dev/shm. Nothing for
+// other devices.
+func (s *State) sharingEdits(p plannedDevice) (map[string]string, []cdi.Mount) {
 	if p.sharing == nil || p.sharing.limits == nil {
-		return nil
+		return nil, nil
 	}
-	return s.sharing.mps.ClientEnv(p.device.GPU.UUID, *p.sharing.limits)
+	gpu := p.device.GPU.UUID
+	pipe := s.sharing.mps.PipeDir(gpu)
+	return s.sharing.mps.ClientEnv(gpu, *p.sharing.limits), []cdi.Mount{
+		{HostPath: pipe, ContainerPath: pipe},
+		{HostPath: s.sharing.mps.ShmDir(gpu), ContainerPath: mps.ShmContainerPath},
+	}
 }
 
 // mpsDir is where the plugin keeps MPS pipes, next to its checkpoint.

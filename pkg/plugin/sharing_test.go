@@ -320,6 +320,8 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 		"CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(e.sharing.MPSDir, uuid, "pipe"),
 		// ... and the pipe directory is mounted so the client reaches the daemon.
 		`"hostPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "pipe") + `","containerPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "pipe") + `"`,
+		// ... and clients and daemon exchange work through one /dev/shm.
+		`"hostPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "shm") + `","containerPath":"/dev/shm"`,
 	} {
 		if !strings.Contains(string(data), want) {
 			t.Errorf("spec lacks %s:\n%s", want, data)

@@ -12,7 +12,6 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
-	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
@@ -427,10 +426,7 @@ func (s *State) cdiDevices(plan []plannedDevice, rec *checkpoint.Claim) ([]cdi.D
 			}
 			d.UUID, d.ExtraNodes = inst.UUID, nodes
 		}
-		d.Env = s.sharingEnv(p)
-		if dir, ok := d.Env[mps.EnvPipeDir]; ok {
-			d.Mounts = []string{dir}
-		}
+		d.Env, d.Mounts = s.sharingEdits(p)
 		out = append(out, d)
 	}
 	return out, nil

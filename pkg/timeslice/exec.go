@@ -54,6 +54,25 @@ func (ExecRunner) Run(ctx context.Context, cmd Cmd) ([]byte, error) {
 // binDirs are where NVIDIA installs its tools, relative to the driver root.
 var binDirs = []string{"usr/bin", "usr/local/bin", "bin"}
 
+// libDirs are where NVIDIA installs its libraries, relative to the driver
+// root (Debian and Red Hat layouts).
+var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib64", "lib"}
+
+// ToolEnv is the environment a driver tool needs to run from a driver root
+// that is not this container's root: nvidia-smi and the MPS daemon load
+// libnvidia-ml and libcuda at run time, and the container's loader does not
+// search the driver root.
+func ToolEnv(driverRoot string) []string {
+	if driverRoot == "" || driverRoot == "/" {
+		return nil
+	}
+	dirs := make([]string, len(libDirs))
+	for i, d := range libDirs {
+		dirs[i] = filepath.Join(driverRoot, d)
+	}
+	return []string{"LD_LIBRARY_PATH=" + strings.Join(dirs, ":")}
+}
+
 // FindBinary looks a driver tool up under the driver root; an empty root
 // has none.
 func FindBinary(driverRoot, name string) (string, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -77,6 +78,13 @@ func TestSMIFindsToolAndPassesFixedArgs(t *testing.T) {
 	}
 	if got.Path != bin || strings.Join(got.Args, " ") != "compute-policy -i GPU-12345678-aaaa --set-timeslice=2" {
 		t.Errorf("cmd = %v", got)
+	}
+	// nvidia-smi loads libnvidia-ml from the driver root, which the
+	// plugin's container does not search by itself.
+	if lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu"); !slices.ContainsFunc(got.Env, func(kv string) bool {
+		return strings.HasPrefix(kv, "LD_LIBRARY_PATH=") && slices.Contains(strings.Split(strings.TrimPrefix(kv, "LD_LIBRARY_PATH="), ":"), lib)
+	}) {
+		t.Errorf("env %v lacks %s in LD_LIBRARY_PATH", got.Env, lib)
 	}
 	if err := (SMI{Runner: r, DriverRoot: root}).SetInterval(ctx, "GPU-1; rm -rf /", configapi.LongTimeSlice); err == nil {
 		t.Error("a non-UUID went into a command line")

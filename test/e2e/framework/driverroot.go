@@ -1,11 +1,16 @@
 package framework
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage"
 )
 
 // NVIDIA's character-device majors: 195 for the GPUs and nvidiactl, as the
@@ -43,4 +48,70 @@ func MakeDriverRoot(dir string, gpus int) error {
 		}
 	}
 	return nil
+}
+
+// ToolCall is one call of the stand-in NVIDIA tools (hack/fakenvtools), a
+// line of their call log.
+type ToolCall struct {
+	Tool  string            `json:"tool"`
+	Args  []string          `json:"args"`
+	Env   map[string]string `json:"env"`
+	Stdin string            `json:"stdin"`
+}
+
+// String is how a call appears in test failures.
+func (c ToolCall) String() string {
+	return strings.TrimSpace(c.Tool + " " + strings.Join(c.Args, " ") + " " + strings.ReplaceAll(c.Stdin, "\n", " "))
+}
+
+// InstallFakeNVTools builds hack/fakenvtools into the driver root's
+// usr/bin as nvidia-smi and nvidia-cuda-mps-control, the tools the plugin
+// runs for time-slice intervals and MPS, recording their calls in callLog
+// (which must be writable where the plugin runs them).
+func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(driverRoot, "usr", "bin")
+	smi := filepath.Join(bin, "nvidia-smi")
+	if err := ociimage.StaticBinary(ctx, root, "hack/fakenvtools", smi, false); err != nil {
+		return fmt.Errorf("building the stand-in NVIDIA tools: %w", err)
+	}
+	mps := filepath.Join(bin, "nvidia-cuda-mps-control")
+	if err := os.Remove(mps); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.Link(smi, mps); err != nil {
+		return fmt.Errorf("installing the stand-in MPS control: %w", err)
+	}
+	cfg, err := json.Marshal(map[string]string{"callLog": callLog})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bin, "fake-nvtools.json"), cfg, 0o644)
+}
+
+// ReadToolCalls reads a call log of the stand-in tools; a missing log is
+// no call.
+func ReadToolCalls(callLog string) ([]ToolCall, error) {
+	data, err := os.ReadFile(callLog)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var calls []ToolCall
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line == "" {
+			continue
+		}
+		var c ToolCall
+		if err := json.Unmarshal([]byte(line), &c); err != nil {
+			return nil, fmt.Errorf("call log %s: %w", callLog, err)
+		}
+		calls = append(calls, c)
+	}
+	return calls, nil
 }

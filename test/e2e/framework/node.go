@@ -111,6 +111,8 @@ func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
 		"--nvml", opts.NVML,
 		"--metrics-addr", metrics,
 		"--healthcheck-addr=",
+		// No kubelet runs pods here, so no daemon pod would ever start.
+		"--mps-daemons=process",
 		"--node-config=" + opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
 	}, opts.ExtraArgs...)

@@ -51,8 +51,12 @@ type RealNode struct {
 	KubeletDir string
 	// CDIRoot is where containerd reads CDI specs (the chart's cdiRoot).
 	CDIRoot string
-	// DriverRoot is the simulated driver root (the chart's driverRoot).
+	// DriverRoot is the simulated driver root (the chart's driverRoot),
+	// with stand-ins for nvidia-smi and nvidia-cuda-mps-control.
 	DriverRoot string
+	// ToolCalls is the stand-in tools' call log (ReadToolCalls), in the
+	// plugin's directory, which its container can write.
+	ToolCalls string
 	// PodLogsDir holds the containers' logs.
 	PodLogsDir       string
 	ContainerdSocket string
@@ -104,6 +108,9 @@ func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions)
 	if err != nil {
 		return nil, err
 	}
+	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls); err != nil {
+		return nil, err
+	}
 	begin := time.Now()
 	if err := n.start(ctx, opts); err != nil {
 		return nil, errors.Join(err, n.Stop(context.WithoutCancel(ctx)))
@@ -142,6 +149,7 @@ func (cp *ControlPlane) newRealNode(opts RealNodeOptions) (*RealNode, error) {
 		KubeletDir:       filepath.Join(dir, "kubelet"),
 		CDIRoot:          filepath.Join(dir, "cdi"),
 		DriverRoot:       filepath.Join(dir, "driver"),
+		ToolCalls:        filepath.Join(dir, "kubelet", "plugins", DriverName, "fake-nvtools-calls.jsonl"),
 		PodLogsDir:       filepath.Join(dir, "pod-logs"),
 		ContainerdSocket: filepath.Join(dir, "containerd.sock"),
 		CgroupRoot:       "/" + filepath.Base(cp.Dir) + "-node" + filepath.Base(dir),

@@ -12,6 +12,7 @@
 //	env NVIDIA_VISIBLE_DEVICES=void
 //	dev /dev/nvidia0 c 195:0
 //	mount /var/lib/gpuaas
+//	shm /var/lib/kubelet/plugins/gpu.gpuaas.io/mps/GPU-1234/shm
 //	gpuinfo done
 package main
 
@@ -185,6 +186,7 @@ func splitDev(dev uint64) (major, minor uint64) {
 func mountLines(mountinfo string) ([]string, error) {
 	seen := map[string]bool{}
 	var lines []string
+	var shmRoot string
 	sc := bufio.NewScanner(strings.NewReader(mountinfo))
 	for sc.Scan() {
 		if strings.TrimSpace(sc.Text()) == "" {
@@ -199,6 +201,10 @@ func mountLines(mountinfo string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("mountinfo line %q: %w", sc.Text(), err)
 		}
+		if mp == "/dev/shm" {
+			// The last of stacked mounts is the one the container sees.
+			shmRoot = fields[3]
+		}
 		if usualMount(mp) || seen[mp] {
 			continue
 		}
@@ -207,6 +213,11 @@ func mountLines(mountinfo string) ([]string, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	// A /dev/shm bound from a subdirectory is not the container's own: an
+	// MPS client's, shared with its daemon. Reported by where it comes from.
+	if shmRoot != "" && shmRoot != "/" {
+		lines = append(lines, "shm "+shmRoot)
 	}
 	sort.Strings(lines)
 	return lines, nil

@@ -67,6 +67,19 @@ func TestMountLines(t *testing.T) {
 	}
 }
 
+// TestMountLinesSharedShm: an MPS client's /dev/shm, bound over the
+// container's own from the daemon's directory, is reported by its source.
+func TestMountLinesSharedShm(t *testing.T) {
+	shared := sampleMountinfo + "1120 1103 259:2 /var/lib/p/mps/GPU-1/shm /dev/shm rw,nosuid,nodev,relatime - ext4 /dev/nvme0n1p2 rw\n"
+	got, err := mountLines(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got, "shm /var/lib/p/mps/GPU-1/shm") {
+		t.Errorf("mountLines = %q, want the shared /dev/shm", got)
+	}
+}
+
 func TestMountLinesMalformed(t *testing.T) {
 	for _, text := range []string{"1 2 3 4\n", `1 2 0:1 / /a\04 rw - x x rw` + "\n", `1 2 0:1 / /a\9xx rw - x x rw` + "\n"} {
 		if _, err := mountLines(text); err == nil {

@@ -1,0 +1,193 @@
+package mps
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+)
+
+// Labels of the daemon pods: a Launcher finds a GPU's pod by them, and the
+// chart's admission policy lets the plugin touch no other pod.
+const (
+	ComponentLabel = "app.kubernetes.io/component"
+	ComponentValue = "mps-control-daemon"
+	NodeLabel      = "gpu.gpuaas.io/node"
+	GPULabel       = "gpu.gpuaas.io/gpu"
+)
+
+// PodLauncher runs each daemon in a pod of its own, bound to this node: it
+// outlives the plugin's container and pod (restarts, rolling updates), and
+// the kubelet restarts a daemon that crashed. The pods belong to the
+// plugin's DaemonSet (Owner), so uninstalling the driver removes them.
+type PodLauncher struct {
+	Client    kubernetes.Interface
+	Namespace string
+	NodeName  string
+	// Image runs the daemon; the plugin's own image (the binary comes from
+	// the driver root, which the pod mounts).
+	Image string
+	// DriverRoot is where this process (and the daemon pod) sees the
+	// driver root; HostDriverRoot where it is on the host.
+	DriverRoot, HostDriverRoot string
+	// Owner is set on every daemon pod; nil leaves them unowned.
+	Owner *metav1.OwnerReference
+	// PriorityClassName of the daemon pods, the plugin's own: a daemon
+	// evicted under pressure stops every client on its GPU.
+	PriorityClassName string
+}
+
+// Launch implements Launcher: a live pod of the GPU is kept; finished ones
+// (the daemon quit, or the pod failed) are deleted and a new one created.
+func (l *PodLauncher) Launch(ctx context.Context, d Daemon) error {
+	if l.Image == "" || l.Namespace == "" || l.NodeName == "" {
+		return fmt.Errorf("MPS daemon pods need the plugin's image, namespace and node (image %q, namespace %q, node %q)",
+			l.Image, l.Namespace, l.NodeName)
+	}
+	if l.DriverRoot == "/" || l.DriverRoot == "" {
+		// The pod mounts the driver root where the plugin sees it; "/" is
+		// the container's own root (the chart mounts a host install at /host).
+		return fmt.Errorf("MPS daemon pods need the driver root mounted away from / (got %q)", l.DriverRoot)
+	}
+	pods, err := l.pods(ctx, d.GPU)
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
+		if live(&p) {
+			return nil
+		}
+		if err := l.delete(ctx, p.Name); err != nil {
+			return err
+		}
+	}
+	pod := l.pod(d)
+	created, err := l.Client.CoreV1().Pods(l.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating the MPS daemon pod of %s: %w", d.GPU, err)
+	}
+	klog.FromContext(ctx).Info("Started MPS control daemon", "gpu", d.GPU, "pod", klog.KObj(created))
+	return nil
+}
+
+// Remove implements Launcher.
+func (l *PodLauncher) Remove(ctx context.Context, gpu string) error {
+	pods, err := l.pods(ctx, gpu)
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
+		if err := l.delete(ctx, p.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func live(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+func (l *PodLauncher) pods(ctx context.Context, gpu string) ([]corev1.Pod, error) {
+	sel := labels.SelectorFromSet(l.labels(gpu)).String()
+	list, err := l.Client.CoreV1().Pods(l.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("listing MPS daemon pods of %s: %w", gpu, err)
+	}
+	return list.Items, nil
+}
+
+func (l *PodLauncher) delete(ctx context.Context, name string) error {
+	err := l.Client.CoreV1().Pods(l.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting MPS daemon pod %s: %w", name, err)
+	}
+	return nil
+}
+
+func (l *PodLauncher) labels(gpu string) map[string]string {
+	return map[string]string{ComponentLabel: ComponentValue, NodeLabel: l.NodeName, GPULabel: strings.ToLower(gpu)}
+}
+
+// pod is the daemon's pod: the control binary in the foreground (-f, so
+// the kubelet sees it exit), the driver root where the plugin sees it, the
+// GPU's directory at its host path (the plugin and the clients name the
+// pipe by that path) and its shm at /dev/shm. It exits 0 on quit and is
+// not restarted then; a crash is.
+func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
+	hostRoot := l.HostDriverRoot
+	if hostRoot == "" {
+		hostRoot = l.DriverRoot
+	}
+	env := make([]corev1.EnvVar, 0, len(d.Command.Env))
+	for _, kv := range d.Command.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: "mps-" + l.NodeName + "-",
+			Namespace:    l.Namespace,
+			Labels:       l.labels(d.GPU),
+			Annotations:  map[string]string{"gpu.gpuaas.io/gpu-uuid": d.GPU},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      l.NodeName,
+			RestartPolicy:                 corev1.RestartPolicyOnFailure,
+			PriorityClassName:             l.PriorityClassName,
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](10),
+			Containers: []corev1.Container{{
+				Name:    "mps-control-daemon",
+				Image:   l.Image,
+				Command: []string{d.Command.Path, "-f"},
+				Env:     env,
+				// The daemon opens the GPUs' device nodes, as the plugin does.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "driver-root", MountPath: l.DriverRoot, ReadOnly: true},
+					{Name: "mps", MountPath: d.Dir},
+					{Name: "shm", MountPath: ShmContainerPath},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				hostPathVolume("driver-root", hostRoot, corev1.HostPathDirectory),
+				hostPathVolume("mps", d.Dir, corev1.HostPathDirectory),
+				hostPathVolume("shm", d.ShmDir, corev1.HostPathDirectory),
+			},
+		},
+	}
+	if l.Owner != nil {
+		pod.OwnerReferences = []metav1.OwnerReference{*l.Owner}
+	}
+	return pod
+}
+
+func hostPathVolume(name, path string, t corev1.HostPathType) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: filepath.Clean(path), Type: &t}}}
+}
+
+// OwnerOf is the controller of the plugin's own pod (its DaemonSet), as
+// the owner of the daemon pods; nil when the pod has none.
+func OwnerOf(ctx context.Context, client kubernetes.Interface, namespace, podName string) (*metav1.OwnerReference, error) {
+	pod, err := client.CoreV1().Pods(namespace).Get(ctx, podName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the plugin's pod %s/%s: %w", namespace, podName, err)
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return nil, nil
+	}
+	// Owned, not controlled: the DaemonSet must not adopt or count them.
+	return &metav1.OwnerReference{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, UID: ref.UID}, nil
+}
