@@ -82,11 +82,12 @@ func configFor(configs []opaqueConfig, request string, t DeviceType) (configapi.
 }
 
 // defaultConfig is what a device gets when no config names it: replicas
-// and shares of a GPU are time-sliced, since sharing is what they are for.
+// and shares of a GPU get their GPU's settings (no strategy of their own),
+// the rest exclusive access.
 func defaultConfig(t DeviceType) configapi.Interface {
 	cfg := configapi.DefaultGpuConfig()
 	if t == TypeTimeSlice || t == TypeShared {
-		cfg.Sharing.Strategy = configapi.TimeSlicingStrategy
+		cfg.Sharing.Strategy = ""
 	}
 	return cfg
 }

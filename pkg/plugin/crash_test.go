@@ -35,14 +35,14 @@ const crashCycles = 200
 
 // crashNode has every device kind on a DGX H100: GPU 0 whole, 1 and 2
 // dynamic MIG, 3 static MIG, 4 replicas with interval Long (nvidia-smi
-// runs), 5 shared, 6 replicas that claims use with MPS.
+// runs), 5 shared, 6 replicas with MPS.
 func crashNode() *configapi.NodeConfig {
 	return &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
 		{Indexes: []int{1, 2}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}},
 		{Indexes: []int{3}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}},
 		{Indexes: []int{4}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 4, Interval: configapi.LongTimeSlice}}},
 		{Indexes: []int{5}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{}}},
-		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2}}},
+		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2, Strategy: configapi.MPSStrategy}}},
 	}}
 }
 

@@ -47,6 +47,9 @@ type AllocatableDevice struct {
 	Static *mig.Instance
 	// TimeSlicing is the GPU's mode when the device is a replica.
 	TimeSlicing *configapi.TimeSlicingMode
+	// Sharing are the GPU's settings when the device is a replica or a
+	// share (the node configuration's; claims cannot change them).
+	Sharing *timeslice.Settings
 }
 
 // multiAllocatable reports whether several claims may hold the device.
@@ -56,13 +59,14 @@ func (d *AllocatableDevice) multiAllocatable() bool {
 
 // modeName is the GPU's mode as recorded in the checkpoint, so a restart
 // keeps a busy GPU's mode: "" whole, "static"/"dynamic" MIG,
-// "timeSlicing/<replicas>", "shared".
+// "timeSlicing/<replicas>", "shared", with "/MPS" or "/<interval>" when
+// the GPU's sharing settings are not the default.
 func (d *AllocatableDevice) modeName() string {
 	switch d.Type {
 	case TypeTimeSlice:
-		return fmt.Sprintf("%s/%d", modeTimeSlicing, d.TimeSlicing.Replicas)
+		return fmt.Sprintf("%s/%d", modeTimeSlicing, d.TimeSlicing.Replicas) + settingsSuffix(*d.Sharing)
 	case TypeShared:
-		return modeShared
+		return modeShared + settingsSuffix(*d.Sharing)
 	}
 	return string(d.Mode)
 }

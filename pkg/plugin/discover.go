@@ -193,7 +193,8 @@ func sharingParent(gpu nvdev.GPU, sys nvdev.SystemInfo) timeslice.Parent {
 func (inv *Inventory) addReplicas(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.TimeSlicingMode) {
 	units := mig.MilliunitsConsumption(inv.unitSet(gpu), timeslice.ReplicaShare(mig.GPUMilliunits, mode.Replicas))
 	for _, api := range timeslice.ReplicaDevices(sharingParent(gpu, lib.System()), mode, units) {
-		inv.add(AllocatableDevice{Type: TypeTimeSlice, GPU: gpu, API: api, TimeSlicing: &mode})
+		set := timeslice.GPUSettings(mode.Strategy, mode.Interval)
+		inv.add(AllocatableDevice{Type: TypeTimeSlice, GPU: gpu, API: api, TimeSlicing: &mode, Sharing: &set})
 	}
 }
 
@@ -207,6 +208,7 @@ func (inv *Inventory) addShared(lib nvdev.Interface, gpu nvdev.GPU, mode configa
 	if err := timeslice.ValidateShared(parent, mode); err != nil {
 		return err
 	}
-	inv.add(AllocatableDevice{Type: TypeShared, GPU: gpu, API: timeslice.SharedDevice(parent, mode)})
+	set := timeslice.GPUSettings(mode.Strategy, "")
+	inv.add(AllocatableDevice{Type: TypeShared, GPU: gpu, API: timeslice.SharedDevice(parent, mode), Sharing: &set})
 	return nil
 }

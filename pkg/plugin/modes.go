@@ -9,6 +9,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	"k8s.io/klog/v2"
 )
 
@@ -60,23 +61,50 @@ func pinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 func configuredMode(m configapi.GpuMode) string {
 	switch {
 	case m.TimeSlicing != nil:
-		return fmt.Sprintf("%s/%d", modeTimeSlicing, m.TimeSlicing.Replicas)
+		return fmt.Sprintf("%s/%d", modeTimeSlicing, m.TimeSlicing.Replicas) +
+			settingsSuffix(timeslice.GPUSettings(m.TimeSlicing.Strategy, m.TimeSlicing.Interval))
 	case m.Shared != nil:
-		return modeShared
+		return modeShared + settingsSuffix(timeslice.GPUSettings(m.Shared.Strategy, ""))
 	}
 	return string(m.MIG)
+}
+
+// settingsSuffix records a shared GPU's settings in its mode name, so a
+// busy GPU keeps them too: "/MPS", "/<interval>", or nothing for the
+// default (time-slicing, Default interval; what records before the
+// settings were the GPU's say).
+func settingsSuffix(s timeslice.Settings) string {
+	switch {
+	case s.Strategy == configapi.MPSStrategy:
+		return "/" + string(configapi.MPSStrategy)
+	case s.Interval.OrDefault() != configapi.DefaultTimeSlice:
+		return "/" + string(s.Interval)
+	}
+	return ""
+}
+
+// parseSettingsSuffix undoes settingsSuffix.
+func parseSettingsSuffix(suffix string) (configapi.SharingStrategy, configapi.TimeSliceInterval) {
+	if suffix == string(configapi.MPSStrategy) {
+		return configapi.MPSStrategy, ""
+	}
+	return "", configapi.TimeSliceInterval(suffix)
 }
 
 // recordedMode turns a recorded mode name back into a mode. A shared GPU
 // keeps the configured memory policy if it is still shared (only its
 // kind is pinned); otherwise the default policy.
 func recordedMode(name string, configured configapi.GpuMode) configapi.GpuMode {
-	if n, ok := strings.CutPrefix(name, modeTimeSlicing+"/"); ok {
+	if rest, ok := strings.CutPrefix(name, modeTimeSlicing+"/"); ok {
+		n, suffix, _ := strings.Cut(rest, "/")
 		replicas, _ := strconv.Atoi(n)
-		return configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: max(replicas, 1)}}
+		strategy, interval := parseSettingsSuffix(suffix)
+		return configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: max(replicas, 1), Strategy: strategy, Interval: interval}}
 	}
-	if name == modeShared {
-		return configapi.GpuMode{Shared: cmp.Or(configured.Shared, &configapi.SharedMode{})}
+	if kind, suffix, _ := strings.Cut(name, "/"); kind == modeShared {
+		shared := *cmp.Or(configured.Shared, &configapi.SharedMode{})
+		shared.Strategy, _ = parseSettingsSuffix(suffix)
+		return configapi.GpuMode{Shared: &shared}
 	}
 	mode := configapi.MigStrategy(name)
 	return configapi.GpuMode{MIG: mode, MigModeEnabledByAdmin: mode != ""}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
-	resourceapi "k8s.io/api/resource/v1"
 )
 
 // daemonRunner is a driver root whose MPS daemons live and die: -d starts
@@ -79,8 +78,8 @@ func (e *testEnv) computeMode(t *testing.T, uuid string) nvml.ComputeMode {
 func TestRestoreRestartsMPSDaemonAndComputeMode(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	uuid := e.gpuUUID(5)
-	claim := shareClaim("a", "10Gi").config(resourceapi.AllocationConfigSourceClaim, mpsConfig).build()
+	uuid := e.gpuUUID(7)
+	claim := mpsShareClaim("a", "10Gi").build()
 	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +103,7 @@ func TestRestoreRestartsMPSDaemonAndComputeMode(t *testing.T) {
 func TestRestoreKeepsLiveMPSDaemon(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	claim := shareClaim("a", "10Gi").config(resourceapi.AllocationConfigSourceClaim, mpsConfig).build()
+	claim := mpsShareClaim("a", "10Gi").build()
 	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +119,7 @@ func TestRestoreKeepsLiveMPSDaemon(t *testing.T) {
 func TestRestoreStopsMPSDaemonNobodyHolds(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	uuid := e.gpuUUID(5)
+	uuid := e.gpuUUID(7)
 	if err := e.state.sharing.Apply(e.ctx, uuid, timeslice.Settings{Strategy: "MPS"}); err != nil {
 		t.Fatal(err)
 	}

@@ -123,9 +123,8 @@ func TestRebootRewritesCDISpec(t *testing.T) {
 func TestRebootReappliesSharing(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	const mpsCfg = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`
 	ts := newClaim("ts").device("gpu", "gpu-4-ts-0").build()
-	share := shareClaim("mps", "10Gi").config(resourceapi.AllocationConfigSourceClaim, mpsCfg).build()
+	share := mpsShareClaim("mps", "10Gi").build()
 	for _, c := range []*resourceapi.ResourceClaim{ts, share} {
 		if _, err := e.state.Prepare(e.ctx, c); err != nil {
 			t.Fatal(err)
@@ -139,11 +138,11 @@ func TestRebootReappliesSharing(t *testing.T) {
 	if !slices.Contains(got, interval) || !slices.ContainsFunc(got, func(c string) bool { return strings.HasPrefix(c, "nvidia-cuda-mps-control -d") }) {
 		t.Errorf("commands after the reboot = %v; want the interval set and the MPS daemon started", got)
 	}
-	dev, _ := e.lib.DeviceByUUID(e.gpuUUID(5))
+	dev, _ := e.lib.DeviceByUUID(e.gpuUUID(7))
 	if mode, _ := dev.GetComputeMode(); mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
 		t.Errorf("compute mode after the reboot = %v, want exclusive-process for MPS", mode)
 	}
-	if spec, _ := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "mps")); !strings.Contains(string(spec), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+e.gpuUUID(5)+"=10240M") {
+	if spec, _ := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "mps")); !strings.Contains(string(spec), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+e.gpuUUID(7)+"=10240M") {
 		t.Errorf("MPS spec after the reboot lacks the client limits: %s", spec)
 	}
 	for _, uid := range []string{"ts", "mps"} {

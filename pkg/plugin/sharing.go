@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -239,8 +240,8 @@ func changesGPU(s timeslice.Settings) bool {
 	return s.Strategy == configapi.MPSStrategy || s.Interval.OrDefault() != configapi.DefaultTimeSlice
 }
 
-// planSharing resolves a device's sharing strategy to GPU settings and,
-// for MPS, the client's limits. Every refusal names what to change.
+// planSharing resolves a device's sharing to GPU settings and, for MPS,
+// the client's limits. Every refusal names what to change.
 func (s *State) planSharing(p plannedDevice) (*sharingPlan, error) {
 	strategy := p.config.SharingStrategy()
 	switch {
@@ -250,25 +251,43 @@ func (s *State) planSharing(p plannedDevice) (*sharingPlan, error) {
 		return nil, fmt.Errorf("sharing strategy %s is not supported on MIG devices", strategy)
 	case p.device.Type == TypeMIG, strategy == configapi.ExclusiveStrategy && p.device.Type == TypeGPU:
 		return nil, nil
-	case strategy == configapi.ExclusiveStrategy:
-		return nil, fmt.Errorf("a %s device shares its GPU by design; strategy %s cannot apply, use %s or %s",
-			p.device.Type, strategy, configapi.TimeSlicingStrategy, configapi.MPSStrategy)
+	case p.device.Sharing != nil:
+		return planGPUSharing(p, *p.device.Sharing)
 	case strategy == configapi.MPSStrategy:
+		// A whole GPU is one claim's: its settings are the claim's.
 		return planMPS(p)
 	}
-	return &sharingPlan{settings: timeslice.Settings{Strategy: strategy, Interval: intervalFor(p)}}, nil
+	return &sharingPlan{settings: timeslice.Settings{Strategy: strategy, Interval: claimInterval(p.config)}}, nil
 }
 
-// intervalFor: the claim's interval, else the GPU's from the node
-// configuration, else Default.
-func intervalFor(p plannedDevice) configapi.TimeSliceInterval {
-	if sh := sharingOf(p.config); sh != nil && sh.TimeSlicingConfig != nil && sh.TimeSlicingConfig.Interval != "" {
+// planGPUSharing plans a replica or share: the GPU's settings, which the
+// claim's config may restate but not change (they are per GPU; see
+// configapi.SharedMode), and for MPS the client's limits.
+func planGPUSharing(p plannedDevice, gpu timeslice.Settings) (*sharingPlan, error) {
+	if asked := sharingOf(p.config); asked != nil {
+		switch {
+		case asked.Strategy == configapi.ExclusiveStrategy:
+			return nil, fmt.Errorf("a %s device shares its GPU by design; strategy %s cannot apply", p.device.Type, asked.Strategy)
+		case asked.Strategy != "" && asked.Strategy != gpu.Strategy,
+			gpu.Strategy == configapi.TimeSlicingStrategy && claimInterval(p.config) != "" && claimInterval(p.config) != gpu.Interval:
+			wanted := timeslice.Settings{Strategy: cmp.Or(asked.Strategy, gpu.Strategy), Interval: claimInterval(p.config)}
+			return nil, fmt.Errorf("GPU %d is shared with %s (node configuration); this claim's config asks for %s: "+
+				"sharing settings are per GPU, select a GPU that has them (attributes %s, %s)",
+				p.device.GPU.Index, gpu, wanted, timeslice.AttrSharingStrategy, timeslice.AttrTimeSliceInterval)
+		}
+	}
+	if gpu.Strategy == configapi.MPSStrategy {
+		return planMPS(p)
+	}
+	return &sharingPlan{settings: gpu}, nil
+}
+
+// claimInterval is the interval a claim's config names, "" for none.
+func claimInterval(cfg configapi.Interface) configapi.TimeSliceInterval {
+	if sh := sharingOf(cfg); sh != nil && sh.TimeSlicingConfig != nil {
 		return sh.TimeSlicingConfig.Interval
 	}
-	if p.device.TimeSlicing != nil {
-		return p.device.TimeSlicing.Interval.OrDefault()
-	}
-	return configapi.DefaultTimeSlice
+	return ""
 }
 
 // planMPS derives the limits from the device (its memory and that
@@ -281,7 +300,8 @@ func planMPS(p plannedDevice) (*sharingPlan, error) {
 	mem := deviceMemory(p)
 	total := int64(p.device.GPU.MemoryBytes)
 	limits := &mps.Limits{MemoryBytes: mem, ThreadPercentage: int(min(100, max(1, (mem*100+total-1)/total)))}
-	if cfg := sharingOf(p.config).MpsConfig; cfg != nil {
+	if sh := sharingOf(p.config); sh != nil && sh.MpsConfig != nil {
+		cfg := sh.MpsConfig
 		if q := cfg.DefaultPinnedDeviceMemoryLimit; q != nil {
 			if q.Value() > mem {
 				return nil, fmt.Errorf("mpsConfig.defaultPinnedDeviceMemoryLimit %s exceeds the device's memory (%d bytes)", q.String(), mem)

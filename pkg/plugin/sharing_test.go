@@ -19,15 +19,18 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 )
 
-// sharingNode: GPU 4 time-sliced 4 ways (interval Long), GPU 5 shared.
+// sharingNode: GPU 4 time-sliced 4 ways (interval Long), GPU 5 shared,
+// GPU 6 two replicas with MPS, GPU 7 shared with MPS.
 func sharingNode() *configapi.NodeConfig {
 	return &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
 		{Indexes: []int{4}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 4, Interval: configapi.LongTimeSlice}}},
 		{Indexes: []int{5}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{}}},
-		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2}}},
+		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2, Strategy: configapi.MPSStrategy}}},
+		{Indexes: []int{7}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{Strategy: configapi.MPSStrategy}}},
 	}}
 }
 
@@ -106,6 +109,9 @@ func TestReplicaDevicesAndCapacities(t *testing.T) {
 			*a["index"].IntValue != 4 || *a["productName"].StringValue != gpu.ProductName || a["cudaComputeCapability"].VersionValue == nil {
 			t.Errorf("replica %d attributes %v", r, a)
 		}
+		if *a["sharingStrategy"].StringValue != "TimeSlicing" || *a["timeSliceInterval"].StringValue != "Long" {
+			t.Errorf("replica %d does not publish its GPU's sharing settings: %v", r, a)
+		}
 		if mem := d.API.Capacity["memory"].Value; mem.Value() != int64(gpu.MemoryBytes/4) || mem.String() != "20Gi" {
 			t.Errorf("replica memory = %s, want 20Gi", mem.String())
 		}
@@ -124,8 +130,12 @@ func TestSharedDeviceShape(t *testing.T) {
 	if d == nil || d.Type != TypeShared || !d.multiAllocatable() {
 		t.Fatalf("shared device = %+v", d)
 	}
-	if *d.API.Attributes["type"].StringValue != "shared" || *d.API.Attributes["parentUUID"].StringValue != e.gpuUUID(5) {
+	if *d.API.Attributes["type"].StringValue != "shared" || *d.API.Attributes["parentUUID"].StringValue != e.gpuUUID(5) ||
+		*d.API.Attributes["sharingStrategy"].StringValue != "TimeSlicing" {
 		t.Errorf("attributes %v", d.API.Attributes)
+	}
+	if mps := e.device("gpu-7-shared").API.Attributes; *mps["sharingStrategy"].StringValue != "MPS" || mps["timeSliceInterval"].StringValue != nil {
+		t.Errorf("MPS-shared GPU attributes %v", mps)
 	}
 	c := d.API.Capacity["memory"]
 	p := c.RequestPolicy
@@ -147,9 +157,14 @@ func TestSharedPolicyTooBigFallsBackToWhole(t *testing.T) {
 
 // shareClaim is a claim holding a share of the shared GPU, as the
 // scheduler records it.
-func shareClaim(uid, memory string) *claimBuilder {
+func shareClaim(uid, memory string) *claimBuilder { return shareOf("gpu-5-shared", uid, memory) }
+
+// mpsShareClaim is a claim holding a share of the MPS-shared GPU.
+func mpsShareClaim(uid, memory string) *claimBuilder { return shareOf("gpu-7-shared", uid, memory) }
+
+func shareOf(device, uid, memory string) *claimBuilder {
 	return newClaim(uid).result(resourceapi.DeviceRequestAllocationResult{
-		Request: "gpu", Driver: configapi.DriverName, Pool: testNode, Device: "gpu-5-shared",
+		Request: "gpu", Driver: configapi.DriverName, Pool: testNode, Device: device,
 		ShareID:          ptr.To(types.UID("share-" + uid)),
 		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)},
 	})
@@ -286,27 +301,50 @@ func (failingCDI) WriteClaimSpec(string, []cdipkg.Device) (map[string]string, er
 	return nil, fmt.Errorf("disk full")
 }
 
-func TestConflictingSettingsOnOneGPU(t *testing.T) {
+// TestClaimsCannotChangeGPUSharing (item 10): sharing settings are the
+// GPU's. A claim asking for other settings than its GPU's is refused with
+// the attributes to select by; one restating them is prepared. Claims with
+// no config on an MPS GPU join its daemon, so the first MPS claim no
+// longer blocks every later claim on the GPU.
+func TestClaimsCannotChangeGPUSharing(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	withTools(t, e)
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build()); err != nil {
-		t.Fatal(err)
+	const head = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":`
+	withConfig := func(uid, device, sharing string) *resourceapi.ResourceClaim {
+		return newClaim(uid).device("gpu", device).config(resourceapi.AllocationConfigSourceClaim, head+sharing+`}`).build()
 	}
-	short := newClaim("b").device("gpu", "gpu-4-ts-1").config(resourceapi.AllocationConfigSourceClaim,
-		`{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Short"}}}`).build()
-	_, err := e.state.Prepare(e.ctx, short)
-	if err == nil || !strings.Contains(err.Error(), "runs TimeSlicing (interval Long) for 1 claim(s)") {
-		t.Fatalf("err = %v", err)
+	for name, claim := range map[string]*resourceapi.ResourceClaim{
+		"other interval":         withConfig("a", "gpu-4-ts-0", `{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Short"}}`),
+		"MPS on a time-sliced":   withConfig("b", "gpu-4-ts-0", `{"strategy":"MPS"}`),
+		"time-slicing on an MPS": withConfig("c", "gpu-6-ts-0", `{"strategy":"TimeSlicing"}`),
+	} {
+		_, err := e.state.Prepare(e.ctx, claim)
+		if err == nil || !strings.Contains(err.Error(), "sharing settings are per GPU, select a GPU that has them (attributes sharingStrategy, timeSliceInterval)") {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	for _, claim := range []*resourceapi.ResourceClaim{
+		withConfig("d", "gpu-4-ts-1", `{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}`),
+		newClaim("e").device("gpu", "gpu-4-ts-2").build(),
+		withConfig("f", "gpu-6-ts-0", `{"strategy":"MPS"}`),
+		newClaim("g").device("gpu", "gpu-6-ts-1").build(),
+	} {
+		if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+			t.Errorf("claim %s with its GPU's settings: %v", claim.UID, err)
+		}
+	}
+	if n, set := e.state.sharing.holders(e.gpuUUID(6)); n != 2 || set.Strategy != configapi.MPSStrategy {
+		t.Errorf("GPU 6: %d holders of %s, want 2 MPS clients", n, set)
 	}
 }
 
 func TestMPSLimitsInCDISpec(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	uuid := e.gpuUUID(5)
-	const mpsCfg = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`
+	uuid := e.gpuUUID(7)
 	for _, uid := range []string{"a", "b"} {
-		if _, err := e.state.Prepare(e.ctx, shareClaim(uid, "10Gi").config(resourceapi.AllocationConfigSourceClaim, mpsCfg).build()); err != nil {
+		// An MPS GPU's claims need no config: the GPU's strategy applies.
+		if _, err := e.state.Prepare(e.ctx, mpsShareClaim(uid, "10Gi").build()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -370,8 +408,8 @@ func TestClaimConfigErrors(t *testing.T) {
 	}{
 		"Exclusive on a replica": {newClaim("a").device("gpu", "gpu-4-ts-0").
 			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"Exclusive"}}`).build(), "shares its GPU by design"},
-		"limit above replica memory": {newClaim("b").device("gpu", "gpu-4-ts-0").
-			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"30Gi"}}}`).build(), "exceeds the device's memory"},
+		"limit above replica memory": {newClaim("b").device("gpu", "gpu-6-ts-0").
+			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"50Gi"}}}`).build(), "exceeds the device's memory"},
 		"bad interval": {newClaim("c").device("gpu", "gpu-0").
 			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Eternal"}}}`).build(), `unsupported value "Eternal"`},
 	} {
@@ -427,5 +465,32 @@ func BenchmarkPrepareShareWithShares(b *testing.B) {
 			syscall.Sync() // the shares were prepared earlier, not during the measurement
 			benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim { return shareClaim(uid, "1Gi").build() })
 		})
+	}
+}
+
+// TestBusyGPUKeepsItsSharingSettings: the node configuration turns the
+// MPS GPU 6 into a time-sliced one while an MPS claim holds it; until it
+// is idle it keeps MPS (its daemon serves that claim), and the replicas
+// publish what is in force.
+func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", sharingNode())
+	withTools(t, e)
+	if _, err := e.state.Prepare(e.ctx, newClaim("busy").device("gpu", "gpu-6-ts-0").build()); err != nil {
+		t.Fatal(err)
+	}
+	records, _, _ := e.state.store.LoadAll()
+	changed := sharingNode()
+	changed.GPUs[2].TimeSlicing = &configapi.TimeSlicingMode{Replicas: 2, Interval: configapi.ShortTimeSlice}
+	changed.GPUs[0].TimeSlicing.Interval = configapi.MediumTimeSlice // GPU 4 is idle: changes
+	logger := ktesting.NewLogger(t, ktesting.NewConfig())
+	inv := Discover(logger, e.lib, pinModes(logger, changed, e.lib.GPUs(), records))
+	got := map[string]string{}
+	for _, d := range inv.Devices {
+		if d.Sharing != nil {
+			got[d.Name()] = d.Sharing.String()
+		}
+	}
+	if got["gpu-6-ts-1"] != "MPS" || got["gpu-4-ts-0"] != "TimeSlicing (interval Medium)" {
+		t.Errorf("settings after the change: %v; want GPU 6 kept MPS while busy, GPU 4 changed", got)
 	}
 }

@@ -53,7 +53,7 @@ func ReplicaDevices(p Parent, mode configapi.TimeSlicingMode, consumes []resourc
 	mem := resource.NewQuantity(int64(ReplicaMemory(p.MemoryBytes, mode.Replicas)), resource.BinarySI)
 	out := make([]resourceapi.Device, 0, mode.Replicas)
 	for r := range mode.Replicas {
-		attrs := childAttributes(p, TypeTimeSlice)
+		attrs := childAttributes(p, TypeTimeSlice, GPUSettings(mode.Strategy, mode.Interval))
 		attrs["replicas"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(mode.Replicas))}
 		out = append(out, resourceapi.Device{
 			Name:             ReplicaName(p.Index, r),
@@ -84,7 +84,7 @@ func SharedDevice(p Parent, mode configapi.SharedMode) resourceapi.Device {
 	total := resource.NewQuantity(int64(p.MemoryBytes), resource.BinarySI)
 	return resourceapi.Device{
 		Name:                     SharedName(p.Index),
-		Attributes:               childAttributes(p, TypeShared),
+		Attributes:               childAttributes(p, TypeShared, GPUSettings(mode.Strategy, "")),
 		AllowMultipleAllocations: ptr.To(true),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {
 			Value: *total,
@@ -108,9 +108,20 @@ func ValidateShared(p Parent, mode configapi.SharedMode) error {
 	return nil
 }
 
-func childAttributes(p Parent, typ string) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+// Attributes that publish a shared GPU's settings, so that claims select
+// the GPUs whose settings they need.
+const (
+	AttrSharingStrategy   = "sharingStrategy"
+	AttrTimeSliceInterval = "timeSliceInterval"
+)
+
+func childAttributes(p Parent, typ string, set Settings) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := maps.Clone(p.Attributes)
 	attrs["type"] = resourceapi.DeviceAttribute{StringValue: ptr.To(typ)}
 	attrs["parentUUID"] = resourceapi.DeviceAttribute{StringValue: ptr.To(p.UUID)}
+	attrs[AttrSharingStrategy] = resourceapi.DeviceAttribute{StringValue: ptr.To(string(set.Strategy))}
+	if set.Strategy == configapi.TimeSlicingStrategy {
+		attrs[AttrTimeSliceInterval] = resourceapi.DeviceAttribute{StringValue: ptr.To(string(set.Interval))}
+	}
 	return attrs
 }

@@ -18,6 +18,15 @@ type Settings struct {
 	Interval configapi.TimeSliceInterval `json:"interval,omitempty"`
 }
 
+// GPUSettings are the settings a time-sliced or shared GPU's node
+// configuration gives it: TimeSlicing with its interval (defaulted), or MPS.
+func GPUSettings(strategy configapi.SharingStrategy, interval configapi.TimeSliceInterval) Settings {
+	if strategy == configapi.MPSStrategy {
+		return Settings{Strategy: configapi.MPSStrategy}
+	}
+	return Settings{Strategy: configapi.TimeSlicingStrategy, Interval: interval.OrDefault()}
+}
+
 // String is how settings appear in errors.
 func (s Settings) String() string {
 	if s.Strategy == configapi.TimeSlicingStrategy {

@@ -16,9 +16,13 @@ const MaxReplicas = 64
 type TimeSlicingMode struct {
 	// Replicas is the number of devices, 1..64; each has memory/Replicas.
 	Replicas int `json:"replicas"`
-	// Interval is applied while a replica is prepared, unless a claim's
-	// TimeSlicingConfig says otherwise; empty means Default.
+	// Interval is applied while a replica is prepared; empty means
+	// Default. Not with Strategy MPS.
 	Interval TimeSliceInterval `json:"interval,omitempty"`
+	// Strategy is how the claims on the GPU share it: TimeSlicing (the
+	// default) or MPS. It is the GPU's, published as the sharingStrategy
+	// attribute: claims select it; their config cannot change it.
+	Strategy SharingStrategy `json:"strategy,omitempty"`
 }
 
 // SharedMode offers a GPU as one device that many claims hold at once
@@ -26,6 +30,33 @@ type TimeSlicingMode struct {
 type SharedMode struct {
 	// Memory is the request policy of the memory capacity.
 	Memory SharedMemoryPolicy `json:"memory,omitempty"`
+	// Strategy is how the claims on the GPU share it: TimeSlicing (the
+	// default) or MPS. It is the GPU's, published as the sharingStrategy
+	// attribute: claims select it; their config cannot change it.
+	Strategy SharingStrategy `json:"strategy,omitempty"`
+}
+
+// The sharing settings of a time-sliced or shared GPU (strategy and
+// interval) are the GPU's, set by the node configuration and published as
+// the devices' sharingStrategy and timeSliceInterval attributes, never a
+// claim's: a GPU runs an MPS daemon or not, and has one time-slice
+// interval, so claims asking for different settings on one GPU could never
+// all be prepared. Claims select the settings they need by attribute (the
+// scheduler then only picks compatible GPUs); a claim's config may restate
+// the GPU's settings and set its own MPS limits, but not change them.
+
+// validateGPUStrategy checks a sharing mode's strategy and interval.
+func validateGPUStrategy(field string, s SharingStrategy, interval TimeSliceInterval) error {
+	switch s {
+	case "", TimeSlicingStrategy:
+		return nil
+	case MPSStrategy:
+		if interval.OrDefault() != DefaultTimeSlice {
+			return fmt.Errorf("%s.interval: %s does not apply with strategy MPS (MPS clients run concurrently)", field, interval)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s.strategy: %q is not %s or %s", field, s, TimeSlicingStrategy, MPSStrategy)
 }
 
 // SharedMemoryPolicy bounds what one claim may take of a shared GPU's memory.
@@ -65,7 +96,7 @@ func (m *TimeSlicingMode) validate() error {
 	if err := m.Interval.Validate(); err != nil {
 		return fmt.Errorf("timeSlicing.%w", err)
 	}
-	return nil
+	return validateGPUStrategy("timeSlicing", m.Strategy, m.Interval)
 }
 
 // validate checks what the API server would otherwise reject in the
@@ -81,7 +112,7 @@ func (m *SharedMode) validate() error {
 	if def.Value()%step.Value() != 0 {
 		return fmt.Errorf("shared.memory.default: %s is not a multiple of step %s", def.String(), step.String())
 	}
-	return nil
+	return validateGPUStrategy("shared", m.Strategy, "")
 }
 
 // validateSharing checks the sharing modes and that at most one mode is set.
@@ -112,7 +143,7 @@ func (m GpuMode) deepCopy() GpuMode {
 		m.TimeSlicing = &ts
 	}
 	if m.Shared != nil {
-		sh := SharedMode{Memory: SharedMemoryPolicy{}}
+		sh := SharedMode{Memory: SharedMemoryPolicy{}, Strategy: m.Shared.Strategy}
 		sh.Memory.Min = copyQuantity(m.Shared.Memory.Min)
 		sh.Memory.Step = copyQuantity(m.Shared.Memory.Step)
 		sh.Memory.Default = copyQuantity(m.Shared.Memory.Default)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -69,27 +70,59 @@ func (c ToolCall) String() string {
 // runs for time-slice intervals and MPS, recording their calls in callLog
 // (which must be writable where the plugin runs them).
 func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string) error {
-	root, err := RepoRoot()
+	bin := filepath.Join(driverRoot, "usr", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return err
+	}
+	built, err := buildFakeNVTools(ctx, filepath.Join(bin, "nvidia-smi"))
 	if err != nil {
 		return err
 	}
-	bin := filepath.Join(driverRoot, "usr", "bin")
-	smi := filepath.Join(bin, "nvidia-smi")
-	if err := ociimage.StaticBinary(ctx, root, "hack/fakenvtools", smi, false); err != nil {
-		return fmt.Errorf("building the stand-in NVIDIA tools: %w", err)
-	}
-	mps := filepath.Join(bin, "nvidia-cuda-mps-control")
-	if err := os.Remove(mps); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	if err := os.Link(smi, mps); err != nil {
-		return fmt.Errorf("installing the stand-in MPS control: %w", err)
+	for _, name := range []string{"nvidia-smi", "nvidia-cuda-mps-control"} {
+		dst := filepath.Join(bin, name)
+		if dst == built {
+			continue
+		}
+		if err := os.Remove(dst); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := os.Link(built, dst); err != nil {
+			return fmt.Errorf("installing the stand-in %s: %w", name, err)
+		}
 	}
 	cfg, err := json.Marshal(map[string]string{"callLog": callLog})
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(bin, "fake-nvtools.json"), cfg, 0o644)
+}
+
+// fakeNVTools is the stand-in tools' binary built by this process, linked
+// into each driver root after the first (all live below one test dir).
+var fakeNVTools struct {
+	sync.Mutex
+	path string
+}
+
+// buildFakeNVTools builds hack/fakenvtools at out, unless this process
+// built it before and that file is still there; it returns the binary.
+func buildFakeNVTools(ctx context.Context, out string) (string, error) {
+	fakeNVTools.Lock()
+	defer fakeNVTools.Unlock()
+	if fakeNVTools.path != "" {
+		if _, err := os.Stat(fakeNVTools.path); err == nil {
+			return fakeNVTools.path, nil
+		}
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	if err := ociimage.StaticBinary(ctx, root, "hack/fakenvtools", out, false); err != nil {
+		return "", fmt.Errorf("building the stand-in NVIDIA tools: %w", err)
+	}
+	fakeNVTools.path = out
+	return out, nil
 }
 
 // ReadToolCalls reads a call log of the stand-in tools; a missing log is

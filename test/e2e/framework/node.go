@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -50,11 +53,14 @@ type NodeOptions struct {
 // in place of /var/lib/kubelet and /var/run/cdi.
 type Node struct {
 	Name string
-	// RegistryDir, PluginDataDir and CDIRoot are what the plugin got as
-	// --registrar-dir, --plugin-data-dir and --cdi-root.
-	RegistryDir, PluginDataDir, CDIRoot string
-	Plugin                              *Process
-	Sim                                 *kubeletsim.Simulator
+	// RegistryDir, PluginDataDir, CDIRoot and DriverRoot are what the
+	// plugin got as --registrar-dir, --plugin-data-dir, --cdi-root and
+	// --driver-root; the driver root holds stand-ins for nvidia-smi and
+	// nvidia-cuda-mps-control, which record their calls in ToolCalls.
+	RegistryDir, PluginDataDir, CDIRoot, DriverRoot string
+	ToolCalls                                       string
+	Plugin                                          *Process
+	Sim                                             *kubeletsim.Simulator
 
 	cp      *ControlPlane
 	cancel  context.CancelFunc
@@ -70,7 +76,7 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (*Node,
 	if opts.Verbosity == 0 {
 		opts.Verbosity = 4
 	}
-	n, err := cp.newNode(opts)
+	n, err := cp.newNode(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +88,7 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (*Node,
 	return n, nil
 }
 
-func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
+func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, error) {
 	// Numbered, not named, directories: a Unix socket path must stay
 	// under 108 bytes.
 	dir := filepath.Join(cp.Dir, "nodes", fmt.Sprint(cp.nodeCount.Add(1)))
@@ -91,12 +97,19 @@ func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
 		RegistryDir:   filepath.Join(dir, "registry"),
 		PluginDataDir: filepath.Join(dir, "plugin"),
 		CDIRoot:       filepath.Join(dir, "cdi"),
+		DriverRoot:    filepath.Join(dir, "driver"),
+		ToolCalls:     filepath.Join(dir, "tool-calls.jsonl"),
 		cp:            cp,
 	}
 	for _, d := range []string{n.RegistryDir, n.PluginDataDir, n.CDIRoot} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
+	}
+	// Only the tools: the plugin finds no driver libraries or device nodes
+	// here, as under "/" of a machine without a GPU.
+	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls); err != nil {
+		return nil, err
 	}
 	metrics, err := FreeAddr()
 	if err != nil {
@@ -108,6 +121,7 @@ func (cp *ControlPlane) newNode(opts NodeOptions) (*Node, error) {
 		"--plugin-data-dir", n.PluginDataDir,
 		"--registrar-dir", n.RegistryDir,
 		"--cdi-root", n.CDIRoot,
+		"--driver-root", n.DriverRoot,
 		"--nvml", opts.NVML,
 		"--metrics-addr", metrics,
 		"--healthcheck-addr=",
@@ -224,7 +238,7 @@ func (n *Node) CheckpointPath(claimUID types.UID) string {
 // ResourceSlices so the next test starts from a clean cluster. Stop pods
 // first (DeleteNamespace): once the simulator is gone nobody unprepares.
 func (n *Node) Stop(ctx context.Context) error {
-	errs := []error{n.Plugin.Stop()}
+	errs := []error{n.Plugin.Stop(), n.stopMPSDaemons()}
 	if n.cancel != nil {
 		n.cancel()
 		errs = append(errs, <-n.simDone)
@@ -274,4 +288,24 @@ func nodeReady(node *v1.Node) bool {
 // BuildPlugin compiles ./cmd/dra-kubelet-plugin of the repository into dir.
 func BuildPlugin(ctx context.Context, dir string) (string, error) {
 	return Build(ctx, dir, "cmd/dra-kubelet-plugin")
+}
+
+// stopMPSDaemons kills the stand-in MPS daemons that the plugin started
+// and no unprepare stopped (a test that ends with claims prepared): they
+// run in sessions of their own, outside the plugin's process.
+func (n *Node) stopMPSDaemons() error {
+	pidFiles, err := filepath.Glob(filepath.Join(n.PluginDataDir, "mps", "*", "pipe", "nvidia-cuda-mps-control.pid"))
+	if err != nil {
+		return err
+	}
+	for _, f := range pidFiles {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // it quit meanwhile
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 1 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return nil
 }
