@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 )
 
@@ -126,6 +127,10 @@ func run(ctx context.Context, f flags) error {
 	if monitor != nil {
 		go monitor.Run(ctx)
 	}
+	// Warnings an operator must act on go to the Node's events.
+	broadcaster := events.NewEventBroadcasterAdapterWithContext(ctx, client)
+	broadcaster.StartRecordingToSink(ctx.Done())
+	defer broadcaster.Shutdown()
 	mpsLauncher, err := newMPSLauncher(ctx, f, client)
 	if err != nil {
 		return err
@@ -133,6 +138,7 @@ func run(ctx context.Context, f flags) error {
 	driver, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
 		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher,
+		Events:        broadcaster.NewRecorder("gpuaas-dra-kubelet-plugin"),
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor,
 	})

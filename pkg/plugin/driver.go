@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -49,6 +50,9 @@ type Options struct {
 	// BootIDPath is where the node's boot ID is read (a simulated node
 	// fakes its reboots there); empty means DefaultBootIDPath.
 	BootIDPath string
+	// Events records warnings on the Node (dynamic MIG withdrawn, MIG
+	// devices no claim owns); nil records none.
+	Events events.EventRecorder
 	// Health watches the GPUs; its faults become device taints and the
 	// kubelet's device health. Nil: no health monitoring (the kubelet is
 	// told so).
@@ -111,7 +115,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		MPSLauncher: opts.MPSLauncher})
 	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
-		BootIDPath: opts.BootIDPath}
+		BootIDPath: opts.BootIDPath, Events: newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)}
 	if opts.Health != nil {
 		stateCfg.Faults = opts.Health
 	}

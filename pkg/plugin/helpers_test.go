@@ -2,14 +2,18 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -44,6 +48,33 @@ type testEnv struct {
 	mockStateDir string
 	// wrapCDI, when set, wraps each new State's CDI writer (fault hooks).
 	wrapCDI func(CDIWriter) CDIWriter
+	// events are the Node events of every State of the env.
+	events *eventLog
+}
+
+// eventLog records Node events as "<type> <reason> <note>".
+type eventLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (l *eventLog) Eventf(_, _ runtime.Object, eventtype, reason, _, note string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, eventtype+" "+reason+" "+fmt.Sprintf(note, args...))
+}
+
+// withReason returns the events recorded with a reason.
+func (l *eventLog) withReason(reason string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, e := range l.events {
+		if strings.HasPrefix(e, "Warning "+reason+" ") {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func newTestEnv(t testing.TB, machine string) *testEnv {
@@ -69,7 +100,7 @@ func newTestEnvIn(t testing.TB, machine string, cfg *configapi.NodeConfig, mockS
 	_, ctx := ktesting.NewTestContext(t)
 	e := &testEnv{lib: lib, cdiRoot: filepath.Join(dir, "cdi"), ckptDir: filepath.Join(dir, "claims"),
 		migMinors: filepath.Join(dir, "mig-minors"), ctx: ctx, machine: machine, bootID: filepath.Join(dir, "boot_id"),
-		mockStateDir: mockStateDir}
+		mockStateDir: mockStateDir, events: &eventLog{}}
 	if err := os.WriteFile(e.bootID, []byte("boot-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +135,8 @@ func (e *testEnv) newState(t testing.TB) *State {
 		writer = e.wrapCDI(handler)
 	}
 	return NewState(StateConfig{NodeName: testNode, Devices: e.devices, NVML: e.lib, CDI: writer, Store: store,
-		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing), BootIDPath: e.bootID})
+		Metrics: e.metrics, MigMinorsPath: e.migMinors, Sharing: NewSharing(e.sharing), BootIDPath: e.bootID,
+		Events: nodeEvents{recorder: e.events, node: &v1.ObjectReference{Kind: "Node", Name: testNode}}})
 }
 
 func fileExists(path string) bool {

@@ -223,6 +223,11 @@ func TestRestoreWithholdsPlacementsOfUnownedMIG(t *testing.T) {
 		}
 	}
 	checkWithheld(t, e, inv)
+	// ... and the Node says so, once per GPU with unowned devices.
+	if got := e.events.withReason(ReasonUnownedMIGDevices); len(got) != 2 ||
+		!strings.Contains(strings.Join(got, "\n"), "GPU "+e.gpuUUID(3)+" has 2 MIG device(s) that no claim owns") {
+		t.Errorf("Node events %q, want one for GPU 3 (2 devices) and one for GPU 5", got)
+	}
 	if _, err := s.Prepare(e.ctx, newClaim("held").device("mig", two.Name()).build()); err == nil {
 		t.Error("prepared a device at an unowned MIG device's placement")
 	}

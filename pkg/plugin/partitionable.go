@@ -55,8 +55,7 @@ func countersDropped(err *resourceslice.DroppedFieldsError) bool {
 // device). The withdrawal lasts until the plugin restarts; a start
 // publishes counters again and checks again.
 //
-// The plugin has no event recorder (nor RBAC for events in the chart), so
-// the reason is given by an error log and the
+// The reason is given by a Warning event on the Node, an error log and the
 // gpuaas_dra_plugin_dynamic_mig_withdrawn_gpus gauge.
 func (d *Driver) withdrawDynamicMIG(ctx context.Context, dropped *resourceslice.DroppedFieldsError) {
 	d.mu.Lock()
@@ -71,6 +70,12 @@ func (d *Driver) withdrawDynamicMIG(ctx context.Context, dropped *resourceslice.
 	d.withdrawn, d.inv = true, inv
 	d.metrics.setDynamicMIGWithdrawn(len(gpus))
 	logCountersDropped(klog.FromContext(ctx), dropped, gpus, stripped)
+	if len(gpus) > 0 {
+		d.state.events.warn(ReasonDynamicMIGWithdrawn, "PublishResources",
+			"The API server drops the counters of partitionable devices (feature gate DRAPartitionableDevices off): "+
+				"no longer offering dynamic MIG on %d GPU(s), whose whole GPU and MIG devices would be allocated to different claims at once; "+
+				"enable the feature gate, or offer these GPUs whole or as static MIG, and restart the plugin", len(gpus))
+	}
 	if err := d.publishLocked(ctx); err != nil {
 		klog.FromContext(ctx).Error(err, "Republishing without counters")
 	}

@@ -121,6 +121,9 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	if n := pub.count(); n != 2 {
 		t.Fatalf("%d publishes, want the first and one without dynamic MIG", n)
 	}
+	if got := e.events.withReason(ReasonDynamicMIGWithdrawn); len(got) != 1 || !strings.Contains(got[0], "no longer offering dynamic MIG on 4 GPU(s)") {
+		t.Errorf("Node events %q, want one saying why dynamic MIG is withdrawn", got)
+	}
 	after := pub.last(t)
 	if usesCounters(after) {
 		t.Error("republished slices still use counters")

@@ -52,6 +52,8 @@ type StateConfig struct {
 	BootIDPath string
 	// Faults is told of devices whose teardown failed; nil records nothing.
 	Faults FaultRecorder
+	// Events records warnings on the Node; zero records none.
+	Events nodeEvents
 }
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
@@ -77,6 +79,7 @@ type State struct {
 	inflight *inflight
 	sharing  *Sharing
 	faults   FaultRecorder
+	events   nodeEvents
 	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
 	// owned at Restore, by GPU UUID; withhold reads them before serving.
 	unowned map[string][]mig.GPUInstance
@@ -106,6 +109,7 @@ func NewState(cfg StateConfig) *State {
 		inflight: newInflight(),
 		sharing:  cmp.Or(cfg.Sharing, NewSharing(SharingOptions{})),
 		faults:   cfg.Faults,
+		events:   cfg.Events,
 	}
 	if s.faults == nil {
 		s.faults = noFaults{}

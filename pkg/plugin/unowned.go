@@ -50,6 +50,11 @@ func (s *State) findUnownedMIG(ctx context.Context) error {
 		s.unowned[uuid] = gis
 		s.metrics.setUnownedMIG(uuid, len(gis))
 		logUnowned(ctx, uuid, gis)
+		if len(gis) > 0 {
+			s.events.warn(ReasonUnownedMIGDevices, "Restore",
+				"GPU %s has %d MIG device(s) that no claim owns (left by a crash, or made by hand); their placements are not offered until they are destroyed (nvidia-smi mig -dci/-dgi) and the plugin restarted",
+				uuid, len(gis))
+		}
 	}
 	return nil
 }
