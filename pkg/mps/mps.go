@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
@@ -47,15 +48,28 @@ type Daemons struct {
 	Launcher Launcher
 }
 
+// GPUDir is a GPU's directory. It is named by the first 12 hex digits of
+// the UUID, not the whole UUID: the daemon's sockets live below it, and a
+// Unix socket's path must fit in 108 bytes (with the whole UUID, a kubelet
+// root a little longer than /var/lib/kubelet is already too long). The
+// full UUID is in the directory's gpu file.
+func (d *Daemons) GPUDir(gpu string) string {
+	id := strings.ReplaceAll(strings.TrimPrefix(gpu, "GPU-"), "-", "")
+	return filepath.Join(d.Dir, strings.ToLower(id[:min(len(id), 12)]))
+}
+
 // PipeDir is where the daemon of a GPU listens; clients need it mounted.
-func (d *Daemons) PipeDir(gpu string) string { return filepath.Join(d.Dir, gpu, "pipe") }
+func (d *Daemons) PipeDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "pipe") }
 
 // ShmDir is the GPU's shared memory directory, mounted at /dev/shm in the
 // daemon and its clients.
-func (d *Daemons) ShmDir(gpu string) string { return filepath.Join(d.Dir, gpu, "shm") }
+func (d *Daemons) ShmDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "shm") }
 
 // LogDir is where the daemon writes control.log.
-func (d *Daemons) LogDir(gpu string) string { return filepath.Join(d.Dir, gpu, "log") }
+func (d *Daemons) LogDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "log") }
+
+// uuidFile names the GPU of a directory.
+const uuidFile = "gpu"
 
 func (d *Daemons) launcher() Launcher {
 	if d.Launcher == nil {
@@ -99,7 +113,10 @@ func (d *Daemons) Start(ctx context.Context, gpu string) error {
 			return fmt.Errorf("MPS directory: %w", err)
 		}
 	}
-	daemon := Daemon{GPU: gpu, Command: cmd, Dir: filepath.Join(d.Dir, gpu), ShmDir: d.ShmDir(gpu)}
+	if err := os.WriteFile(filepath.Join(d.GPUDir(gpu), uuidFile), []byte(gpu+"\n"), 0o644); err != nil {
+		return fmt.Errorf("MPS directory: %w", err)
+	}
+	daemon := Daemon{GPU: gpu, Command: cmd, Dir: d.GPUDir(gpu), ShmDir: d.ShmDir(gpu)}
 	if err := d.launcher().Launch(ctx, daemon); err != nil {
 		return err
 	}
@@ -140,7 +157,7 @@ func (d *Daemons) Stop(ctx context.Context, gpu string) error {
 	if err := d.launcher().Remove(ctx, gpu); err != nil {
 		return fmt.Errorf("removing MPS daemon of %s: %w", gpu, err)
 	}
-	if err := os.RemoveAll(filepath.Join(d.Dir, gpu)); err != nil {
+	if err := os.RemoveAll(d.GPUDir(gpu)); err != nil {
 		return fmt.Errorf("removing MPS directories of %s: %w", gpu, err)
 	}
 	return nil
@@ -158,8 +175,12 @@ func (d *Daemons) Known() ([]string, error) {
 	}
 	var gpus []string
 	for _, e := range entries {
-		if e.IsDir() && timeslice.ValidateUUID(e.Name()) == nil {
-			gpus = append(gpus, e.Name())
+		data, err := os.ReadFile(filepath.Join(d.Dir, e.Name(), uuidFile))
+		if !e.IsDir() || err != nil {
+			continue // not started far enough to have launched anything
+		}
+		if gpu := strings.TrimSpace(string(data)); timeslice.ValidateUUID(gpu) == nil {
+			gpus = append(gpus, gpu)
 		}
 	}
 	return gpus, nil

@@ -54,6 +54,9 @@ func TestDaemonLifecycle(t *testing.T) {
 	if info, err := os.Stat(d.ShmDir(gpu)); err != nil || !info.IsDir() {
 		t.Errorf("no shared-memory directory for the daemon and its clients: %v", err)
 	}
+	if known, err := d.Known(); err != nil || len(known) != 1 || known[0] != gpu {
+		t.Errorf("Known() = %v, %v; want the started GPU", known, err)
+	}
 	r.alive = false // the daemon died
 	if err := d.Ensure(ctx, gpu); err != nil || !r.alive {
 		t.Fatalf("not restarted: %v", err)
@@ -61,7 +64,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	if err := d.Stop(ctx, gpu); err != nil || r.alive {
 		t.Fatalf("stop: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(d.Dir, gpu)); !os.IsNotExist(err) {
+	if _, err := os.Stat(d.GPUDir(gpu)); !os.IsNotExist(err) {
 		t.Error("pipe directory left")
 	}
 }
@@ -78,5 +81,16 @@ func TestClientEnv(t *testing.T) {
 	env := d.ClientEnv(gpu, Limits{MemoryBytes: 10 << 30, ThreadPercentage: 25})
 	if env[EnvPinnedMemLimit] != gpu+"=10240M" || env[EnvThreads] != "25" || env[EnvPipeDir] != d.PipeDir(gpu) {
 		t.Errorf("env = %v", env)
+	}
+}
+
+// TestSocketPathsFitUnderLongKubeletRoots: the daemon's sockets live in the
+// pipe directory; a Unix socket path must fit in 108 bytes. A kubelet root
+// as long as the e2e node's once made bind fail with EINVAL.
+func TestSocketPathsFitUnderLongKubeletRoots(t *testing.T) {
+	d := &Daemons{Dir: "/tmp/gpuaas-e2e-3422150457/rn/1/kubelet/plugins/gpu.gpuaas.io/mps"}
+	sock := filepath.Join(d.PipeDir("GPU-8c17a640-8185-5add-9806-b2eef3e16aa4"), "control_privileged")
+	if len(sock) >= 108 {
+		t.Errorf("socket path %s is %d bytes, over the 107 a Unix socket allows", sock, len(sock))
 	}
 }

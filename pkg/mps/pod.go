@@ -140,8 +140,12 @@ func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
 			Annotations:  map[string]string{"gpu.gpuaas.io/gpu-uuid": d.GPU},
 		},
 		Spec: corev1.PodSpec{
-			NodeName:                      l.NodeName,
-			RestartPolicy:                 corev1.RestartPolicyOnFailure,
+			NodeName:      l.NodeName,
+			RestartPolicy: corev1.RestartPolicyOnFailure,
+			// It talks over Unix sockets only: on the host network it
+			// needs no pod IP and does not wait for the CNI, which GPU
+			// nodes' clients must not wait on either.
+			HostNetwork:                   true,
 			PriorityClassName:             l.PriorityClassName,
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			AutomountServiceAccountToken:  ptr.To(false),

@@ -67,7 +67,7 @@ func TestPodLauncherRunsDaemonOnItsNode(t *testing.T) {
 	}
 	p := pods[0]
 	ctr := p.Spec.Containers[0]
-	if p.Spec.NodeName != "node-a" || p.Spec.RestartPolicy != corev1.RestartPolicyOnFailure ||
+	if p.Spec.NodeName != "node-a" || p.Spec.RestartPolicy != corev1.RestartPolicyOnFailure || !p.Spec.HostNetwork ||
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].UID != "ds-uid" || ptr.Deref(p.OwnerReferences[0].Controller, false) {
 		t.Errorf("pod %s: node %q restart %s owners %+v", p.Name, p.Spec.NodeName, p.Spec.RestartPolicy, p.OwnerReferences)
 	}

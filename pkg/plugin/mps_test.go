@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
 
@@ -127,7 +128,7 @@ func TestRestoreStopsMPSDaemonNobodyHolds(t *testing.T) {
 	if run.alive[uuid] || !slices.Equal(run.quits, []string{uuid}) {
 		t.Errorf("orphaned daemon not stopped: alive %v quits %v", run.alive[uuid], run.quits)
 	}
-	if _, err := os.Stat(filepath.Join(e.sharing.MPSDir, uuid)); !os.IsNotExist(err) {
+	if _, err := os.Stat((&mps.Daemons{Dir: e.sharing.MPSDir}).GPUDir(uuid)); !os.IsNotExist(err) {
 		t.Errorf("its directory is left: %v", err)
 	}
 	if mode := e.computeMode(t, uuid); mode != nvml.COMPUTEMODE_DEFAULT {

@@ -342,6 +342,7 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
 	uuid := e.gpuUUID(7)
+	daemons := &mps.Daemons{Dir: e.sharing.MPSDir}
 	for _, uid := range []string{"a", "b"} {
 		// An MPS GPU's claims need no config: the GPU's strategy applies.
 		if _, err := e.state.Prepare(e.ctx, mpsShareClaim(uid, "10Gi").build()); err != nil {
@@ -355,11 +356,11 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 	for _, want := range []string{
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + uuid + "=10240M",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13", // 10Gi of 80Gi, rounded up
-		"CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(e.sharing.MPSDir, uuid, "pipe"),
+		"CUDA_MPS_PIPE_DIRECTORY=" + daemons.PipeDir(uuid),
 		// ... and the pipe directory is mounted so the client reaches the daemon.
-		`"hostPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "pipe") + `","containerPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "pipe") + `"`,
+		`"hostPath":"` + daemons.PipeDir(uuid) + `","containerPath":"` + daemons.PipeDir(uuid) + `"`,
 		// ... and clients and daemon exchange work through one /dev/shm.
-		`"hostPath":"` + filepath.Join(e.sharing.MPSDir, uuid, "shm") + `","containerPath":"/dev/shm"`,
+		`"hostPath":"` + daemons.ShmDir(uuid) + `","containerPath":"/dev/shm"`,
 	} {
 		if !strings.Contains(string(data), want) {
 			t.Errorf("spec lacks %s:\n%s", want, data)

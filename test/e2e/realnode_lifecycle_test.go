@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -206,27 +205,8 @@ func testUninstall(t *testing.T, n *realNode) {
 // file, which the chart keeps in the plugin's host directory.
 func mockMIGDevices(t *testing.T, n *realNode) int {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml", "mock-*.json"))
-	if err != nil || len(files) != 1 {
-		t.Fatalf("want one mock machine state file under the plugin's directory, found %v (%v)", files, err)
-	}
-	data, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var state struct {
-		GPUs []struct {
-			GPUInstances []json.RawMessage `json:"gpuInstances"`
-		} `json:"gpus"`
-	}
-	if err := json.Unmarshal(data, &state); err != nil {
-		t.Fatalf("mock machine state %s: %v", files[0], err)
-	}
-	count := 0
-	for _, g := range state.GPUs {
-		count += len(g.GPUInstances)
-	}
-	return count
+	gis, _ := mockMachineLeaks(t, filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml"))
+	return gis
 }
 
 // testReinstall installs the release again after the uninstall: nothing

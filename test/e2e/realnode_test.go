@@ -62,6 +62,7 @@ func TestRealNode(t *testing.T) {
 		{"ExtendedResource", testExtendedResourceContainer},
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
+		{"SharingTools", testSharingTools},
 		{"DeviceHealth", testDeviceHealth},
 		{"MIGHealth", testMIGHealth},
 		{"Drain", testDrain},
@@ -330,7 +331,12 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 	}
 	attrs := deviceAttrs(devices)
 	wantUUIDs, wantNodes := sets.New[string](), sets.New("/dev/nvidiactl")
+	mpsChecked := sets.New[string]()
 	for _, u := range containerDevices(t, ctx, pod, container) {
+		if !mpsChecked.Has(u.claim.Name) {
+			mpsChecked.Insert(u.claim.Name)
+			checkMPSClientView(t, n, u.claim, log)
+		}
 		wantUUIDs = wantUUIDs.Union(specUUIDs(t, n, u.claim, u.result.Device))
 		d, ok := attrs[u.result.Device]
 		if !ok {

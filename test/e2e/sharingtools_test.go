@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -99,7 +100,7 @@ func checkDriverLibraries(t *testing.T, c framework.ToolCall, driverRoot string)
 // want in the GPU's log directory (the stand-in logs as the real one).
 func waitDaemonLog(t *testing.T, ctx context.Context, mpsDir, uuid, want string) {
 	t.Helper()
-	path := filepath.Join(mpsDir, uuid, "log", "control.log")
+	path := filepath.Join((&mps.Daemons{Dir: mpsDir}).LogDir(uuid), "control.log")
 	var data []byte
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		data, _ = os.ReadFile(path)
@@ -152,7 +153,7 @@ func TestSharingToolsOnSimulatedNode(t *testing.T) {
 	}
 	checkDriverLibraries(t, waitToolCall(t, ctx, node.ToolCalls, setTimeslice(tsUUID, 3)), node.DriverRoot)
 	start := waitToolCall(t, ctx, node.ToolCalls, toolCall{tool: "nvidia-cuda-mps-control", args: []string{"-d"},
-		env: map[string]string{"CUDA_VISIBLE_DEVICES": mpsUUID, "CUDA_MPS_PIPE_DIRECTORY": filepath.Join(mpsDir, mpsUUID, "pipe")}})
+		env: map[string]string{"CUDA_VISIBLE_DEVICES": mpsUUID, "CUDA_MPS_PIPE_DIRECTORY": (&mps.Daemons{Dir: mpsDir}).PipeDir(mpsUUID)}})
 	checkDriverLibraries(t, start, node.DriverRoot)
 	waitToolCall(t, ctx, node.ToolCalls, mpsControl(mpsUUID, "get_default_active_thread_percentage\n"))
 	waitDaemonLog(t, ctx, mpsDir, mpsUUID, "Starting control daemon on GPUs "+mpsUUID)
@@ -161,7 +162,7 @@ func TestSharingToolsOnSimulatedNode(t *testing.T) {
 	deletePod(t, ctx, ns, "mps")
 	waitToolCall(t, ctx, node.ToolCalls, setTimeslice(tsUUID, 0))
 	waitToolCall(t, ctx, node.ToolCalls, mpsControl(mpsUUID, "quit\n"))
-	if err := waitGone(ctx, filepath.Join(mpsDir, mpsUUID)); err != nil {
+	if err := waitGone(ctx, (&mps.Daemons{Dir: mpsDir}).GPUDir(mpsUUID)); err != nil {
 		t.Errorf("the MPS directories of %s are left after its last claim: %v", mpsUUID, err)
 	}
 }

@@ -122,6 +122,9 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		"--registrar-dir", n.RegistryDir,
 		"--cdi-root", n.CDIRoot,
 		"--driver-root", n.DriverRoot,
+		// The simulated GPUs keep their state (MIG devices, modes) in a
+		// file, so that it outlives the plugin process as a GPU's does.
+		"--mock-nvml-state-dir", filepath.Join(n.PluginDataDir, "mock-nvml"),
 		"--nvml", opts.NVML,
 		"--metrics-addr", metrics,
 		"--healthcheck-addr=",
@@ -209,6 +212,18 @@ func (n *Node) ResourceSlices(ctx context.Context) ([]resourceapi.ResourceSlice,
 		return nil, fmt.Errorf("listing ResourceSlices of %s: %w", n.Name, err)
 	}
 	return list.Items, nil
+}
+
+// KillPlugin kills the plugin with SIGKILL and starts it again, as the
+// kubelet restarts a container that died; it waits until the new process
+// registered.
+func (n *Node) KillPlugin(ctx context.Context) error {
+	n.Plugin.Kill()
+	killed := time.Now()
+	if err := n.Plugin.Start(); err != nil {
+		return err
+	}
+	return n.waitForPlugin(ctx, killed)
 }
 
 // RestartPlugin stops the plugin, starts it again and waits until it

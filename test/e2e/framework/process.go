@@ -128,6 +128,23 @@ func (p *Process) Stop() error {
 	return nil
 }
 
+// Kill sends SIGKILL to the process group, as the kernel's OOM killer or
+// a container runtime's kill does, and waits for it to end. Killing a
+// stopped process is a no-op.
+func (p *Process) Kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+	p.mu.Lock()
+	p.cmd, p.done = nil, nil
+	p.mu.Unlock()
+}
+
 // Restart stops and starts the process again with the same arguments; the
 // log file continues.
 func (p *Process) Restart() error {
