@@ -34,11 +34,11 @@ var crashKinds = []struct{ name, class, cel string }{
 // runs in the end, and when all are gone nothing is left: no CDI spec, no
 // checkpoint record, no MIG device on the simulated GPUs (whose state
 // outlives the plugin process), no MPS daemon, no GPU in exclusive-process
-// mode, no time-slice interval left set. CRASH_E2E_CYCLES (default 40)
+// mode, no time-slice interval left set. CRASH_E2E_CYCLES (default 120)
 // and CRASH_E2E_SEED replay or lengthen it.
 func TestPluginSIGKILLLeaksNothing(t *testing.T) {
 	node := startNode(t)
-	cycles := envInt(t, "CRASH_E2E_CYCLES", 40)
+	cycles := envInt(t, "CRASH_E2E_CYCLES", 120)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CRASH_E2E_SEED"); s != "" {
 		seed = uint64(envInt(t, "CRASH_E2E_SEED", 0))
@@ -133,7 +133,7 @@ func killRandomly(t *testing.T, ctx context.Context, node *framework.Node, seed 
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Duration(200+rng.IntN(2300)) * time.Millisecond):
+			case <-time.After(time.Duration(50+rng.IntN(750)) * time.Millisecond):
 			}
 			if err := node.KillPlugin(ctx); err != nil && ctx.Err() == nil {
 				t.Errorf("restarting the killed plugin: %v", err)
