@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -45,8 +46,35 @@ func TestTenantMetricsAreSeparateGauges(t *testing.T) {
 	if n := testutil.CollectAndCount(tenantDevLimit); n != 0 {
 		t.Errorf("%d device limit series left after the limit was removed", n)
 	}
+	if n := testutil.CollectAndCount(tenantDevUsed); n != 0 {
+		t.Errorf("%d device usage series left after the profile went", n)
+	}
 	deleteTenantMetrics("team-m")
 	if n := testutil.CollectAndCount(tenantUnitsUsed); n != 0 {
 		t.Errorf("%d series left after the tenant was deleted", n)
+	}
+}
+
+// BenchmarkTenantMetricsAt1000Tenants: a status update of one tenant among
+// 1,000 (each with two profiles). Deleting a tenant's series by partial
+// match scanned all 1,000 tenants' series per update.
+func BenchmarkTenantMetricsAt1000Tenants(b *testing.B) {
+	r := TenantReport{
+		Tenant: quota.Tenant{Limits: quota.Limits{Units: ptr.To(quota.NewUnits(4, 1)), Devices: map[string]int64{"h100": 2, "a100": 1}}},
+		Usage:  quota.Usage{Used: quota.Charge{Devices: map[string]int64{"h100": 1, "a100": 1}}},
+	}
+	names := make([]string, 1000)
+	for i := range names {
+		names[i] = fmt.Sprintf("bench-tenant-%d", i)
+		setTenantMetrics(&gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}, r, quota.Charge{})
+	}
+	b.Cleanup(func() {
+		for _, n := range names {
+			deleteTenantMetrics(n)
+		}
+	})
+	b.ResetTimer()
+	for i := range b.N {
+		setTenantMetrics(&gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: names[i%len(names)]}}, r, quota.Charge{})
 	}
 }

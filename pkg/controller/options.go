@@ -21,6 +21,16 @@ const (
 type Options struct {
 	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
 	MetricsAddr, HealthAddr string
+	// KubeAPIQPS and KubeAPIBurst bound the controller's requests to the
+	// API server, per resource type (each client-go REST client has its
+	// own limiter); zero means DefaultKubeAPIQPS and DefaultKubeAPIBurst.
+	// The quota ledger's book writes are on the admission path, so this
+	// limit is an admission throughput limit.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// PprofAddr serves Go's /debug/pprof for profiling a running
+	// controller; empty (the default) serves nothing.
+	PprofAddr string
 	// MetricsSecure serves /metrics over HTTPS, to callers the API server
 	// authenticates (TokenReview) and authorizes (SubjectAccessReview, get
 	// on the non-resource URL /metrics): the metrics name every tenant and
@@ -116,6 +126,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Resync <= 0 {
 		o.Resync = defaultResync
+	}
+	if o.KubeAPIQPS < 0 || o.KubeAPIBurst < 0 {
+		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must not be negative", o.KubeAPIQPS, o.KubeAPIBurst)
 	}
 	return o.Webhook.validate()
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -57,6 +58,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
+	cfg = withRateLimits(cfg, &opts)
 	direct, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return fmt.Errorf("creating client: %w", err)
@@ -91,6 +93,25 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	return nil
 }
 
+// Rate limits of the controller's API clients. client-go's defaults (5
+// requests/s, burst 10) held quota-ledger writes, and so admissions, to
+// about 20 claims/s at 1,000 tenants (BENCHMARKS.md).
+const (
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 200
+)
+
+// withRateLimits is cfg with the options' request rate, unless cfg sets
+// its own rate limiter.
+func withRateLimits(cfg *rest.Config, opts *Options) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.RateLimiter == nil {
+		cfg.QPS = cmp.Or(opts.KubeAPIQPS, DefaultKubeAPIQPS)
+		cfg.Burst = cmp.Or(opts.KubeAPIBurst, DefaultKubeAPIBurst)
+	}
+	return cfg
+}
+
 func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *servingCert) (manager.Manager, error) {
 	tlsOpts := []func(*tls.Config){webhookHTTP1Only}
 	var cacheOpts cache.Options
@@ -104,6 +125,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		Logger:                        klog.FromContext(ctx),
 		Metrics:                       metricsOptions(opts),
 		HealthProbeBindAddress:        opts.HealthAddr,
+		PprofBindAddress:              opts.PprofAddr,
 		LeaderElection:                opts.LeaderElection,
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionID:              opts.LeaderElectionID,
