@@ -45,7 +45,7 @@ import (
 //
 //     make k8s-bins && E2E_REQUIRED=1 go test ./test/e2e -run '^$' -bench ControllerAtScale -benchtime 1x -timeout 40m
 func BenchmarkControllerAtScale(b *testing.B) {
-	tenants, claims := envIntTB(b, "SCALE_TENANTS", 1000), envIntTB(b, "SCALE_CLAIMS", 10000)
+	tenants, claims := envInt(b, "SCALE_TENANTS", 1000), envInt(b, "SCALE_CLAIMS", 10000)
 	ctx := framework.Context(b, 30*time.Minute)
 	installCRDs(b)
 	bin, err := framework.Build(ctx, b.TempDir(), "cmd/dra-controller")
@@ -94,7 +94,7 @@ func BenchmarkControllerAtScale(b *testing.B) {
 	b.ResetTimer()
 	b.ReportMetric(setupRate, "setup-claims/s")
 	before := webhookLatency(b, metricsAddr)
-	lat := createPaced(b, ctx, fast, nss, class, envIntTB(b, "SCALE_RATE", 200), 5*time.Second)
+	lat := createPaced(b, ctx, fast, nss, class, envInt(b, "SCALE_RATE", 200), 5*time.Second)
 	after := webhookLatency(b, metricsAddr)
 	b.StopTimer()
 	slices.Sort(lat)
@@ -122,19 +122,6 @@ func BenchmarkControllerAtScale(b *testing.B) {
 		b.Error("a claim over a full tenant's quota was admitted right after the restart: the books were not rebuilt")
 	}
 	b.ReportMetric(time.Since(restart).Seconds(), "restart-to-correct-denial-s")
-}
-
-func envIntTB(tb testing.TB, name string, def int) int {
-	tb.Helper()
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		tb.Fatalf("%s=%q: %v", name, s, err)
-	}
-	return n
 }
 
 // scaleTenants creates n namespaces, each with its TenantQuota, in two

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -60,7 +61,7 @@ func TestPluginSIGKILLLeaksNothing(t *testing.T) {
 		for j := i; j < min(i+3, cycles); j++ {
 			kind := crashKinds[rng.IntN(len(crashKinds))]
 			name := fmt.Sprintf("c%d", j)
-			createSelectedPod(t, ctx, ns, name, kind.class, cmpOr(kind.cel, "true"))
+			createSelectedPod(t, ctx, ns, name, kind.class, cmp.Or(kind.cel, "true"))
 			batch = append(batch, name)
 		}
 		for _, name := range batch {
@@ -96,22 +97,16 @@ func kindNames() []string {
 	return out
 }
 
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
+// envInt reads a number from the environment, def when unset.
+func envInt(tb testing.TB, name string, def int) int {
+	tb.Helper()
 	s := os.Getenv(name)
 	if s == "" {
 		return def
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil {
-		t.Fatalf("%s=%q: %v", name, s, err)
+		tb.Fatalf("%s=%q: %v", name, s, err)
 	}
 	return n
 }
