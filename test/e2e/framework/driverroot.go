@@ -83,10 +83,7 @@ func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string) error {
 		if dst == built {
 			continue
 		}
-		if err := os.Remove(dst); err != nil && !os.IsNotExist(err) {
-			return err
-		}
-		if err := os.Link(built, dst); err != nil {
+		if err := copyExecutable(built, dst); err != nil {
 			return fmt.Errorf("installing the stand-in %s: %w", name, err)
 		}
 	}
@@ -97,8 +94,9 @@ func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string) error {
 	return os.WriteFile(filepath.Join(bin, "fake-nvtools.json"), cfg, 0o644)
 }
 
-// fakeNVTools is the stand-in tools' binary built by this process, linked
-// into each driver root after the first (all live below one test dir).
+// fakeNVTools is the stand-in tools' binary built by this process, copied
+// into each driver root after the first: a link cannot cross the real
+// node's directory, which is a mount of its own.
 var fakeNVTools struct {
 	sync.Mutex
 	path string
@@ -123,6 +121,19 @@ func buildFakeNVTools(ctx context.Context, out string) (string, error) {
 	}
 	fakeNVTools.path = out
 	return out, nil
+}
+
+// copyExecutable copies an executable file, replacing dst.
+func copyExecutable(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 // ReadToolCalls reads a call log of the stand-in tools; a missing log is
