@@ -108,9 +108,6 @@ func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions)
 	if err != nil {
 		return nil, err
 	}
-	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls); err != nil {
-		return nil, err
-	}
 	begin := time.Now()
 	if err := n.start(ctx, opts); err != nil {
 		return nil, errors.Join(err, n.Stop(context.WithoutCancel(ctx)))
@@ -120,6 +117,9 @@ func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions)
 }
 
 func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
+	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls); err != nil {
+		return err
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}
