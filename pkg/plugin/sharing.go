@@ -109,25 +109,10 @@ func (s *Sharing) Ensure(ctx context.Context, gpu string, set timeslice.Settings
 	if set.Strategy != configapi.MPSStrategy {
 		return nil
 	}
-	if err := s.ensureComputeMode(gpu, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); err != nil {
+	if err := s.setComputeMode(gpu, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); err != nil {
 		return err
 	}
 	return s.mps.Ensure(ctx, gpu)
-}
-
-// ensureComputeMode sets a mode only when the GPU is in another one.
-func (s *Sharing) ensureComputeMode(gpu string, mode nvml.ComputeMode) error {
-	if s.nvml == nil {
-		return errors.New("no NVML to set the compute mode with")
-	}
-	dev, err := s.nvml.DeviceByUUID(gpu)
-	if err != nil {
-		return err
-	}
-	if cur, ret := dev.GetComputeMode(); ret == nvml.SUCCESS && cur == mode {
-		return nil
-	}
-	return s.setComputeMode(gpu, mode)
 }
 
 // reconcile makes every GPU's settings what its holders were promised
@@ -188,6 +173,8 @@ func (s *Sharing) startMPS(ctx context.Context, gpu string) error {
 	return nil
 }
 
+// setComputeMode sets a GPU's compute mode, unless it is in it already
+// (Ensure checks it before every new MPS client).
 func (s *Sharing) setComputeMode(gpu string, mode nvml.ComputeMode) error {
 	if s.nvml == nil {
 		return errors.New("no NVML to set the compute mode with")
@@ -195,6 +182,9 @@ func (s *Sharing) setComputeMode(gpu string, mode nvml.ComputeMode) error {
 	dev, err := s.nvml.DeviceByUUID(gpu)
 	if err != nil {
 		return err
+	}
+	if cur, ret := dev.GetComputeMode(); ret == nvml.SUCCESS && cur == mode {
+		return nil
 	}
 	if ret := dev.SetComputeMode(mode); ret != nvml.SUCCESS {
 		return fmt.Errorf("setting compute mode %d on %s: %w", mode, gpu, ret)

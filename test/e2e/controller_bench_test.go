@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,31 +48,16 @@ func admitClaims(b *testing.B, ns, class string, workers int) {
 	ctx := framework.Context(b, 10*time.Minute)
 	prefix := uniqueName("c")
 	latencies := make([]time.Duration, b.N)
-	var next sync.Mutex
-	i := 0
 	b.ResetTimer()
 	start := time.Now()
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				next.Lock()
-				n := i
-				i++
-				next.Unlock()
-				if n >= b.N {
-					return
-				}
-				t0 := time.Now()
-				if err := createClaim(ctx, gpuClaim(ns, fmt.Sprintf("%s-%d", prefix, n), class, 1)); err != nil {
-					b.Errorf("claim %d: %v", n, err)
-					return
-				}
-				latencies[n] = time.Since(t0)
-			}
-		})
-	}
-	wg.Wait()
+	parallel(b, b.N, workers, func(n int) error {
+		t0 := time.Now()
+		if err := createClaim(ctx, gpuClaim(ns, fmt.Sprintf("%s-%d", prefix, n), class, 1)); err != nil {
+			return err
+		}
+		latencies[n] = time.Since(t0)
+		return nil
+	})
 	elapsed := time.Since(start)
 	b.StopTimer()
 	slices.Sort(latencies)

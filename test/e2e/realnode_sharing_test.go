@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -112,18 +111,8 @@ func restarts(p *v1.Pod) int32 {
 // mount) and the GPU's shared /dev/shm.
 func checkMPSClientView(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim, log string) {
 	t.Helper()
-	var spec struct {
-		Devices []struct {
-			ContainerEdits struct {
-				Env []string `json:"env"`
-			} `json:"containerEdits"`
-		} `json:"devices"`
-	}
-	if err := json.Unmarshal([]byte(readFile(t, n.CDISpecPath(claim.UID))), &spec); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range spec.Devices {
-		for _, e := range d.ContainerEdits.Env {
+	for _, env := range specDeviceEnv(t, n, claim) {
+		for _, e := range env {
 			pipe, ok := strings.CutPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=")
 			if !ok {
 				continue

@@ -383,10 +383,9 @@ func gpuIndex(t *testing.T, devices []resourceapi.Device, d resourceapi.Device) 
 	return -1
 }
 
-// specUUIDs reads the UUID the CDI spec the plugin wrote for a claim gives
-// one of its devices: the device-level GPUAAS_DEVICE_* variable of the CDI
-// device <claim UID>-<device>.
-func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim, device string) sets.Set[string] {
+// specDeviceEnv reads the device-level environment of every CDI device in
+// the spec the plugin wrote for a claim, by CDI device name.
+func specDeviceEnv(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim) map[string][]string {
 	t.Helper()
 	var spec struct {
 		Devices []struct {
@@ -399,15 +398,22 @@ func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim, devi
 	if err := json.Unmarshal([]byte(readFile(t, n.CDISpecPath(claim.UID))), &spec); err != nil {
 		t.Fatalf("CDI spec of claim %s: %v", claim.Name, err)
 	}
-	uuids := sets.New[string]()
+	env := map[string][]string{}
 	for _, d := range spec.Devices {
-		if d.Name != string(claim.UID)+"-"+device {
-			continue
-		}
-		for _, e := range d.ContainerEdits.Env {
-			if k, v, _ := strings.Cut(e, "="); strings.HasPrefix(k, "GPUAAS_DEVICE_") {
-				uuids.Insert(v)
-			}
+		env[d.Name] = d.ContainerEdits.Env
+	}
+	return env
+}
+
+// specUUIDs reads the UUID the CDI spec the plugin wrote for a claim gives
+// one of its devices: the device-level GPUAAS_DEVICE_* variable of the CDI
+// device <claim UID>-<device>.
+func specUUIDs(t *testing.T, n *realNode, claim *resourceapi.ResourceClaim, device string) sets.Set[string] {
+	t.Helper()
+	uuids := sets.New[string]()
+	for _, e := range specDeviceEnv(t, n, claim)[string(claim.UID)+"-"+device] {
+		if k, v, _ := strings.Cut(e, "="); strings.HasPrefix(k, "GPUAAS_DEVICE_") {
+			uuids.Insert(v)
 		}
 	}
 	if len(uuids) == 0 {
