@@ -100,8 +100,9 @@ type WebhookOptions struct {
 	ExternalCerts bool
 	CAFile        string
 
-	// ConfigName is the ValidatingWebhookConfiguration the controller
-	// creates and keeps current.
+	// ConfigName names the ValidatingWebhookConfiguration and the
+	// MutatingWebhookConfiguration the controller creates and keeps
+	// current (or, ConfigOwnedByChart, injects its CA into).
 	ConfigName string
 	// TimeoutSeconds of each webhook call (1-30); default 5.
 	TimeoutSeconds int32

@@ -67,7 +67,10 @@ func addRotator(mgr manager.Manager, w *WebhookOptions, ready chan struct{}) err
 		DNSName:        dns[0],
 		ExtraDNSNames:  dns[1:],
 		IsReady:        ready,
-		Webhooks:       []rotator.WebhookInfo{{Name: w.ConfigName, Type: rotator.Validating}},
+		Webhooks: []rotator.WebhookInfo{
+			{Name: w.ConfigName, Type: rotator.Validating},
+			{Name: w.ConfigName, Type: rotator.Mutating},
+		},
 		ControllerName: "webhook-cert-rotator",
 	}
 	if err := rotator.AddRotator(mgr, r); err != nil {

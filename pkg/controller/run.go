@@ -227,6 +227,9 @@ func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, gate
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
 		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
 	}})
+	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
+		exempt: sets.New(exempt...), acct: acct, decoder: dec, kueue: gate,
+	}})
 	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
 	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})
 	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})

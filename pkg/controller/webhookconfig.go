@@ -26,6 +26,8 @@ const (
 	pathTemplate = "/validate-resourceclaimtemplate"
 	pathProfile  = "/validate-gpuprofile"
 	pathQuota    = "/validate-tenantquota"
+	// pathAlternatives is the mutating webhook of alternatives.go.
+	pathAlternatives = "/trim-resourceclaim-alternatives"
 )
 
 // Names of the claim webhooks, which get the matchCondition of
@@ -34,6 +36,9 @@ const (
 	webhookClaims    = "resourceclaims.quota.gpuaas.io"
 	webhookTemplates = "resourceclaimtemplates.config.gpuaas.io"
 )
+
+// webhookAlternatives names the mutating webhook of alternatives.go.
+const webhookAlternatives = "resourceclaims.alternatives.gpuaas.io"
 
 // defaultExemptNamespaces never pass through the quota webhook: system
 // components must keep working while the controller is down.
@@ -61,11 +66,7 @@ func WebhookConfiguration(o *Options) *admissionregv1.ValidatingWebhookConfigura
 // namespaces and those labelled gpuaas.io/quota-exempt out of reach (the
 // chart's namespace-label policy keeps tenants from setting that label).
 func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.ValidatingWebhookConfiguration {
-	exempt := o.exemptNamespaces()
-	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: exempt},
-		{Key: gpuaas.QuotaExemptLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
-	}}
+	nsSelector := tenantNamespaces(o)
 	mk := func(name, path string, rule admissionregv1.RuleWithOperations, namespaced bool) admissionregv1.ValidatingWebhook {
 		wh := admissionregv1.ValidatingWebhook{
 			Name:                    name,
@@ -83,10 +84,7 @@ func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.Validatin
 		return wh
 	}
 	return &admissionregv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:   o.Webhook.ConfigName,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
-		},
+		ObjectMeta: configMeta(o),
 		Webhooks: []admissionregv1.ValidatingWebhook{
 			mk(webhookClaims, pathClaim,
 				rule("resource.k8s.io", "resourceclaims", admissionregv1.Create), true),
@@ -98,6 +96,54 @@ func webhookConfiguration(o *Options, caBundle []byte) *admissionregv1.Validatin
 				rule(gpuaas.GroupName, "tenantquotas", admissionregv1.Create, admissionregv1.Update), false),
 		},
 	}
+}
+
+// MutatingWebhookConfiguration is the mutating configuration the
+// controller writes for o, without a CA bundle; the chart renders the same.
+func MutatingWebhookConfiguration(o *Options) *admissionregv1.MutatingWebhookConfiguration {
+	return mutatingConfiguration(o, nil)
+}
+
+// mutatingConfiguration renders the alternatives webhook
+// (alternatives.go). It fails open and sees only new claims with
+// alternatives to drop (its matchCondition), in the namespaces the quota
+// webhook sees. It has the validating configuration's name: the two are
+// different kinds.
+func mutatingConfiguration(o *Options, caBundle []byte) *admissionregv1.MutatingWebhookConfiguration {
+	return &admissionregv1.MutatingWebhookConfiguration{
+		ObjectMeta: configMeta(o),
+		Webhooks: []admissionregv1.MutatingWebhook{{
+			Name:                    webhookAlternatives,
+			ClientConfig:            clientConfig(&o.Webhook, pathAlternatives, caBundle),
+			Rules:                   []admissionregv1.RuleWithOperations{rule("resource.k8s.io", "resourceclaims", admissionregv1.Create)},
+			FailurePolicy:           ptr.To(admissionregv1.Ignore),
+			MatchPolicy:             ptr.To(admissionregv1.Equivalent),
+			NamespaceSelector:       tenantNamespaces(o),
+			SideEffects:             ptr.To(admissionregv1.SideEffectClassNone),
+			TimeoutSeconds:          ptr.To(o.Webhook.TimeoutSeconds),
+			AdmissionReviewVersions: []string{"v1"},
+			ReinvocationPolicy:      ptr.To(admissionregv1.NeverReinvocationPolicy),
+			MatchConditions: []admissionregv1.MatchCondition{
+				{Name: alternativesConditionName, Expression: alternativesCondition},
+			},
+		}},
+	}
+}
+
+func configMeta(o *Options) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:   o.Webhook.ConfigName,
+		Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
+	}
+}
+
+// tenantNamespaces selects the namespaces whose claims are charged: not
+// the exempt ones, by name or label.
+func tenantNamespaces(o *Options) *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: o.exemptNamespaces()},
+		{Key: gpuaas.QuotaExemptLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
+	}}
 }
 
 // failurePolicy fails closed for claims (an unreachable controller must not
@@ -204,6 +250,32 @@ func (r *webhookRegistrar) apply(ctx context.Context) error {
 	if r.opts.Webhook.ConfigOwnedByChart {
 		return r.injectCABundle(ctx)
 	}
+	if err := r.applyValidating(ctx); err != nil {
+		return err
+	}
+	return r.applyMutating(ctx)
+}
+
+func (r *webhookRegistrar) applyMutating(ctx context.Context) error {
+	want := mutatingConfiguration(r.opts, r.caBundle)
+	var have admissionregv1.MutatingWebhookConfiguration
+	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
+	if apierrors.IsNotFound(err) {
+		return r.client.Create(ctx, want)
+	}
+	if err != nil {
+		return err
+	}
+	if r.caBundle == nil && len(have.Webhooks) == len(want.Webhooks) {
+		for i := range want.Webhooks { // injected by someone else (cert-manager)
+			want.Webhooks[i].ClientConfig.CABundle = have.Webhooks[i].ClientConfig.CABundle
+		}
+	}
+	have.Webhooks, have.Labels = want.Webhooks, want.Labels
+	return r.client.Update(ctx, &have)
+}
+
+func (r *webhookRegistrar) applyValidating(ctx context.Context) error {
 	want := webhookConfiguration(r.opts, r.caBundle)
 	var have admissionregv1.ValidatingWebhookConfiguration
 	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
@@ -221,28 +293,43 @@ func (r *webhookRegistrar) apply(ctx context.Context) error {
 	return r.client.Update(ctx, &have)
 }
 
-// injectCABundle writes the CA into every webhook of the configuration the
-// chart installed. It waits (the caller retries) while the configuration
-// does not exist: creating it here would leave it behind after helm
-// uninstall.
+// injectCABundle writes the CA into every webhook of the configurations
+// the chart installed. It waits (the caller retries) while one does not
+// exist: creating it here would leave it behind after helm uninstall.
 func (r *webhookRegistrar) injectCABundle(ctx context.Context) error {
 	if r.caBundle == nil {
 		return nil // injected by someone else (cert-manager)
 	}
-	var have admissionregv1.ValidatingWebhookConfiguration
-	if err := r.client.Get(ctx, client.ObjectKey{Name: r.opts.Webhook.ConfigName}, &have); err != nil {
-		return fmt.Errorf("getting the chart's webhook configuration: %w", err)
+	key := client.ObjectKey{Name: r.opts.Webhook.ConfigName}
+	var validating admissionregv1.ValidatingWebhookConfiguration
+	if err := r.client.Get(ctx, key, &validating); err != nil {
+		return fmt.Errorf("getting the chart's validating webhook configuration: %w", err)
 	}
-	changed := false
-	for i := range have.Webhooks {
-		if !bytes.Equal(have.Webhooks[i].ClientConfig.CABundle, r.caBundle) {
-			have.Webhooks[i].ClientConfig.CABundle, changed = r.caBundle, true
+	if r.setCABundle(len(validating.Webhooks), func(i int) *[]byte { return &validating.Webhooks[i].ClientConfig.CABundle }) {
+		if err := r.client.Update(ctx, &validating); err != nil {
+			return err
 		}
 	}
-	if !changed {
-		return nil
+	var mutating admissionregv1.MutatingWebhookConfiguration
+	if err := r.client.Get(ctx, key, &mutating); err != nil {
+		return fmt.Errorf("getting the chart's mutating webhook configuration: %w", err)
 	}
-	return r.client.Update(ctx, &have)
+	if r.setCABundle(len(mutating.Webhooks), func(i int) *[]byte { return &mutating.Webhooks[i].ClientConfig.CABundle }) {
+		return r.client.Update(ctx, &mutating)
+	}
+	return nil
+}
+
+// setCABundle puts our CA into n webhooks' bundles and tells whether one
+// changed.
+func (r *webhookRegistrar) setCABundle(n int, bundle func(int) *[]byte) bool {
+	changed := false
+	for i := range n {
+		if b := bundle(i); !bytes.Equal(*b, r.caBundle) {
+			*b, changed = r.caBundle, true
+		}
+	}
+	return changed
 }
 
 func keepCABundles(want, have *admissionregv1.ValidatingWebhookConfiguration) {
@@ -258,10 +345,15 @@ func keepCABundles(want, have *admissionregv1.ValidatingWebhookConfiguration) {
 func (r *webhookRegistrar) remove(ctx context.Context, logger klog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	obj := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: r.opts.Webhook.ConfigName}}
-	if err := r.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
-		logger.Error(err, "Removing webhook configuration failed")
-		return
+	meta := metav1.ObjectMeta{Name: r.opts.Webhook.ConfigName}
+	for kind, obj := range map[string]client.Object{
+		"validating": &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: meta},
+		"mutating":   &admissionregv1.MutatingWebhookConfiguration{ObjectMeta: meta},
+	} {
+		if err := r.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			logger.Error(err, "Removing webhook configuration failed", "kind", kind)
+			return
+		}
 	}
 	logger.Info("Webhook configuration removed", "name", r.opts.Webhook.ConfigName)
 }

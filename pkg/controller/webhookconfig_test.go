@@ -9,6 +9,7 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -30,10 +31,19 @@ func TestChartOwnedWebhookConfigIsNeverCreated(t *testing.T) {
 	if err := r.apply(context.Background()); err == nil {
 		t.Fatal("apply succeeded without the chart's configuration")
 	}
-	var got admissionregv1.ValidatingWebhookConfiguration
-	err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, &got)
-	if !apierrors.IsNotFound(err) {
-		t.Fatalf("the controller created the configuration (get: %v)", err)
+	for _, got := range []client.Object{&admissionregv1.ValidatingWebhookConfiguration{}, &admissionregv1.MutatingWebhookConfiguration{}} {
+		err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, got)
+		if !apierrors.IsNotFound(err) {
+			t.Fatalf("the controller created the %T (get: %v)", got, err)
+		}
+	}
+}
+
+// chartMutating is the chart's mutating configuration as helm installs it.
+func chartMutating() *admissionregv1.MutatingWebhookConfiguration {
+	return &admissionregv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultWebhookConfigName},
+		Webhooks:   []admissionregv1.MutatingWebhook{{Name: webhookAlternatives, FailurePolicy: ptr.To(admissionregv1.Ignore)}},
 	}
 }
 
@@ -47,10 +57,17 @@ func TestChartOwnedWebhookConfigGetsCABundle(t *testing.T) {
 			{Name: "b.gpuaas.io", FailurePolicy: ptr.To(admissionregv1.Ignore), ClientConfig: admissionregv1.WebhookClientConfig{CABundle: []byte("OLD")}},
 		},
 	}
-	c := newFakeClient(t, chart)
+	c := newFakeClient(t, chart, chartMutating())
 	r := &webhookRegistrar{client: c, opts: chartOwnedOptions(t), caBundle: []byte("CA")}
 	if err := r.apply(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	var mutating admissionregv1.MutatingWebhookConfiguration
+	if err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, &mutating); err != nil {
+		t.Fatal(err)
+	}
+	if string(mutating.Webhooks[0].ClientConfig.CABundle) != "CA" || *mutating.Webhooks[0].FailurePolicy != admissionregv1.Ignore {
+		t.Errorf("mutating webhook %+v: want the CA injected and nothing else changed", mutating.Webhooks[0])
 	}
 	var got admissionregv1.ValidatingWebhookConfiguration
 	if err := c.Get(context.Background(), client.ObjectKey{Name: DefaultWebhookConfigName}, &got); err != nil {
@@ -96,6 +113,13 @@ func TestRegistrarReadyOnlyOnceConfigured(t *testing.T) {
 	if err := c.Create(ctx, chart); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(300 * time.Millisecond)
+	if r.Configured(nil) == nil {
+		t.Fatal("ready before the chart's mutating configuration exists")
+	}
+	if err := c.Create(ctx, chartMutating()); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for r.Configured(nil) != nil {
 		if time.Now().After(deadline) {
@@ -106,5 +130,36 @@ func TestRegistrarReadyOnlyOnceConfigured(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("registrar: %v", err)
+	}
+}
+
+// Without the chart (demo, tests) the controller writes both
+// configurations, and removes both on exit.
+func TestRegistrarWritesAndRemovesBothConfigurations(t *testing.T) {
+	o := &Options{Webhook: WebhookOptions{URL: "https://127.0.0.1:9443", RemoveOnExit: true}}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := newFakeClient(t)
+	r := &webhookRegistrar{client: c, opts: o, caBundle: []byte("CA")}
+	for range 2 { // the second time updates
+		if err := r.apply(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := client.ObjectKey{Name: DefaultWebhookConfigName}
+	var mutating admissionregv1.MutatingWebhookConfiguration
+	if err := c.Get(context.Background(), key, &mutating); err != nil {
+		t.Fatal(err)
+	}
+	if len(mutating.Webhooks) != 1 || string(mutating.Webhooks[0].ClientConfig.CABundle) != "CA" ||
+		*mutating.Webhooks[0].ClientConfig.URL != o.Webhook.URL+pathAlternatives {
+		t.Fatalf("mutating configuration %+v", mutating.Webhooks)
+	}
+	r.remove(context.Background(), klog.Background())
+	for _, obj := range []client.Object{&admissionregv1.ValidatingWebhookConfiguration{}, &admissionregv1.MutatingWebhookConfiguration{}} {
+		if err := c.Get(context.Background(), key, obj); !apierrors.IsNotFound(err) {
+			t.Errorf("%T still there after remove (get: %v)", obj, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -53,6 +54,14 @@ func TestControllerDemoSpecs(t *testing.T) {
 	})
 	if b := q.Status.Borrowed.GpuUnits.String(); b != "129m" { // 3/7 - 0.3 = 9/70
 		t.Errorf("team-a borrowed %s, want 129m", b)
+	}
+	// burst asked for an H100 or else a 1g; team-a may have no H100.
+	burst, err := cp.Client.ResourceV1().ResourceClaims("team-a").Get(ctx, "burst", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alts := burst.Spec.Devices.Requests[0].FirstAvailable; len(alts) != 1 || alts[0].DeviceClassName != "mig-1g" {
+		t.Errorf("claim burst stored with alternatives %+v, want the 1g alone", alts)
 	}
 	waitForQuota(t, "team-b", "charged its notebook", func(q *gpuaas.TenantQuota) bool { return q.Status.ClaimsCounted == 1 })
 	rc.alive(t)

@@ -256,3 +256,55 @@ func TestControllerSharedAndTimeSliceWeights(t *testing.T) {
 		t.Errorf("used memory %s, want 40Gi (20Gi share + a 20Gi replica)", m)
 	}
 }
+
+// TestControllerFirstAvailableOverQuota (issue 12 item 9): a tenant that may
+// have no whole GPU asks for "a whole GPU, or else a MIG 1g". The claim
+// was always denied, being charged its most expensive alternative; the
+// alternatives webhook now drops the whole GPU at creation, and the claim
+// is admitted and allocated a 1g. A claim none of whose alternatives fits
+// is still denied, whole.
+func TestControllerFirstAvailableOverQuota(t *testing.T) {
+	node := fakeGPUNode(t, wholeDevice("gpu-0"), migDevice("gpu-1-mig-1g-0", "1g.10gb", 1, "10Gi"))
+	startController(t)
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := cp.CreateNamespace(t, "alternatives")
+	mig1g, whole, tenant := uniqueName("mig-1g"), uniqueName("whole"), uniqueName("tenant")
+	createObject(t, profile(mig1g, gpuaas.ProfileSelector{MigProfile: "1g.10gb"}))
+	createObject(t, profile(whole, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
+	createObject(t, quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units("1"), Devices: map[string]int64{whole: 0}}))
+	waitForProfile(t, mig1g, "matching the slice", func(p *gpuaas.GpuProfile) bool { return p.Status.MatchingDevices == 1 })
+	waitForQuota(t, tenant, "enforced", func(q *gpuaas.TenantQuota) bool { return len(q.Status.Namespaces) == 1 })
+
+	firstAvailable := func(name string, classes ...string) *resourceapi.ResourceClaim {
+		c := gpuClaim(ns, name, "", 0)
+		c.Spec.Devices.Requests[0].Exactly = nil
+		for i, class := range classes {
+			c.Spec.Devices.Requests[0].FirstAvailable = append(c.Spec.Devices.Requests[0].FirstAvailable, resourceapi.DeviceSubRequest{
+				Name: fmt.Sprintf("alt%d", i), DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			})
+		}
+		// A constraint on the dropped alternative alone must go with it,
+		// or the apiserver refuses the trimmed claim.
+		c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"gpu/alt0"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(framework.DriverName + "/productName"))}}
+		return c
+	}
+	mustDeny(t, createClaim(ctx, firstAvailable("whole-only", whole, whole)), `devices of profile "`+whole+`"`, "limit 0")
+
+	if err := createClaim(ctx, firstAvailable("whole-or-1g", whole, mig1g)); err != nil {
+		t.Fatalf("a claim the tenant can have a 1g for: %v", err)
+	}
+	stored, err := cp.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "whole-or-1g", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alts := stored.Spec.Devices.Requests[0].FirstAvailable; len(alts) != 1 || alts[0].DeviceClassName != mig1g || len(stored.Spec.Devices.Constraints) != 0 {
+		t.Fatalf("stored claim %+v: want only the 1g alternative, and no constraint", stored.Spec.Devices)
+	}
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "one-1g", "whole-or-1g", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := waitForAllocation(t, ctx, ns, "whole-or-1g")
+	if r := c.Status.Allocation.Devices.Results; len(r) != 1 || r[0].Pool != node || r[0].Device != "gpu-1-mig-1g-0" {
+		t.Fatalf("allocated %+v, want the 1g", r)
+	}
+}

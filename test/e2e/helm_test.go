@@ -532,28 +532,46 @@ func TestHelmWebhookConfigMatchesController(t *testing.T) {
 	helmBin(t) // one skip line when helm is not built
 	const release, ns = "gpuaas", "gpuaas-system"
 	_, objs := renderChart(t, release, ns, "--set", "controller.exemptNamespaces={monitoring}")
-	var chart *admissionregv1.ValidatingWebhookConfiguration
+	var validating *admissionregv1.ValidatingWebhookConfiguration
+	var mutating *admissionregv1.MutatingWebhookConfiguration
 	for _, o := range objs {
-		if o.GetKind() == "ValidatingWebhookConfiguration" {
-			chart = &admissionregv1.ValidatingWebhookConfiguration{}
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, chart); err != nil {
-				t.Fatal(err)
-			}
+		switch o.GetKind() {
+		case "ValidatingWebhookConfiguration":
+			validating = &admissionregv1.ValidatingWebhookConfiguration{}
+			fromUnstructured(t, o, validating)
+		case "MutatingWebhookConfiguration":
+			mutating = &admissionregv1.MutatingWebhookConfiguration{}
+			fromUnstructured(t, o, mutating)
 		}
 	}
-	if chart == nil {
-		t.Fatal("the chart renders no ValidatingWebhookConfiguration")
+	if validating == nil || mutating == nil {
+		t.Fatalf("the chart renders a ValidatingWebhookConfiguration: %v, a MutatingWebhookConfiguration: %v", validating != nil, mutating != nil)
 	}
 	opts := &controller.Options{ExemptNamespaces: []string{"monitoring"}, Webhook: controller.WebhookOptions{
 		ServiceNamespace: ns, ServiceName: release + "-gpuaas-dra-controller-webhook", ConfigOwnedByChart: true}}
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	want := controller.WebhookConfiguration(opts)
-	got, _ := json.MarshalIndent(chart.Webhooks, "", " ")
-	exp, _ := json.MarshalIndent(want.Webhooks, "", " ")
+	sameJSON(t, "validating webhooks", validating.Webhooks, controller.WebhookConfiguration(opts).Webhooks)
+	sameJSON(t, "mutating webhooks", mutating.Webhooks, controller.MutatingWebhookConfiguration(opts).Webhooks)
+	if validating.Name != mutating.Name {
+		t.Errorf("the controller injects its CA into configurations of one name; the chart names them %q and %q", validating.Name, mutating.Name)
+	}
+}
+
+func fromUnstructured(t *testing.T, o *unstructured.Unstructured, into any) {
+	t.Helper()
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sameJSON(t *testing.T, what string, chart, controller any) {
+	t.Helper()
+	got, _ := json.MarshalIndent(chart, "", " ")
+	exp, _ := json.MarshalIndent(controller, "", " ")
 	if string(got) != string(exp) {
-		t.Errorf("chart webhooks differ from the controller's:\nchart:\n%s\ncontroller:\n%s", got, exp)
+		t.Errorf("chart %s differ from the controller's:\nchart:\n%s\ncontroller:\n%s", what, got, exp)
 	}
 }
 

@@ -167,7 +167,16 @@ func testUninstall(t *testing.T, n *realNode) {
 	}
 	for _, h := range hooks.Items {
 		if strings.Contains(h.Name, releaseName) {
-			t.Errorf("webhook configuration %s left behind", h.Name)
+			t.Errorf("validating webhook configuration %s left behind", h.Name)
+		}
+	}
+	mutating, err := cp.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range mutating.Items {
+		if strings.Contains(h.Name, releaseName) {
+			t.Errorf("mutating webhook configuration %s left behind", h.Name)
 		}
 	}
 	// Another driver's claim (and ours) must still be admitted.

@@ -35,6 +35,9 @@ func testControllerLeastPrivilege(t *testing.T, n *realNode) {
 	_, err := as.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "takeover"}}, metav1.CreateOptions{})
 	mustBeForbidden(t, "creating a webhook configuration", err, "")
+	_, err = as.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &admissionregv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "takeover"}}, metav1.CreateOptions{})
+	mustBeForbidden(t, "creating a mutating webhook configuration", err, "")
 
 	patches := []struct {
 		what, patch string

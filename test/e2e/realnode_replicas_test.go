@@ -17,6 +17,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -82,6 +83,7 @@ func testTwoControllerReplicas(t *testing.T, n *realNode) {
 			return q.Status.ClaimsCounted == 0 && (q.Status.Reserved.GpuUnits == nil || q.Status.Reserved.GpuUnits.IsZero())
 		})
 	}
+	checkChartTrimsAlternatives(t, ctx, ns, class)
 	first.alive(t, ctx)
 	if exited, err := second.process.Exited(); exited {
 		t.Errorf("the second replica exited: %v\n%s", err, second.process.Tail(30))
@@ -332,4 +334,26 @@ func deleteClaims(t *testing.T, ctx context.Context, ns string) {
 	if err != nil {
 		t.Fatalf("claims of %s not gone: %v", ns, err)
 	}
+}
+
+// checkChartTrimsAlternatives creates a claim asking for more GPUs than the
+// tenant's limit, or else one: the chart's mutating webhook (its CA put in
+// by the controller's rotator) drops the first alternative, and the claim
+// is admitted for the second (issue 12 item 9).
+func checkChartTrimsAlternatives(t *testing.T, ctx context.Context, ns, class string) {
+	t.Helper()
+	c := gpuClaim(ns, "too-many-or-one", "", 0)
+	c.Spec.Devices.Requests[0].Exactly = nil
+	sub := func(name string, count int64) resourceapi.DeviceSubRequest {
+		return resourceapi.DeviceSubRequest{Name: name, DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}
+	}
+	c.Spec.Devices.Requests[0].FirstAvailable = []resourceapi.DeviceSubRequest{sub("too-many", replicaLimit+1), sub("one", 1)}
+	created, err := cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a claim the tenant can have one GPU for: %v", err)
+	}
+	if alts := created.Spec.Devices.Requests[0].FirstAvailable; len(alts) != 1 || alts[0].Name != "one" {
+		t.Errorf("stored alternatives %+v, want \"one\" alone", alts)
+	}
+	deleteClaims(t, ctx, ns)
 }
