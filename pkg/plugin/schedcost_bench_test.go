@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +28,9 @@ import (
 // without the cluster, so layouts can be compared quickly; "half-full"
 // has GPUs 0-3 of the node already allocated (as whole GPUs), and
 // "four-profiles" offers four MIG profiles (NodeConfig migProfiles).
+// "eight-attributes" is a what-if, not a layout the plugin publishes: MIG
+// devices stripped of the attributes they repeat from their GPU, to
+// measure what those cost the scheduler.
 //
 //	go test -run '^$' -bench SchedulerFilter -benchmem ./pkg/plugin/
 func BenchmarkSchedulerFilter(b *testing.B) {
@@ -34,16 +38,21 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		name, class string
 		config      *configapi.NodeConfig
 		halfFull    bool
+		stripMIG    bool
 	}{
-		{"whole-gpu", "whole", &configapi.NodeConfig{}, false},
-		{"dynamic-mig-1g", "mig-1g", dynamicAll(), false},
-		{"dynamic-mig-1g-half-full", "mig-1g", dynamicAll(), true},
-		{"dynamic-mig-1g-four-profiles", "mig-1g", migProfilesOnly(fourProfiles...), false},
-		{"dynamic-mig-1g-four-profiles-half-full", "mig-1g", migProfilesOnly(fourProfiles...), true},
+		{"whole-gpu", "whole", &configapi.NodeConfig{}, false, false},
+		{"dynamic-mig-1g", "mig-1g", dynamicAll(), false, false},
+		{"dynamic-mig-1g-half-full", "mig-1g", dynamicAll(), true, false},
+		{"dynamic-mig-1g-four-profiles", "mig-1g", migProfilesOnly(fourProfiles...), false, false},
+		{"dynamic-mig-1g-four-profiles-half-full", "mig-1g", migProfilesOnly(fourProfiles...), true, false},
+		{"dynamic-mig-1g-eight-attributes", "mig-1g", dynamicAll(), false, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			e := newTestEnv(b, "dgxh100")
 			slices := apiSlices(Resources(testNode, Discover(klog.Background(), e.lib, c.config)))
+			if c.stripMIG {
+				stripRepeatedAttributes(slices)
+			}
 			state := structured.AllocatedState{AllocatedDevices: sets.New[structured.DeviceID]()}
 			if c.halfFull {
 				for i := range 4 {
@@ -64,6 +73,25 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// migOwnAttributes are what a MIG device keeps in the eight-attributes
+// what-if: its own, and the two the demo catalog's selectors name.
+var migOwnAttributes = sets.New[resourceapi.QualifiedName]("type", "profile", "parentUUID",
+	"computeSlices", "totalComputeSlices", "memorySlices", "productName", "architecture")
+
+func stripRepeatedAttributes(slices []*resourceapi.ResourceSlice) {
+	for _, s := range slices {
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if t := d.Attributes["type"].StringValue; t == nil || *t != "mig" {
+				continue
+			}
+			maps.DeleteFunc(d.Attributes, func(name resourceapi.QualifiedName, _ resourceapi.DeviceAttribute) bool {
+				return !migOwnAttributes.Has(name)
+			})
+		}
 	}
 }
 
