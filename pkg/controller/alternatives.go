@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
@@ -75,7 +76,7 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	if workload, err := h.kueue.admitted(ctx, &claim); err != nil || workload != "" {
 		return admission.Allowed("") // see above; on error the quota webhook decides
 	}
-	reasons, err := h.unfit(ctx, &claim)
+	reasons, tenant, err := h.unfit(ctx, &claim)
 	if err != nil {
 		logger.Error(err, "Judging firstAvailable alternatives failed; the claim keeps them all")
 		return admission.Allowed("")
@@ -94,7 +95,10 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	for i, name := range dropped {
 		why[i] = name + ": " + reasons[name]
 	}
-	logger.V(2).Info("Dropped firstAvailable alternatives over quota", "dropped", dropped)
+	logger.V(2).Info("Dropped firstAvailable alternatives over quota", "tenant", tenant, "dropped", dropped)
+	if !ptr.Deref(req.DryRun, false) {
+		alternativesDropped.WithLabelValues(tenant).Add(float64(len(dropped)))
+	}
 	patch := jsonpatch.JsonPatchOperation{Operation: "replace", Path: "/spec/devices", Value: claim.Spec.Devices}
 	return admission.Patched("", patch).WithWarnings(trimmedWarning + ": " + strings.Join(why, "; "))
 }
@@ -109,9 +113,11 @@ func hasAlternatives(spec *resourceapi.ResourceClaimSpec) bool {
 
 // unfit judges every alternative of the claim's firstAvailable requests as
 // a claim of its own (a dry run: nothing is reserved) and returns why each
-// one that would be denied is, by "request/alternative".
-func (h *alternativesWebhook) unfit(ctx context.Context, claim *resourceapi.ResourceClaim) (map[string]string, error) {
+// one that would be denied is, by "request/alternative", and the tenant
+// that denies them.
+func (h *alternativesWebhook) unfit(ctx context.Context, claim *resourceapi.ResourceClaim) (map[string]string, string, error) {
 	out := map[string]string{}
+	tenant := ""
 	for _, r := range claim.Spec.Devices.Requests {
 		if len(r.FirstAvailable) < 2 {
 			continue
@@ -119,14 +125,14 @@ func (h *alternativesWebhook) unfit(ctx context.Context, claim *resourceapi.Reso
 		for i := range r.FirstAvailable {
 			adm, err := h.acct.Admit(ctx, alone(claim, r.Name, &r.FirstAvailable[i]), true)
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			if !adm.Allowed {
-				out[r.Name+"/"+r.FirstAvailable[i].Name] = adm.Reason
+				out[r.Name+"/"+r.FirstAvailable[i].Name], tenant = adm.Reason, adm.Tenant
 			}
 		}
 	}
-	return out, nil
+	return out, tenant, nil
 }
 
 // alone is the claim that asks for one alternative of a request and

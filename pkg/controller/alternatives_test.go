@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -99,6 +100,7 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 	if resp := quotaHook.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c)); resp.Allowed {
 		t.Fatal("the untrimmed claim was admitted: it may get an H100 the tenant may not have")
 	}
+	droppedBefore := testutil.ToFloat64(alternativesDropped.WithLabelValues("no-h100"))
 	resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c))
 	if !resp.Allowed || len(resp.Patches) != 1 || resp.Patches[0].Path != "/spec/devices" {
 		t.Fatalf("response %+v, patches %+v: want the claim's devices replaced", resp.Result, resp.Patches)
@@ -115,6 +117,9 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 	}
 	if resp := quotaHook.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c)); !resp.Allowed {
 		t.Errorf("the trimmed claim was denied: %+v", resp.Result)
+	}
+	if got := testutil.ToFloat64(alternativesDropped.WithLabelValues("no-h100")) - droppedBefore; got != 1 {
+		t.Errorf("gpuaas_claim_alternatives_dropped_total{tenant=no-h100} grew by %v, want 1", got)
 	}
 
 	none := withAlternatives("a", "none", "h100", "h100")
@@ -133,5 +138,27 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 		if !resp.Allowed || len(resp.Patches) != 0 {
 			t.Errorf("%s: response %+v, patches %+v: want allowed unchanged", name, resp.Result, resp.Patches)
 		}
+	}
+}
+
+// A claim of a workload Kueue admitted is admitted over quota anyway (the
+// quota webhook's overrule): its alternatives are Kueue's business.
+func TestAlternativesWebhookLeavesKueueWorkloadsAlone(t *testing.T) {
+	objs := append(world(t), ns("a", nil), kueuePod(true), workload("job-uid", true),
+		tenantQuota("no-h100", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("8"), Devices: map[string]int64{"h100": 0}}}))
+	acct, c := newAccountant(t, objs...)
+	s, err := Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmer := &alternativesWebhook{acct: acct, decoder: admission.NewDecoder(s), kueue: &kueueGate{reader: c}}
+	kc := ownedByPod(withAlternatives("a", "trainer-gpu", "h100", "mig-1g"), "trainer")
+	if resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", kc.Name, kc)); !resp.Allowed || len(resp.Patches) != 0 {
+		t.Fatalf("claim of a Kueue-admitted workload: %+v, patches %+v; want it untouched", resp.Result, resp.Patches)
+	}
+	plain := ownedByPod(withAlternatives("a", "other-gpu", "h100", "mig-1g"), "someone-else")
+	if resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", plain.Name, plain)); len(resp.Patches) != 1 {
+		t.Fatalf("claim of a pod Kueue did not admit: patches %+v, want its H100 dropped", resp.Patches)
 	}
 }

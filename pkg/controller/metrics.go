@@ -44,6 +44,10 @@ var (
 		Name: "gpuaas_claim_denials_total",
 		Help: "ResourceClaims denied, by tenant and the first resource exceeded.",
 	}, []string{"tenant", "resource"})
+	alternativesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpuaas_claim_alternatives_dropped_total",
+		Help: "firstAvailable alternatives the alternatives webhook dropped from new ResourceClaims because the tenant's quota did not admit them, by tenant.",
+	}, []string{"tenant"})
 	profileMatching  = profileGauge("gpuaas_profile_devices", "Published devices a GpuProfile selects.")
 	profileAllocated = profileGauge("gpuaas_profile_devices_allocated", "Devices of a GpuProfile allocated to claims.")
 	profileFree      = profileGauge("gpuaas_profile_devices_free", "Devices of a GpuProfile a claim could be given now: not allocated, and not blocked by what shares their GPU (counters of partitions, capacity of shares).")
@@ -60,7 +64,7 @@ func registerMetrics() {
 		for _, g := range append(tenantGauges, profileGauges...) {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
-		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials)
+		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped)
 	})
 }
 
