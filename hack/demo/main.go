@@ -230,6 +230,7 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 	}
 	var all []*unstructured.Unstructured
 	var denials []framework.Denial
+	var trims []string
 	for _, file := range files {
 		objs, err := framework.ReadObjects(file)
 		if err != nil {
@@ -240,14 +241,18 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 				return nil, err
 			}
 		}
-		objs, denied, err := d.cp.ApplyObjects(ctx, file, objs, "default")
+		stored, denied, err := d.cp.ApplyObjects(ctx, file, objs, "default")
 		if err != nil {
 			return nil, err
 		}
 		rel, _ := filepath.Rel(specs, file)
-		d.out.printf("  %-*s %s\n", width, rel, kinds(objs))
-		all = append(all, objs...)
+		d.out.printf("  %-*s %s\n", width, rel, kinds(stored))
+		trims = append(trims, droppedAlternatives(objs, stored)...)
+		all = append(all, stored...)
 		denials = append(denials, denied...)
+	}
+	for _, trim := range trims {
+		d.out.printf("\nfirstAvailable alternatives the quota did not admit, dropped at creation: %s\n", trim)
 	}
 	for _, den := range denials {
 		d.out.printf("\nDenied by quota, as the demo expects: %s %s/%s\n  %s\n", den.Object.GetKind(),

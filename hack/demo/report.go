@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -198,4 +199,51 @@ func containersUsing(pod *v1.Pod, claim string) string {
 		return "no container"
 	}
 	return "container " + strings.Join(names, ", ")
+}
+
+// droppedAlternatives names, for each ResourceClaim of a file, the
+// firstAvailable alternatives it asked for that its stored spec lacks: the
+// controller's alternatives webhook dropped those its tenant's quota did
+// not admit.
+func droppedAlternatives(file, stored []*unstructured.Unstructured) []string {
+	kept := map[string]map[string]bool{}
+	for _, o := range stored {
+		if o.GetKind() == "ResourceClaim" {
+			kept[o.GetNamespace()+"/"+o.GetName()] = alternatives(o)
+		}
+	}
+	var out []string
+	for _, o := range file {
+		have, ok := kept[o.GetNamespace()+"/"+o.GetName()]
+		if o.GetKind() != "ResourceClaim" || !ok {
+			continue
+		}
+		var gone []string
+		for name := range alternatives(o) {
+			if !have[name] {
+				gone = append(gone, name)
+			}
+		}
+		if len(gone) > 0 {
+			slices.Sort(gone)
+			out = append(out, fmt.Sprintf("%s/%s: %s", o.GetNamespace(), o.GetName(), strings.Join(gone, ", ")))
+		}
+	}
+	return out
+}
+
+// alternatives are a claim's firstAvailable alternatives as "request/alternative".
+func alternatives(claim *unstructured.Unstructured) map[string]bool {
+	out := map[string]bool{}
+	requests, _, _ := unstructured.NestedSlice(claim.Object, "spec", "devices", "requests")
+	for _, r := range requests {
+		req, _ := r.(map[string]any)
+		subs, _, _ := unstructured.NestedSlice(req, "firstAvailable")
+		for _, sub := range subs {
+			if m, ok := sub.(map[string]any); ok {
+				out[fmt.Sprint(req["name"], "/", m["name"])] = true
+			}
+		}
+	}
+	return out
 }
