@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -64,17 +62,18 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	if req.Operation != admissionv1.Create || h.exempt.Has(req.Namespace) {
 		return admission.Allowed("")
 	}
+	// Never an error response: failurePolicy covers only failed calls,
+	// and a refusal here would refuse the claim. The quota webhook judges
+	// whatever this one lets through.
+	logger := klog.FromContext(ctx).WithValues("claim", klog.KRef(req.Namespace, req.Name))
 	var claim resourceapi.ResourceClaim
 	if err := h.decoder.Decode(req, &claim); err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaim: %w", err))
+		logger.Error(err, "Decoding the ResourceClaim failed; left as it is")
+		return admission.Allowed("")
 	}
 	claim.Namespace = req.Namespace
 	if !hasAlternatives(&claim.Spec) {
 		return admission.Allowed("")
-	}
-	logger := klog.FromContext(ctx).WithValues("claim", klog.KRef(claim.Namespace, claim.Name+claim.GenerateName))
-	if workload, err := h.kueue.admitted(ctx, &claim); err != nil || workload != "" {
-		return admission.Allowed("") // see above; on error the quota webhook decides
 	}
 	reasons, tenant, err := h.unfit(ctx, &claim)
 	if err != nil {
@@ -83,6 +82,9 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	}
 	if len(reasons) == 0 {
 		return admission.Allowed("")
+	}
+	if workload, err := h.kueue.admitted(ctx, &claim); err != nil || workload != "" {
+		return admission.Allowed("") // see above; on error the quota webhook decides
 	}
 	dropped := trimAlternatives(&claim.Spec, func(req string, sub *resourceapi.DeviceSubRequest) bool {
 		_, ok := reasons[req+"/"+sub.Name]

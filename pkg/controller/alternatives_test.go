@@ -139,6 +139,13 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 			t.Errorf("%s: response %+v, patches %+v: want allowed unchanged", name, resp.Result, resp.Patches)
 		}
 	}
+	// A refusal from this webhook would refuse the claim: its
+	// failurePolicy covers failed calls only.
+	garbled := request(t, admissionv1.Create, "a", "garbled", c)
+	garbled.Object.Raw = []byte(`{"spec": 7}`)
+	if resp := trimmer.Handle(ctx(t), garbled); !resp.Allowed {
+		t.Errorf("an undecodable claim was refused: %+v", resp.Result)
+	}
 }
 
 // A claim of a workload Kueue admitted is admitted over quota anyway (the
