@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
@@ -256,41 +257,36 @@ func (r *webhookRegistrar) apply(ctx context.Context) error {
 	return r.applyMutating(ctx)
 }
 
+// applyMutating and applyValidating create or update the configurations,
+// keeping what others own in them: a CA bundle injected by someone else
+// (cert-manager) when we have none, and the leader's matchConditions.
 func (r *webhookRegistrar) applyMutating(ctx context.Context) error {
 	want := mutatingConfiguration(r.opts, r.caBundle)
-	var have admissionregv1.MutatingWebhookConfiguration
-	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
-	if apierrors.IsNotFound(err) {
-		return r.client.Create(ctx, want)
-	}
-	if err != nil {
-		return err
-	}
-	if r.caBundle == nil && len(have.Webhooks) == len(want.Webhooks) {
-		for i := range want.Webhooks { // injected by someone else (cert-manager)
-			want.Webhooks[i].ClientConfig.CABundle = have.Webhooks[i].ClientConfig.CABundle
+	have := &admissionregv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: want.Name}}
+	_, err := controllerutil.CreateOrUpdate(ctx, r.client, have, func() error {
+		if r.caBundle == nil && len(have.Webhooks) == len(want.Webhooks) {
+			for i := range want.Webhooks {
+				want.Webhooks[i].ClientConfig.CABundle = have.Webhooks[i].ClientConfig.CABundle
+			}
 		}
-	}
-	have.Webhooks, have.Labels = want.Webhooks, want.Labels
-	return r.client.Update(ctx, &have)
+		have.Webhooks, have.Labels = want.Webhooks, want.Labels
+		return nil
+	})
+	return err
 }
 
 func (r *webhookRegistrar) applyValidating(ctx context.Context) error {
 	want := webhookConfiguration(r.opts, r.caBundle)
-	var have admissionregv1.ValidatingWebhookConfiguration
-	err := r.client.Get(ctx, client.ObjectKeyFromObject(want), &have)
-	if apierrors.IsNotFound(err) {
-		return r.client.Create(ctx, want)
-	}
-	if err != nil {
-		return err
-	}
-	if r.caBundle == nil {
-		keepCABundles(want, &have) // injected by someone else (cert-manager)
-	}
-	keepMatchConditions(want, &have)
-	have.Webhooks, have.Labels = want.Webhooks, want.Labels
-	return r.client.Update(ctx, &have)
+	have := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: want.Name}}
+	_, err := controllerutil.CreateOrUpdate(ctx, r.client, have, func() error {
+		if r.caBundle == nil {
+			keepCABundles(want, have)
+		}
+		keepMatchConditions(want, have)
+		have.Webhooks, have.Labels = want.Webhooks, want.Labels
+		return nil
+	})
+	return err
 }
 
 // injectCABundle writes the CA into every webhook of the configurations
