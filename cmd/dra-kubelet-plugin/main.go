@@ -41,6 +41,7 @@ type flags struct {
 	cdiRoot, driverRoot, nvml, metricsAddr, healthAddr string
 	hostDriverRoot                                     string
 	podUID, cdiHookPath, nodeConfig, bootIDPath        string
+	cdiHookSource                                      string
 	mockStateDir                                       string
 	clearFaults                                        string
 	mpsDaemons, mpsImage, podName, podNamespace        string
@@ -48,6 +49,11 @@ type flags struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == mps.ExecInRootCommand {
+		// An MPS daemon pod (pkg/mps): this process becomes the daemon.
+		fmt.Fprintln(os.Stderr, mps.ExecInRoot(os.Args[2], os.Args[3:]))
+		os.Exit(1)
+	}
 	f := parseFlags()
 	if f.clearFaults != "" {
 		// An operator's request to the running plugin (kubectl exec).
@@ -78,7 +84,8 @@ func parseFlags() flags {
 	fs.StringVar(&f.cdiRoot, "cdi-root", cli.Env("CDI_ROOT", "/var/run/cdi"), "Directory where per-claim CDI specs are written. [$CDI_ROOT]")
 	fs.StringVar(&f.driverRoot, "driver-root", cli.Env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", os.Getenv("NVIDIA_HOST_DRIVER_ROOT"), "The driver root as the container runtime on the host sees it, when --driver-root is where this process sees it (the chart mounts a host install, /, at /host). CDI specs name host paths. Empty: the same as --driver-root. [$NVIDIA_HOST_DRIVER_ROOT]")
-	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), "Host path of nvidia-cdi-hook, run by the container runtime to update the container's ldcache and symlinks; empty leaves NVIDIA's CDI hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]")
+	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), fmt.Sprintf("Host path of nvidia-cdi-hook, which the container runtime runs to update a GPU container's ldcache and driver links (without it no container finds libcuda.so.1). Empty: install --cdi-hook-source into --plugin-data-dir and use that; %q: leave NVIDIA's hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]", cdi.HooksDisabled))
+	fs.StringVar(&f.cdiHookSource, "cdi-hook-source", cli.Env("NVIDIA_CDI_HOOK_SOURCE", cdi.DefaultHookSource), "The nvidia-cdi-hook binary shipped with the plugin (in its image), installed on the host when --cdi-hook-path is empty. [$NVIDIA_CDI_HOOK_SOURCE]")
 	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
 	fs.StringVar(&f.mockStateDir, "mock-nvml-state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "With a mock NVML backend: directory where the simulated machine's state (MIG mode, MIG devices, compute mode) is kept, one file per machine, so that it outlives the plugin process as a real GPU's does (restarts, rolling updates; hack/mocknvml simulates a reboot). Empty keeps it in the process's memory. [$MOCK_NVML_STATE_DIR]")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
@@ -116,7 +123,7 @@ func run(ctx context.Context, f flags) error {
 	defer func() { _ = lib.Shutdown() }()
 	cdiHandler, err := cdi.NewHandler(cdi.Options{
 		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, NVML: lib.NVML(),
-		CDIHookPath: f.cdiHookPath, Logger: klog.FromContext(ctx),
+		CDIHookPath: cdiHookPath(ctx, f), Logger: klog.FromContext(ctx),
 	})
 	if err != nil {
 		return fmt.Errorf("setting up CDI: %w", err)
@@ -152,6 +159,22 @@ func run(ctx context.Context, f flags) error {
 	<-ctx.Done()
 	klog.FromContext(ctx).Info("Shutting down")
 	return nil
+}
+
+// cdiHookPath is the hook the CDI specs name: the configured one, or the
+// plugin's own installed on the host. Without one, cdi.NewHandler refuses
+// to start where a driver is installed, with the reason.
+func cdiHookPath(ctx context.Context, f flags) string {
+	if f.cdiHookPath != "" {
+		return f.cdiHookPath
+	}
+	path, err := cdi.InstallHook(f.cdiHookSource, f.pluginDataDir)
+	if err != nil {
+		klog.FromContext(ctx).Info("No nvidia-cdi-hook installed: GPU containers get no ldcache update", "err", err)
+		return ""
+	}
+	klog.FromContext(ctx).V(1).Info("Installed nvidia-cdi-hook for the container runtime", "path", path)
+	return path
 }
 
 // serveAuxiliary starts the metrics and health endpoints; they stop with

@@ -63,10 +63,12 @@ type Options struct {
 	// NVML is the (possibly mock) NVML the plugin uses; nvcdi reads the
 	// driver version from it.
 	NVML nvml.Interface
-	// CDIHookPath is the host path of the nvidia-cdi-hook binary. Empty
-	// disables all NVIDIA CDI hooks (ldcache update, symlinks, ...): a spec
-	// naming a hook binary that does not exist makes every container
-	// creation fail, which is worse than a missing ldcache entry.
+	// CDIHookPath is the host path of the nvidia-cdi-hook binary
+	// (InstallHook puts the image's there). With a driver installed it
+	// must be set: without the hook's ldcache update and links no
+	// container finds libcuda.so.1, so NewHandler refuses to start rather
+	// than hand out GPUs CUDA cannot use. HooksDisabled leaves the hooks
+	// out on purpose.
 	CDIHookPath string
 	// Logger is used for the few messages NewHandler logs; the zero value
 	// means klog.Background().

@@ -43,6 +43,8 @@ func newHandler(t testing.TB, driverRoot string, mutate ...func(*Options)) (*Han
 		DriverRoot: driverRoot,
 		NVML:       dgxh100.New(),
 		Logger:     logr.Discard(),
+		// Tests of the hooks set a path; the others look at the rest.
+		CDIHookPath: HooksDisabled,
 	}
 	for _, m := range mutate {
 		m(&opts)
@@ -279,7 +281,7 @@ func TestFakeDriverRootYieldsDriverMounts(t *testing.T) {
 		}
 	}
 	if len(edits.Hooks) != 0 {
-		t.Errorf("hooks without a hook path: %v", edits.Hooks)
+		t.Errorf("hooks though disabled: %v", edits.Hooks)
 	}
 	if got := nodePaths(edits.DeviceNodes); !slices.Equal(got, controlNodePaths()) {
 		t.Errorf("spec-level nodes = %v, want %v", got, controlNodePaths())
@@ -307,6 +309,49 @@ func TestHooksUseConfiguredHookPath(t *testing.T) {
 	}
 	if !slices.Contains(names, "update-ldcache") {
 		t.Errorf("hooks %v lack update-ldcache", names)
+	}
+}
+
+// With a driver installed and no hook to run, NewHandler refuses: specs
+// without the hook's ldcache update gave containers libcuda.so.535.261.03
+// but no libcuda.so.1, so CUDA could not load in any of them.
+func TestDriverWithoutHookIsRefused(t *testing.T) {
+	root := cditest.NewDriverRoot(t, mockDriverVersion)
+	_, err := NewHandler(Options{CDIRoot: filepath.Join(t.TempDir(), "cdi"), DriverRoot: root.Root, NVML: dgxh100.New(), Logger: logr.Discard()})
+	if err == nil || !strings.Contains(err.Error(), HookBinary) || !strings.Contains(err.Error(), "libcuda.so.1") {
+		t.Fatalf("NewHandler without a hook path = %v, want an error naming %s and libcuda.so.1", err, HookBinary)
+	}
+	// Without a driver there is nothing for the hook to do.
+	if _, err := NewHandler(Options{CDIRoot: filepath.Join(t.TempDir(), "cdi"), DriverRoot: t.TempDir(), NVML: dgxh100.New(), Logger: logr.Discard()}); err != nil {
+		t.Fatalf("NewHandler without a driver or a hook: %v", err)
+	}
+}
+
+// InstallHook puts the image's hook where the host's runtime can run it,
+// executable, and leaves an identical one alone.
+func TestInstallHook(t *testing.T) {
+	src := filepath.Join(t.TempDir(), HookBinary)
+	if err := os.WriteFile(src, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path, err := InstallHook(src, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(path)
+	if err != nil || info.Mode().Perm() != 0o755 || filepath.Dir(path) != filepath.Join(dir, "bin") {
+		t.Fatalf("installed hook %s: %v, %v", path, info, err)
+	}
+	before := info.ModTime()
+	if again, err := InstallHook(src, dir); err != nil || again != path {
+		t.Fatalf("second install: %s, %v", again, err)
+	}
+	if info, _ := os.Stat(path); !info.ModTime().Equal(before) {
+		t.Errorf("an identical hook was rewritten")
+	}
+	if _, err := InstallHook(filepath.Join(t.TempDir(), "missing"), dir); err == nil {
+		t.Errorf("installing a missing hook succeeded")
 	}
 }
 

@@ -22,6 +22,10 @@ func commonEdits(log klog.Logger, opts Options, version, why string) (specs.Cont
 		// Expected on the demo/e2e machine; once per process is enough.
 		log.V(1).Info("No driver files in CDI specs, injecting device nodes and env only", "reason", why)
 	} else {
+		if opts.CDIHookPath == "" {
+			return edits, fmt.Errorf("driver %s found under %q but no %s to run in containers (set its host path, or %q to leave NVIDIA's hooks out): "+
+				"without the hook's ldcache update no container could load libcuda.so.1", version, opts.DriverRoot, HookBinary, HooksDisabled)
+		}
 		driver, err := driverEdits(log, opts)
 		if err != nil {
 			return edits, fmt.Errorf("driver %s under %q: %w", version, opts.DriverRoot, err)
@@ -101,7 +105,7 @@ func nvcdiOptions(log klog.Logger, opts Options) []nvcdi.Option {
 		// NVML already gives nvcdi everything we need.
 		nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
 	}
-	if opts.CDIHookPath == "" {
+	if opts.CDIHookPath == HooksDisabled {
 		return append(o, nvcdi.WithDisabledHooks(nvcdi.AllHooks))
 	}
 	return append(o, nvcdi.WithNVIDIACDIHookPath(opts.CDIHookPath))

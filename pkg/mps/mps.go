@@ -59,14 +59,20 @@ func (d *Daemons) GPUDir(gpu string) string {
 }
 
 // PipeDir is where the daemon of a GPU listens; clients need it mounted.
-func (d *Daemons) PipeDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "pipe") }
+func (d *Daemons) PipeDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), pipeSubdir) }
 
 // ShmDir is the GPU's shared memory directory, mounted at /dev/shm in the
 // daemon and its clients.
 func (d *Daemons) ShmDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "shm") }
 
 // LogDir is where the daemon writes control.log.
-func (d *Daemons) LogDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), "log") }
+func (d *Daemons) LogDir(gpu string) string { return filepath.Join(d.GPUDir(gpu), logSubdir) }
+
+// The subdirectories of a GPU's directory.
+const (
+	pipeSubdir = "pipe"
+	logSubdir  = "log"
+)
 
 // uuidFile names the GPU of a directory.
 const uuidFile = "gpu"
@@ -88,8 +94,10 @@ func (d *Daemons) control(gpu string, stdin string) (timeslice.Cmd, error) {
 	if err != nil {
 		return timeslice.Cmd{}, fmt.Errorf("MPS: %w", err)
 	}
-	env := append([]string{"CUDA_VISIBLE_DEVICES=" + gpu, EnvPipeDir + "=" + d.PipeDir(gpu), EnvLogDir + "=" + d.LogDir(gpu)},
-		timeslice.ToolEnv(d.DriverRoot)...)
+	// No library path: the control binary needs only libc, and the
+	// image's own must not be mixed with the driver root's (a pod runs
+	// the daemon inside the driver root instead).
+	env := []string{"CUDA_VISIBLE_DEVICES=" + gpu, EnvPipeDir + "=" + d.PipeDir(gpu), EnvLogDir + "=" + d.LogDir(gpu)}
 	return timeslice.Cmd{Path: bin, Env: env, Stdin: stdin}, nil
 }
 

@@ -47,8 +47,10 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := strings.Join(r.cmds[0].Env, " ")
+	// No loader path: the driver root's libc must not be mixed with
+	// this image's (the control binary needs libc only).
 	if !strings.Contains(env, "CUDA_VISIBLE_DEVICES="+gpu) || !strings.Contains(env, EnvPipeDir+"="+d.PipeDir(gpu)) ||
-		!strings.Contains(env, "LD_LIBRARY_PATH="+filepath.Join(d.DriverRoot, "usr/lib/x86_64-linux-gnu")+":") {
+		strings.Contains(env, "LD_") {
 		t.Errorf("daemon env %s", env)
 	}
 	if info, err := os.Stat(d.ShmDir(gpu)); err != nil || !info.IsDir() {

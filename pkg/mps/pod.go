@@ -1,8 +1,10 @@
 package mps
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -43,7 +45,24 @@ type PodLauncher struct {
 	// PriorityClassName of the daemon pods, the plugin's own: a daemon
 	// evicted under pressure stops every client on its GPU.
 	PriorityClassName string
+	// Exec is the plugin binary in Image, which runs the daemon inside the
+	// driver root (ExecInRootCommand); empty means DefaultExec.
+	Exec string
 }
+
+// DefaultExec is where the release image has the plugin binary.
+const DefaultExec = "/usr/bin/dra-kubelet-plugin"
+
+// In the driver root of a daemon pod, the GPU's directory is mounted at
+// rootGPUDir and its shared memory at /dev/shm: both exist in every root
+// (a host's, the GPU Operator's driver container), so the read-only
+// driver root needs no new mount point.
+const (
+	rootGPUDir = "/tmp"
+	// rootPath is a usual PATH inside the driver root, where the control
+	// daemon looks for nvidia-cuda-mps-server.
+	rootPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
 
 // Launch implements Launcher: a live pod of the GPU is kept; finished ones
 // (the daemon quit, or the pod failed) are deleted and a new one created.
@@ -52,10 +71,9 @@ func (l *PodLauncher) Launch(ctx context.Context, d Daemon) error {
 		return fmt.Errorf("MPS daemon pods need the plugin's image, namespace and node (image %q, namespace %q, node %q)",
 			l.Image, l.Namespace, l.NodeName)
 	}
-	if l.DriverRoot == "/" || l.DriverRoot == "" {
-		// The pod mounts the driver root where the plugin sees it; "/" is
-		// the container's own root (the chart mounts a host install at /host).
-		return fmt.Errorf("MPS daemon pods need the driver root mounted away from / (got %q)", l.DriverRoot)
+	pod, err := l.pod(d)
+	if err != nil {
+		return err
 	}
 	pods, err := l.pods(ctx, d.GPU)
 	if err != nil {
@@ -69,7 +87,6 @@ func (l *PodLauncher) Launch(ctx context.Context, d Daemon) error {
 			return err
 		}
 	}
-	pod := l.pod(d)
 	created, err := l.Client.CoreV1().Pods(l.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating the MPS daemon pod of %s: %w", d.GPU, err)
@@ -118,20 +135,17 @@ func (l *PodLauncher) labels(gpu string) map[string]string {
 }
 
 // pod is the daemon's pod: the control binary in the foreground (-f, so
-// the kubelet sees it exit), the driver root where the plugin sees it, the
-// GPU's directory at its host path (the plugin and the clients name the
-// pipe by that path) and its shm at /dev/shm. It exits 0 on quit and is
-// not restarted then; a crash is.
-func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
-	hostRoot := l.HostDriverRoot
-	if hostRoot == "" {
-		hostRoot = l.DriverRoot
+// the kubelet sees it exit) inside the driver root, the GPU's directory
+// (pipe, log) and its shm mounted into that root. It runs in the host's
+// PID namespace: the driver root's /proc (a host install's) is the host's,
+// where an MPS server looks itself up. It exits 0 on quit and is not
+// restarted then; a crash is.
+func (l *PodLauncher) pod(d Daemon) (*corev1.Pod, error) {
+	bin, err := l.inRoot(d.Command.Path)
+	if err != nil {
+		return nil, err
 	}
-	env := make([]corev1.EnvVar, 0, len(d.Command.Env))
-	for _, kv := range d.Command.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env = append(env, corev1.EnvVar{Name: k, Value: v})
-	}
+	exec := cmp.Or(l.Exec, DefaultExec)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: "mps-" + l.NodeName + "-",
@@ -146,6 +160,7 @@ func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
 			// needs no pod IP and does not wait for the CNI, which GPU
 			// nodes' clients must not wait on either.
 			HostNetwork:                   true,
+			HostPID:                       true,
 			PriorityClassName:             l.PriorityClassName,
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -153,18 +168,19 @@ func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
 			Containers: []corev1.Container{{
 				Name:    "mps-control-daemon",
 				Image:   l.Image,
-				Command: []string{d.Command.Path, "-f"},
-				Env:     env,
-				// The daemon opens the GPUs' device nodes, as the plugin does.
+				Command: []string{exec, ExecInRootCommand, PodDriverRoot, bin, "-f"},
+				Env:     daemonEnv(d.GPU),
+				// The daemon opens the GPUs' device nodes, as the plugin
+				// does, and chroot needs CAP_SYS_CHROOT.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: "driver-root", MountPath: l.DriverRoot, ReadOnly: true},
-					{Name: "mps", MountPath: d.Dir},
-					{Name: "shm", MountPath: ShmContainerPath},
+					{Name: "driver-root", MountPath: PodDriverRoot, ReadOnly: true},
+					{Name: "mps", MountPath: path.Join(PodDriverRoot, rootGPUDir)},
+					{Name: "shm", MountPath: path.Join(PodDriverRoot, ShmContainerPath)},
 				},
 			}},
 			Volumes: []corev1.Volume{
-				hostPathVolume("driver-root", hostRoot, corev1.HostPathDirectory),
+				hostPathVolume("driver-root", cmp.Or(l.HostDriverRoot, l.DriverRoot), corev1.HostPathDirectory),
 				hostPathVolume("mps", d.Dir, corev1.HostPathDirectory),
 				hostPathVolume("shm", d.ShmDir, corev1.HostPathDirectory),
 			},
@@ -173,7 +189,27 @@ func (l *PodLauncher) pod(d Daemon) *corev1.Pod {
 	if l.Owner != nil {
 		pod.OwnerReferences = []metav1.OwnerReference{*l.Owner}
 	}
-	return pod
+	return pod, nil
+}
+
+// inRoot is the control binary's path inside the driver root.
+func (l *PodLauncher) inRoot(bin string) (string, error) {
+	rel, err := filepath.Rel(l.DriverRoot, bin)
+	if err != nil || l.DriverRoot == "" || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("MPS control binary %s is not under the driver root %q", bin, l.DriverRoot)
+	}
+	return path.Join("/", filepath.ToSlash(rel)), nil
+}
+
+// daemonEnv is the daemon's environment inside the driver root: its GPU,
+// the pipe and log directories below the mounted GPU directory, a PATH.
+func daemonEnv(gpu string) []corev1.EnvVar {
+	return []corev1.EnvVar{
+		{Name: "CUDA_VISIBLE_DEVICES", Value: gpu},
+		{Name: EnvPipeDir, Value: path.Join(rootGPUDir, pipeSubdir)},
+		{Name: EnvLogDir, Value: path.Join(rootGPUDir, logSubdir)},
+		{Name: "PATH", Value: rootPath},
+	}
 }
 
 func hostPathVolume(name, path string, t corev1.HostPathType) corev1.Volume {

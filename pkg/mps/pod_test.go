@@ -3,6 +3,7 @@ package mps
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -49,9 +50,11 @@ func listPods(t *testing.T, c *fake.Clientset) []corev1.Pod {
 }
 
 // TestPodLauncherRunsDaemonOnItsNode: the daemon pod is bound to the node,
-// owned by the plugin's DaemonSet (uninstall removes it), runs the control
-// binary in the foreground where the plugin sees the driver root, and
-// mounts the GPU's directory at its host path and its shm at /dev/shm.
+// owned by the plugin's DaemonSet (uninstall removes it), and runs the
+// control binary in the foreground inside the driver root (chroot, the
+// driver's own libraries and PATH), in the host's PID namespace (an MPS
+// server finds itself in the root's /proc, a host's), with the GPU's
+// directory and shm mounted into the root.
 func TestPodLauncherRunsDaemonOnItsNode(t *testing.T) {
 	l, c := podLauncher()
 	ctx := context.Background()
@@ -71,8 +74,18 @@ func TestPodLauncherRunsDaemonOnItsNode(t *testing.T) {
 		len(p.OwnerReferences) != 1 || p.OwnerReferences[0].UID != "ds-uid" || ptr.Deref(p.OwnerReferences[0].Controller, false) {
 		t.Errorf("pod %s: node %q restart %s owners %+v", p.Name, p.Spec.NodeName, p.Spec.RestartPolicy, p.OwnerReferences)
 	}
-	if ctr.Image != "gpuaas:1" || len(ctr.Command) != 2 || ctr.Command[0] != "/host/usr/bin/nvidia-cuda-mps-control" || ctr.Command[1] != "-f" {
-		t.Errorf("container %s %v", ctr.Image, ctr.Command)
+	if want := "/usr/bin/dra-kubelet-plugin exec-in-driver-root /driver-root /usr/bin/nvidia-cuda-mps-control -f"; ctr.Image != "gpuaas:1" || strings.Join(ctr.Command, " ") != want {
+		t.Errorf("container %s %v, want %s", ctr.Image, ctr.Command, want)
+	}
+	if !p.Spec.HostPID {
+		t.Errorf("pod %s is not in the host's PID namespace", p.Name)
+	}
+	env := map[string]string{}
+	for _, e := range ctr.Env {
+		env[e.Name] = e.Value
+	}
+	if env["PATH"] == "" || !strings.Contains(env["PATH"], "/usr/bin") || env[EnvPipeDir] != "/tmp/pipe" || env[EnvLogDir] != "/tmp/log" || env["CUDA_VISIBLE_DEVICES"] != gpu {
+		t.Errorf("daemon env %v: want the driver's PATH, pipe and log directories below /tmp of the root, and the GPU", env)
 	}
 	mounts := map[string]string{}
 	for _, m := range ctr.VolumeMounts {
@@ -82,7 +95,7 @@ func TestPodLauncherRunsDaemonOnItsNode(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]string{"/host": "/", "/var/lib/p/mps/" + gpu: "/var/lib/p/mps/" + gpu, "/dev/shm": "/var/lib/p/mps/" + gpu + "/shm"}
+	want := map[string]string{"/driver-root": "/", "/driver-root/tmp": "/var/lib/p/mps/" + gpu, "/driver-root/dev/shm": "/var/lib/p/mps/" + gpu + "/shm"}
 	for path, host := range want {
 		if mounts[path] != host {
 			t.Errorf("%s mounted from %q, want %q (all: %v)", path, mounts[path], host, mounts)
@@ -129,10 +142,11 @@ func TestPodLauncherReplacesFinishedDaemon(t *testing.T) {
 	}
 }
 
-func TestPodLauncherRefusesDriverRootAtSlash(t *testing.T) {
-	l, _ := podLauncher()
-	l.DriverRoot = "/"
-	if err := l.Launch(context.Background(), daemonOf(gpu)); err == nil {
-		t.Error("a daemon pod would mount the driver root over its own root")
+func TestPodLauncherRefusesBinaryOutsideDriverRoot(t *testing.T) {
+	l, c := podLauncher()
+	d := daemonOf(gpu)
+	d.Command.Path = "/usr/bin/nvidia-cuda-mps-control" // the plugin's own root, not /host
+	if err := l.Launch(context.Background(), d); err == nil || len(listPods(t, c)) > 0 {
+		t.Errorf("Launch = %v: a daemon pod would run a binary from outside the driver root", err)
 	}
 }

@@ -52,6 +52,7 @@ func openMock(machine string, opts Options) (Interface, error) {
 	if err != nil {
 		return nil, err
 	}
+	pairWithDriverRoot(lib, opts.DriverRoot)
 	if opts.MockStateDir != "" {
 		if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
 			return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)

@@ -72,13 +72,27 @@ type session struct {
 	handles map[string]nvml.Device
 }
 
+// initHint says what an operator can do about NVML's most common answers
+// at start, the first thing a node with a broken driver shows.
+func initHint(ret nvml.Return) string {
+	switch ret {
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return " (the NVIDIA kernel module is not loaded on this node: is the driver installed and loaded, or the GPU Operator's driver pod ready?)"
+	case nvml.ERROR_NO_PERMISSION:
+		return " (no access to /dev/nvidiactl: the plugin's container must be privileged)"
+	case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		return " (the loaded kernel module and the driver libraries are of different versions: reboot the node or reload the module after a driver upgrade)"
+	}
+	return ""
+}
+
 // open initialises NVML once and enumerates the GPUs.
 func open(lib nvml.Interface, topo Topology) (*session, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			return nil, ErrLibraryNotFound
 		}
-		return nil, fmt.Errorf("initialising NVML: %w", ret)
+		return nil, fmt.Errorf("initialising NVML: %w%s", ret, initHint(ret))
 	}
 	s := &session{lib: lib, handles: map[string]nvml.Device{}}
 	if err := s.enumerate(topo); err != nil {

@@ -1,10 +1,14 @@
 package nvdev
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
 
 func TestOpenMockMachines(t *testing.T) {
@@ -143,5 +147,48 @@ func TestNormalizeBusID(t *testing.T) {
 		if got := normalizeBusID(in); got != want {
 			t.Errorf("normalizeBusID(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A mock machine over a driver root holding NVIDIA's real userspace reports
+// that driver's version, so nvcdi finds its libraries (it looks them up by
+// the version NVML reports).
+func TestMockReportsTheDriverRootsVersion(t *testing.T) {
+	root := t.TempDir()
+	libDir := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	if err := os.MkdirAll(libDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"libnvidia-ml.so.535.261.03", "libcuda.so.535.261.03"} {
+		if err := os.WriteFile(filepath.Join(libDir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("libnvidia-ml.so.535.261.03", filepath.Join(libDir, "libnvidia-ml.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ root, driver, cuda string }{
+		{root, "535.261.03", "12.2"},
+		{t.TempDir(), "550.54.15", "12.4"}, // no driver installed: the machine's own
+	} {
+		lib, err := Open(Options{Backend: "mock:dgxh100", MockSeed: "node-a", DriverRoot: tc.root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys := lib.System()
+		_ = lib.Shutdown()
+		if sys.DriverVersion != tc.driver || sys.CUDADriverVersion != tc.cuda {
+			t.Errorf("driver root %s: System() = %+v, want driver %s CUDA %s", tc.root, sys, tc.driver, tc.cuda)
+		}
+	}
+}
+
+// What a node with a driver but no kernel module shows at start: NVML's
+// answer and what to do, in one error.
+func TestInitFailureSaysWhatToDo(t *testing.T) {
+	lib := &mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }}
+	_, err := open(lib, mockTopology{})
+	if !errors.Is(err, nvml.ERROR_DRIVER_NOT_LOADED) || !strings.Contains(err.Error(), "kernel module") {
+		t.Fatalf("open = %v, want NVML's answer and a hint about the kernel module", err)
 	}
 }

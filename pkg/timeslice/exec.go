@@ -58,20 +58,26 @@ var binDirs = []string{"usr/bin", "usr/local/bin", "bin"}
 // root (Debian and Red Hat layouts).
 var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib64", "lib"}
 
-// ToolEnv is the environment a driver tool needs to run from a driver root
-// that is not this container's root: nvidia-smi and the MPS daemon load
-// libnvidia-ml and libcuda at run time, and the container's loader does not
-// search the driver root.
-func ToolEnv(driverRoot string) []string {
+// SMIEnv is the environment nvidia-smi needs to run from a driver root
+// that is not this container's root: the driver root's libnvidia-ml,
+// preloaded. Only that library: a library path over the driver root's
+// directories would also load its libc.so.6 into a binary started by this
+// image's loader, and a host whose glibc differs breaks every call.
+func SMIEnv(driverRoot string) []string {
 	if driverRoot == "" || driverRoot == "/" {
 		return nil
 	}
-	dirs := make([]string, len(libDirs))
-	for i, d := range libDirs {
-		dirs[i] = filepath.Join(driverRoot, d)
+	for _, d := range libDirs {
+		lib := filepath.Join(driverRoot, d, nvmlLibrary)
+		if _, err := os.Stat(lib); err == nil {
+			return []string{"LD_PRELOAD=" + lib}
+		}
 	}
-	return []string{"LD_LIBRARY_PATH=" + strings.Join(dirs, ":")}
+	return nil
 }
+
+// nvmlLibrary is what nvidia-smi loads by its soname.
+const nvmlLibrary = "libnvidia-ml.so.1"
 
 // FindBinary looks a driver tool up under the driver root; an empty root
 // has none.

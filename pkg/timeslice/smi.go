@@ -34,7 +34,7 @@ func (s SMI) SetInterval(ctx context.Context, uuid string, interval configapi.Ti
 	if err != nil {
 		return fmt.Errorf("setting time-slice interval %s: %w", interval, err)
 	}
-	cmd := Cmd{Path: bin, Args: []string{"compute-policy", "-i", uuid, "--set-timeslice=" + strconv.Itoa(n)}, Env: ToolEnv(s.DriverRoot)}
+	cmd := Cmd{Path: bin, Args: []string{"compute-policy", "-i", uuid, "--set-timeslice=" + strconv.Itoa(n)}, Env: SMIEnv(s.DriverRoot)}
 	if _, err := s.Runner.Run(ctx, cmd); err != nil {
 		return fmt.Errorf("setting time-slice interval %s on %s: %w", interval, uuid, err)
 	}
