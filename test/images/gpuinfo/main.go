@@ -6,13 +6,26 @@
 // reading the pod log, with no exec and no GPU tools in the image. Then it
 // sleeps until SIGTERM so the pod stays Running while the test inspects it.
 //
-// The report is one fact per line, sorted, ending with "gpuinfo done":
+// It also probes the driver the way a CUDA program would (unless -cuda=false):
+// it loads libcuda.so.1 and libnvidia-ml.so.1 by soname, reports where they
+// came from and what cuInit and nvmlInit_v2 return, and runs nvidia-smi if
+// it is in PATH. Without a GPU or kernel module those fail with the driver's
+// own codes (CUDA_ERROR_NO_DEVICE=100, NVML_ERROR_DRIVER_NOT_LOADED=9); a
+// dlopen error instead means the libraries were not injected right. This
+// needs a cgo build; a static one reports that it could not probe.
+//
+// The report is one fact per line, sorted within each kind of fact, ending
+// with "gpuinfo done":
 //
 //	env GPUAAS_DEVICE_GPU_0=GPU-1234
 //	env NVIDIA_VISIBLE_DEVICES=void
 //	dev /dev/nvidia0 c 195:0
 //	mount /var/lib/gpuaas
 //	shm /var/lib/kubelet/plugins/gpu.gpuaas.io/mps/GPU-1234/shm
+//	cuda libcuda.so.1 cuInit=100
+//	cuda libcuda.so.1 path=/usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03
+//	cuda libnvidia-ml.so.1 dlopen-error=libnvidia-ml.so.1: cannot open shared object file: No such file or directory
+//	nvidia-smi exit=9 NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. ...
 //	gpuinfo done
 package main
 
@@ -59,6 +72,7 @@ var usualMountTrees = []string{"/proc", "/sys", "/var/run/secrets", "/run/secret
 func main() {
 	once := flag.Bool("once", false, "print the report and exit instead of sleeping until SIGTERM")
 	root := flag.String("root", "/", "directory holding the dev and proc trees to inspect (for tests)")
+	cuda := flag.Bool("cuda", true, "probe the driver libraries and nvidia-smi")
 	flag.Parse()
 
 	// Register before reporting: a SIGTERM that arrives right after the
@@ -66,7 +80,11 @@ func main() {
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 
-	lines, err := report(*root, os.Environ())
+	var probe []string
+	if *cuda {
+		probe = cudaLines()
+	}
+	lines, err := report(*root, os.Environ(), probe)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpuinfo: %v\n", err)
 		os.Exit(1)
@@ -82,8 +100,9 @@ func main() {
 	<-signals
 }
 
-// report returns all lines of the report, the done line last.
-func report(root string, environ []string) ([]string, error) {
+// report returns all lines of the report: the container's view below root
+// and in environ, then the probe's lines, the done line last.
+func report(root string, environ []string, probe []string) ([]string, error) {
 	devs, err := deviceLines(filepath.Join(root, "dev"))
 	if err != nil {
 		return nil, err
@@ -99,6 +118,7 @@ func report(root string, environ []string) ([]string, error) {
 	lines := envLines(environ)
 	lines = append(lines, devs...)
 	lines = append(lines, mounts...)
+	lines = append(lines, probe...)
 	return append(lines, doneLine), nil
 }
 

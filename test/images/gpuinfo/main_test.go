@@ -137,7 +137,8 @@ func TestReport(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "proc", "self", "mountinfo"), []byte(sampleMountinfo), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := report(root, []string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "PATH=/bin"})
+	probe := []string{"cuda libcuda.so.1 cuInit=100"}
+	got, err := report(root, []string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "PATH=/bin"}, probe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,12 +148,13 @@ func TestReport(t *testing.T) {
 		"mount /opt/my dir",
 		"mount /procfs-not-proc",
 		"mount /var/lib/gpuaas/claims/x",
+		"cuda libcuda.so.1 cuInit=100",
 		doneLine,
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("report = %q, want %q", got, want)
 	}
-	if _, err := report(t.TempDir(), nil); err == nil {
+	if _, err := report(t.TempDir(), nil, nil); err == nil {
 		t.Error("report on an empty root: want an error")
 	}
 }
