@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok image fmt vet clean
+.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -64,18 +64,34 @@ kueue:
 kwok:
 	hack/build-kwok.sh
 
-## image: one image with both binaries (needs a Docker engine with BuildKit)
-image:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+## driver-userspace: NVIDIA's driver userspace (535.261.03, Debian non-free) unpacked, never installed, as a
+## host install's driver root into _output/driver-userspace/host: the real node's driver root (cached)
+driver-userspace:
+	hack/build-driver-userspace.sh
+
+## image-base: the images' runtime base (glibc for the cgo binaries) from Debian packages (cached)
+image-base:
+	hack/build-image-base.sh
+
+## cdi-hook: NVIDIA's nvidia-cdi-hook at the nvidia-container-toolkit version go.mod pins (cached)
+cdi-hook:
+	hack/build-cdi-hook.sh
+
+## image: the release image (both binaries, nvidia-cdi-hook, glibc) as an OCI archive, without Docker or a
+## registry: $(IMAGE_TAR). Push: skopeo copy oci-archive:$(IMAGE_TAR) docker://$(IMAGE):$(VERSION)
+IMAGE_TAR ?= $(OUTPUT)/images/gpu-dra-driver-$(VERSION).oci.tar
+image: image-base cdi-hook
+	$(GO) run ./hack/image --version $(VERSION) --repository $(IMAGE) \
+		--base-rootfs $(OUTPUT)/image-base/rootfs --cdi-hook $(BIN)/nvidia-cdi-hook --out $(IMAGE_TAR)
 
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
 ## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
-e2e: k8s-bins node-bins helm kueue kwok
+e2e: k8s-bins node-bins helm kueue kwok driver-userspace image-base cdi-hook
 	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
-demo: k8s-bins kueue
+demo: k8s-bins node-bins helm kueue driver-userspace image-base cdi-hook
 	$(GO) run ./hack/demo $(DEMO_FLAGS)
 
 ## bench: the Go benchmarks reported in BENCHMARKS.md

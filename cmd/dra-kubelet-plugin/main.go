@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -46,6 +47,7 @@ type flags struct {
 	clearFaults                                        string
 	mpsDaemons, mpsImage, podName, podNamespace        string
 	priorityClass                                      string
+	mpsShmSize                                         string
 }
 
 func main() {
@@ -97,6 +99,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.mpsDaemons, "mps-daemons", cli.Env("MPS_DAEMONS", mpsInPods), fmt.Sprintf("Where MPS control daemons run: %q, a pod per GPU on this node (survives plugin restarts and rolling updates; needs --mps-daemon-image, $POD_NAME and $POD_NAMESPACE), or %q, background processes of the plugin (only where the plugin runs as a host process: in a container they die with it). [$MPS_DAEMONS]", mpsInPods, mpsInProcesses))
 	fs.StringVar(&f.mpsImage, "mps-daemon-image", os.Getenv("MPS_DAEMON_IMAGE"), "Image of the MPS daemon pods (the plugin's own; the daemon binary comes from the driver root). [$MPS_DAEMON_IMAGE]")
 	fs.StringVar(&f.priorityClass, "mps-daemon-priority-class", os.Getenv("MPS_DAEMON_PRIORITY_CLASS"), "Priority class of the MPS daemon pods. [$MPS_DAEMON_PRIORITY_CLASS]")
+	fs.StringVar(&f.mpsShmSize, "mps-shm-size", cli.Env("MPS_SHM_SIZE", "1Gi"), "With MPS daemons in pods: the size of each MPS GPU's shared memory, a tmpfs the daemon and every client see at /dev/shm (mounted in the plugin's directory, which must propagate to the host). [$MPS_SHM_SIZE]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -142,9 +145,13 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	mpsShm, err := newMPSShm(f)
+	if err != nil {
+		return err
+	}
 	driver, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: client, NVML: lib, CDI: cdiHandler, NodeConfig: nodeCfg,
-		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher,
+		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher, MPSShm: mpsShm,
 		Events:        broadcaster.NewRecorder("gpuaas-dra-kubelet-plugin"),
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor,
@@ -270,6 +277,20 @@ const (
 	mpsInPods      = "pod"
 	mpsInProcesses = "process"
 )
+
+// newMPSShm is each MPS GPU's shared memory: a sized tmpfs where daemons
+// run in pods (shared with every client); daemons run as processes share
+// none.
+func newMPSShm(f flags) (mps.ShmMounter, error) {
+	if f.mpsDaemons != mpsInPods {
+		return nil, nil
+	}
+	size, err := resource.ParseQuantity(f.mpsShmSize)
+	if err != nil || size.Value() < 1<<20 {
+		return nil, fmt.Errorf("--mps-shm-size=%q: want a size of at least 1Mi (%v)", f.mpsShmSize, err)
+	}
+	return mps.Tmpfs{Size: size.Value()}, nil
+}
 
 // newMPSLauncher picks where MPS daemons run. The pods belong to the
 // plugin's DaemonSet, read from the plugin's own pod.

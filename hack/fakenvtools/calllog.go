@@ -22,7 +22,7 @@ import (
 // UTC. tool is "nvidia-smi" or "nvidia-cuda-mps-control". args are the
 // arguments after the program name, [] for none. env holds only those of
 // CUDA_VISIBLE_DEVICES, CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY and
-// LD_LIBRARY_PATH that are set, {} for none. stdin is what an MPS client
+// LD_LIBRARY_PATH and LD_PRELOAD that are set, {} for none. stdin is what an MPS client
 // (no arguments) read, its commands; it is absent otherwise, or when empty.
 // The foreground daemon (-f) is not recorded: -d, which starts it, is.
 type callRecord struct {
@@ -34,7 +34,7 @@ type callRecord struct {
 }
 
 // recordedEnv is the environment the plugin passes that tests care about.
-var recordedEnv = []string{"CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "LD_LIBRARY_PATH"}
+var recordedEnv = []string{"CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "LD_LIBRARY_PATH", "LD_PRELOAD"}
 
 func newCallRecord(tool string, args []string, stdin string) callRecord {
 	r := callRecord{Time: time.Now().UTC(), Tool: tool, Args: append([]string{}, args...), Env: map[string]string{}, Stdin: stdin}

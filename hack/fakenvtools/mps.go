@@ -113,6 +113,7 @@ type daemon struct {
 	mu       sync.Mutex
 	log      *os.File
 	pct      float64
+	mem      string // default pinned memory limit of device 0, as set
 	stopping bool
 	// stop receives the connection of the quit command, answered only
 	// once the daemon is gone.
@@ -268,8 +269,18 @@ func (d *daemon) exec(line string) (reply string, quit bool) {
 		}
 		d.pct = p
 		return fmt.Sprintf("%.1f", p), false
-	case len(f) == 1 && f[0] == "get_server_list":
+	case len(f) == 3 && f[0] == "set_default_device_pinned_mem_limit" && f[1] == "0":
+		if n := strings.TrimRight(f[2], "KMGT"); n == f[2] || n == "" {
+			return "Invalid value", false
+		}
+		d.mem = f[2]
 		return "", false
+	case len(f) == 2 && f[0] == "get_default_device_pinned_mem_limit" && f[1] == "0":
+		return d.mem, false // nothing when unset, as the real one
+	case len(f) == 1 && f[0] == "get_server_list":
+		return "", false // no server: they need a GPU
+	case len(f) >= 3 && (f[0] == "set_active_thread_percentage" || f[0] == "set_device_pinned_mem_limit"):
+		return "Server " + f[1] + " not found", false
 	case len(f) == 1 && f[0] == "quit":
 		d.stopping = true
 		return "", true

@@ -13,7 +13,7 @@ import (
 
 // Version is the release the binary was built from. The image build sets
 // it: -ldflags "-X github.com/gpuaas/gpu-dra-driver/pkg/cli.Version=<version>"
-// (Dockerfile, from the Makefile's VERSION).
+// (make image, from the Makefile's VERSION).
 var Version = "dev"
 
 // Env returns the environment variable name, or def when it is unset.

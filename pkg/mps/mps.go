@@ -46,6 +46,9 @@ type Daemons struct {
 	Ready time.Duration
 	// Launcher runs the daemons; nil means ProcessLauncher.
 	Launcher Launcher
+	// Shm provides each GPU's shared memory directory; nil leaves it a
+	// plain directory (daemons run as processes, which share none).
+	Shm ShmMounter
 }
 
 // GPUDir is a GPU's directory. It is named by the first 12 hex digits of
@@ -124,6 +127,11 @@ func (d *Daemons) Start(ctx context.Context, gpu string) error {
 	if err := os.WriteFile(filepath.Join(d.GPUDir(gpu), uuidFile), []byte(gpu+"\n"), 0o644); err != nil {
 		return fmt.Errorf("MPS directory: %w", err)
 	}
+	if d.Shm != nil {
+		if err := d.Shm.Mount(d.ShmDir(gpu)); err != nil {
+			return err
+		}
+	}
 	daemon := Daemon{GPU: gpu, Command: cmd, Dir: d.GPUDir(gpu), ShmDir: d.ShmDir(gpu)}
 	if err := d.launcher().Launch(ctx, daemon); err != nil {
 		return err
@@ -164,6 +172,11 @@ func (d *Daemons) Stop(ctx context.Context, gpu string) error {
 	}
 	if err := d.launcher().Remove(ctx, gpu); err != nil {
 		return fmt.Errorf("removing MPS daemon of %s: %w", gpu, err)
+	}
+	if d.Shm != nil {
+		if err := d.Shm.Unmount(d.ShmDir(gpu)); err != nil {
+			return err
+		}
 	}
 	if err := os.RemoveAll(d.GPUDir(gpu)); err != nil {
 		return fmt.Errorf("removing MPS directories of %s: %w", gpu, err)

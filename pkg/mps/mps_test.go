@@ -96,3 +96,71 @@ func TestSocketPathsFitUnderLongKubeletRoots(t *testing.T) {
 		t.Errorf("socket path %s is %d bytes, over the 107 a Unix socket allows", sock, len(sock))
 	}
 }
+
+// limitsRunner plays a live daemon's limits, as the real control daemon
+// answers them (no memory limit prints nothing).
+type limitsRunner struct {
+	pct   string
+	mem   string
+	stdin []string
+}
+
+func (r *limitsRunner) Run(_ context.Context, c timeslice.Cmd) ([]byte, error) {
+	r.stdin = append(r.stdin, c.Stdin)
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(c.Stdin), "\n") {
+		f := strings.Fields(line)
+		switch f[0] {
+		case "get_default_active_thread_percentage":
+			out = append(out, r.pct)
+		case "get_default_device_pinned_mem_limit":
+			if r.mem != "" {
+				out = append(out, r.mem)
+			}
+		case "set_default_active_thread_percentage":
+			r.pct = f[1] + ".0"
+		case "set_default_device_pinned_mem_limit":
+			r.mem = f[2]
+		case "get_server_list":
+			out = append(out, "4242")
+		}
+	}
+	return []byte(strings.Join(out, "\n")), nil
+}
+
+// The daemon's defaults, which a client cannot raise from its environment,
+// are its first client's limits, then the largest of its clients', and
+// reach the servers already running.
+func TestCoverSetsTheDaemonsLimits(t *testing.T) {
+	d, _ := daemons(t)
+	r := &limitsRunner{pct: "100.0"}
+	d.Runner = r
+	ctx := context.Background()
+	ten := Limits{MemoryBytes: 10 << 30, ThreadPercentage: 13}
+	if got, err := d.Cover(ctx, gpu, ten, true); err != nil || got != ten {
+		t.Fatalf("first client: %+v, %v", got, err)
+	}
+	if got, err := d.Defaults(ctx, gpu); err != nil || got.ThreadPercentage != 13 || got.MemoryBytes != 10<<30 {
+		t.Errorf("daemon defaults after the first client: %+v, %v (answers %q)", got, err, r.stdin)
+	}
+	five := Limits{MemoryBytes: 5 << 30, ThreadPercentage: 7}
+	if got, err := d.Cover(ctx, gpu, five, false); err != nil || got != ten {
+		t.Errorf("a smaller second client lowered the bound: %+v, %v", got, err)
+	}
+	twenty := Limits{MemoryBytes: 20 << 30, ThreadPercentage: 25}
+	if got, err := d.Cover(ctx, gpu, twenty, false); err != nil || got != twenty {
+		t.Errorf("a larger client: %+v, %v", got, err)
+	}
+	last := r.stdin[len(r.stdin)-1]
+	if !strings.Contains(last, "set_active_thread_percentage 4242 25") || !strings.Contains(last, "set_device_pinned_mem_limit 4242 0 20480M") {
+		t.Errorf("the running server did not get the limits: %q", last)
+	}
+}
+
+func TestParseMemLimit(t *testing.T) {
+	for in, want := range map[string]int64{"10G": 10 << 30, "512M": 512 << 20, "1.5G": 3 << 29, "": 0, "none": 0} {
+		if got := ParseMemLimit(in); got != want {
+			t.Errorf("ParseMemLimit(%q) = %d, want %d", in, got, want)
+		}
+	}
+}

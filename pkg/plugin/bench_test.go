@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +20,17 @@ import (
 // checkpoint record, both fsynced) in a temporary directory.
 func BenchmarkPrepareUnprepare(b *testing.B) {
 	e := newTestEnv(b, "dgxh100")
+	benchPrepareUnprepare(b, e, "gpu-0")
+}
+
+// BenchmarkPrepareUnprepareWithDriver is BenchmarkPrepareUnprepare on a
+// node with a driver installed: each claim's spec carries the driver's
+// files and NVIDIA's hooks (nvidia-cdi-hook), as on a GPU node.
+func BenchmarkPrepareUnprepareWithDriver(b *testing.B) {
+	e := newTestEnv(b, "dgxh100")
+	e.driverRoot = cditest.NewDriverRoot(b, e.lib.System().DriverVersion).Root
+	e.cdiHook = "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-cdi-hook"
+	e.state = e.newState(b)
 	benchPrepareUnprepare(b, e, "gpu-0")
 }
 

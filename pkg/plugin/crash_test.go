@@ -536,7 +536,7 @@ func (f *fakeTools) Run(_ context.Context, c timeslice.Cmd) ([]byte, error) {
 	case !f.running(gpu):
 		return nil, errors.New("cannot connect to the MPS control daemon")
 	}
-	return nil, nil
+	return daemonAnswers(c.Stdin), nil
 }
 
 func (f *fakeTools) set(change func()) {

@@ -47,6 +47,9 @@ type Options struct {
 	// MPSLauncher runs the MPS control daemons; nil runs them as
 	// background processes of the plugin (see mps.ProcessLauncher).
 	MPSLauncher mps.Launcher
+	// MPSShm provides each MPS GPU's shared memory (a sized tmpfs where the
+	// daemons run in pods); nil keeps a plain directory.
+	MPSShm mps.ShmMounter
 	// BootIDPath is where the node's boot ID is read (a simulated node
 	// fakes its reboots there); empty means DefaultBootIDPath.
 	BootIDPath string
@@ -112,7 +115,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML,
-		MPSLauncher: opts.MPSLauncher})
+		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
 		BootIDPath: opts.BootIDPath, Events: newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)}

@@ -46,6 +46,9 @@ type testEnv struct {
 	// mockStateDir keeps the mock machine in a file when not empty, so that
 	// a new backend on it plays the restarted process (reopenMachine).
 	mockStateDir string
+	// driverRoot and cdiHook, when set, give each new State's CDI handler
+	// a driver's files and NVIDIA's hooks, as on a GPU node.
+	driverRoot, cdiHook string
 	// wrapCDI, when set, wraps each new State's CDI writer (fault hooks).
 	wrapCDI func(CDIWriter) CDIWriter
 	// events are the Node events of every State of the env.
@@ -122,6 +125,7 @@ func newTestEnvIn(t testing.TB, machine string, cfg *configapi.NodeConfig, mockS
 func (e *testEnv) newState(t testing.TB) *State {
 	t.Helper()
 	handler, err := cdi.NewHandler(cdi.Options{CDIRoot: e.cdiRoot, NVML: e.lib.NVML(),
+		DriverRoot: e.driverRoot, CDIHookPath: e.cdiHook,
 		ProcDevicesPath: filepath.Join(filepath.Dir(e.migMinors), "devices")})
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,8 @@ type SharingOptions struct {
 	// MPSLauncher runs the MPS daemons; nil runs them as background
 	// processes (mps.ProcessLauncher).
 	MPSLauncher mps.Launcher
+	// MPSShm provides each MPS GPU's shared memory; nil: a directory.
+	MPSShm mps.ShmMounter
 }
 
 // Sharing applies per-GPU sharing settings, reference counted across the
@@ -61,7 +63,7 @@ func NewSharing(o SharingOptions) *Sharing {
 	}
 	return &Sharing{
 		smi:  timeslice.SMI{Runner: runner, DriverRoot: o.DriverRoot},
-		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: mpsReady, Launcher: o.MPSLauncher},
+		mps:  &mps.Daemons{Runner: runner, DriverRoot: o.DriverRoot, Dir: o.MPSDir, Ready: mpsReady, Launcher: o.MPSLauncher, Shm: o.MPSShm},
 		nvml: o.NVML,
 		mgrs: map[string]*timeslice.Manager{},
 	}
@@ -347,7 +349,16 @@ func (s *State) acquireSharing(ctx context.Context, plan []plannedDevice, rec *c
 		if p.sharing == nil {
 			continue
 		}
-		if err := s.sharing.mgr(p.device.GPU.UUID).Acquire(ctx, p.device.GPU.UUID, holder(rec.UID, p.device.Name()), p.sharing.settings); err != nil {
+		gpu := p.device.GPU.UUID
+		if err := s.sharing.mgr(gpu).Acquire(ctx, gpu, holder(rec.UID, p.device.Name()), p.sharing.settings); err != nil {
+			return err
+		}
+		if p.sharing.limits == nil {
+			continue
+		}
+		// The daemon enforces what the client's environment only asks.
+		n, _ := s.sharing.holders(gpu)
+		if _, err := s.sharing.mps.Cover(ctx, gpu, *p.sharing.limits, n == 1); err != nil {
 			return err
 		}
 	}

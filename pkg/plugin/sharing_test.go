@@ -51,7 +51,19 @@ func (f *fakeRunner) Run(_ context.Context, c timeslice.Cmd) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return nil, nil
+	return daemonAnswers(c.Stdin), nil
+}
+
+// daemonAnswers is what a fresh MPS control daemon answers to the plugin's
+// questions: 100% of the threads, no memory limit (nothing), no servers.
+func daemonAnswers(stdin string) []byte {
+	var out []string
+	for _, line := range strings.Split(stdin, "\n") {
+		if strings.TrimSpace(line) == "get_default_active_thread_percentage" {
+			out = append(out, "100.0")
+		}
+	}
+	return []byte(strings.Join(out, "\n"))
 }
 
 func (f *fakeRunner) take() []string {
@@ -370,8 +382,14 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 	if mode, _ := dev.GetComputeMode(); mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
 		t.Errorf("compute mode = %v while MPS runs", mode)
 	}
-	if got := run.take(); len(got) < 2 || !strings.HasPrefix(got[0], "nvidia-cuda-mps-control -d") {
+	got := run.take()
+	if len(got) < 2 || !strings.HasPrefix(got[0], "nvidia-cuda-mps-control -d") {
 		t.Errorf("daemon not started once then checked: %v", got)
+	}
+	// The daemon holds the limits too: a client that drops its
+	// environment still gets no more than its share.
+	if !slices.Contains(got, "nvidia-cuda-mps-control set_default_active_thread_percentage 13 set_default_device_pinned_mem_limit 0 10240M") {
+		t.Errorf("the daemon was not given the claims' limits: %v", got)
 	}
 	for _, uid := range []string{"a", "b"} {
 		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {

@@ -2,18 +2,23 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -37,6 +42,9 @@ func testSharingTools(t *testing.T, n *realNode) {
 	mpsDir := filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mps")
 
 	pod := workloadPod(ns, "long-and-mps")
+	// An unprivileged user, as most workloads run: it must reach the MPS
+	// daemon and write to the shared /dev/shm.
+	pod.Spec.SecurityContext = &v1.PodSecurityContext{RunAsUser: ptr.To[int64](1000), RunAsGroup: ptr.To[int64](1000)}
 	for name, sel := range map[string][2]string{"long": {"timeslice.gpuaas.io", onLongGPU}, "mps": {"shared.gpuaas.io", onMPSGPU}} {
 		tmpl := templateFor(name, ns, sel[0])
 		tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: sel[1]}}}
@@ -49,9 +57,17 @@ func testSharingTools(t *testing.T, n *realNode) {
 	pod = createAndRun(t, ctx, pod)
 	checkContainerSawClaims(t, ctx, n, pod, "ctr")
 	checkDriverLibraries(t, waitToolCall(t, ctx, n.ToolCalls, setTimeslice(tsUUID, 3)), n.DriverRoot)
-	waitToolCall(t, ctx, n.ToolCalls, mpsControl(mpsUUID, "get_default_active_thread_percentage\n"))
-	waitDaemonLog(t, ctx, mpsDir, mpsUUID, "Starting control daemon on GPUs "+mpsUUID)
 	daemon := mpsDaemonPod(t, ctx, n.Name, mpsUUID)
+	checkDaemonLimits(t, ctx, n, pod, mpsDir, mpsUUID)
+	// The container's cuInit reached the daemon through its pipe
+	// directory, and the daemon, inside the driver root, found and started
+	// NVIDIA's MPS server for it (which needs a GPU to live on). In the
+	// foreground the daemon logs to its pod's log.
+	for _, want := range []string{"NEW CLIENT", "from user 1000", "Starting new server"} {
+		if _, err := n.WaitForPodLogContaining(ctx, releaseNamespace, daemon.Name, "mps-control-daemon", want); err != nil {
+			t.Errorf("the MPS daemon of %s did not log %q: %v", mpsUUID, want, err)
+		}
+	}
 
 	plugin := waitForPluginPod(t, ctx, "")
 	if err := cp.Client.CoreV1().Pods(releaseNamespace).Delete(ctx, plugin.Name, metav1.DeleteOptions{}); err != nil {
@@ -65,14 +81,67 @@ func testSharingTools(t *testing.T, n *realNode) {
 
 	deletePodAndWait(t, ctx, pod)
 	waitToolCall(t, ctx, n.ToolCalls, setTimeslice(tsUUID, 0))
-	waitToolCall(t, ctx, n.ToolCalls, mpsControl(mpsUUID, "quit\n"))
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+	gpuDir := (&mps.Daemons{Dir: mpsDir}).GPUDir(mpsUUID)
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(gpuDir)
+		return os.IsNotExist(err), nil
+	})
+	if err != nil {
+		t.Errorf("the MPS directory %s of the GPU's quit daemon is left: %v", gpuDir, err)
+	}
+	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: mpsDaemonSelector})
 		return err == nil && len(pods.Items) == 0, nil
 	})
 	if err != nil {
 		t.Errorf("MPS daemon pods left after the GPU's last claim: %v", err)
 	}
+}
+
+// checkDaemonLimits reads the GPU's real MPS control daemon's default
+// limits back and compares them with the client's environment: the daemon
+// enforces them whatever the client's environment says.
+func checkDaemonLimits(t *testing.T, ctx context.Context, n *realNode, pod *v1.Pod, mpsDir, uuid string) {
+	t.Helper()
+	log, err := n.WaitForPodLog(ctx, pod.Namespace, pod.Name, "ctr", "gpuinfo done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pct, mem string
+	for _, l := range strings.Split(log, "\n") {
+		if v, ok := strings.CutPrefix(l, "env "+mps.EnvThreads+"="); ok {
+			pct = v
+		}
+		if v, ok := strings.CutPrefix(l, "env "+mps.EnvPinnedMemLimit+"="+uuid+"="); ok {
+			mem = v
+		}
+	}
+	if pct == "" || mem == "" {
+		t.Fatalf("the MPS client has no limits in its environment:\n%s", log)
+	}
+	if got := askMPSDaemon(t, ctx, n, mpsDir, uuid, "get_default_active_thread_percentage"); got != pct+".0" {
+		t.Errorf("MPS daemon of %s: default thread percentage %q, want the client's %s", uuid, got, pct)
+	}
+	got := askMPSDaemon(t, ctx, n, mpsDir, uuid, "get_default_device_pinned_mem_limit 0")
+	if mps.ParseMemLimit(got) != mps.ParseMemLimit(mem) {
+		t.Errorf("MPS daemon of %s: default pinned memory limit %q, want the client's %s", uuid, got, mem)
+	}
+}
+
+// askMPSDaemon sends one command to a GPU's real MPS control daemon, the
+// way the plugin does (the driver root's nvidia-cuda-mps-control as a
+// client, on the daemon's pipe directory), and returns its answer.
+func askMPSDaemon(t *testing.T, ctx context.Context, n *realNode, mpsDir, uuid, command string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(n.DriverRoot, "usr/bin", mps.ControlBinary))
+	cmd.Env = []string{mps.EnvPipeDir + "=" + (&mps.Daemons{Dir: mpsDir}).PipeDir(uuid)}
+	cmd.Stdin = strings.NewReader(command + "\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("asking the MPS daemon of %s %q: %v: %s", uuid, command, err, out)
+	}
+	t.Logf("MPS daemon of %s: %s -> %s", uuid, command, strings.TrimSpace(string(out)))
+	return strings.TrimSpace(string(out))
 }
 
 // mpsDaemonPod waits for the running daemon pod of a GPU and checks where
@@ -91,6 +160,11 @@ func mpsDaemonPod(t *testing.T, ctx context.Context, node, uuid string) *v1.Pod 
 	})
 	if err != nil {
 		t.Fatalf("no running MPS daemon pod for %s: %v", uuid, err)
+	}
+	// NVIDIA's control daemon runs inside the driver root, with the
+	// host's PIDs (an MPS server looks itself up in /proc).
+	if cmd := strings.Join(pod.Spec.Containers[0].Command, " "); !pod.Spec.HostPID || !strings.Contains(cmd, mps.ExecInRootCommand) {
+		t.Errorf("MPS daemon pod %s: hostPID %v, command %s; want the host's PIDs and the daemon inside the driver root", pod.Name, pod.Spec.HostPID, cmd)
 	}
 	if owners := pod.OwnerReferences; pod.Spec.NodeName != node || len(owners) != 1 || owners[0].Kind != "DaemonSet" {
 		t.Errorf("MPS daemon pod %s on node %q owned by %+v; want node %s and the plugin's DaemonSet", pod.Name, pod.Spec.NodeName, owners, node)
@@ -123,11 +197,19 @@ func checkMPSClientView(t *testing.T, n *realNode, claim *resourceapi.ResourceCl
 					t.Errorf("MPS client of claim %s lacks %q:\n%s", claim.Name, want, log)
 				}
 			}
-			// gpuinfo names the source of /dev/shm relative to its
-			// filesystem's root: compare the part below the plugin's dir.
-			shm := "/mps/" + filepath.Base(filepath.Dir(pipe)) + "/shm"
-			if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "shm ") && strings.HasSuffix(l, shm) }) {
-				t.Errorf("MPS client of claim %s does not share the daemon's /dev/shm (%s):\n%s", claim.Name, shm, log)
+			// /dev/shm is the GPU's tmpfs, which the daemon mounts too
+			// (the same file system as on the host), and any user may
+			// write there.
+			var st unix.Stat_t
+			shm := filepath.Join(filepath.Dir(pipe), "shm")
+			if err := unix.Stat(shm, &st); err != nil {
+				t.Fatalf("the GPU's shared memory: %v", err)
+			}
+			want := fmt.Sprintf("shm / dev=%d:%d fs=tmpfs", unix.Major(st.Dev), unix.Minor(st.Dev))
+			for _, w := range []string{want, "shm writable=true"} {
+				if !slices.Contains(lines, w) {
+					t.Errorf("MPS client of claim %s lacks %q (the GPU's tmpfs %s):\n%s", claim.Name, w, shm, log)
+				}
 			}
 		}
 	}

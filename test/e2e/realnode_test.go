@@ -63,6 +63,8 @@ func TestRealNode(t *testing.T) {
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"SharingTools", testSharingTools},
+		{"RealDriverTools", testRealDriverTools},
+		{"RealNVMLStopsCleanly", testRealNVMLStopsCleanly},
 		{"DeviceHealth", testDeviceHealth},
 		{"MIGHealth", testMIGHealth},
 		{"Drain", testDrain},
@@ -361,6 +363,7 @@ func checkContainerSawClaims(t *testing.T, ctx context.Context, n *realNode, pod
 			t.Errorf("pod %s container %s sees %s, which is not its GPU\n%s", pod.Name, container, node, log)
 		}
 	}
+	checkCUDAProbe(t, fmt.Sprintf("pod %s container %s", pod.Name, container), log, len(wantNodes) > 1)
 	t.Logf("pod %s container %s saw %v and %v", pod.Name, container, sets.List(gotUUIDs), sets.List(gotNodes))
 }
 

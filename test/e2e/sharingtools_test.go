@@ -86,13 +86,22 @@ func mpsControl(uuid, stdin string) toolCall {
 	return toolCall{tool: "nvidia-cuda-mps-control", args: []string{}, stdin: stdin, env: map[string]string{"CUDA_VISIBLE_DEVICES": uuid}}
 }
 
-// checkDriverLibraries checks that a tool ran with the driver root's
-// libraries on its loader path: the real tools load libnvidia-ml from it.
+// checkDriverLibraries checks that a tool ran with the driver root's NVML
+// preloaded, where the root has one, and with no library path: a path
+// over the root's directories loaded its libc under the plugin image's
+// loader.
 func checkDriverLibraries(t *testing.T, c framework.ToolCall, driverRoot string) {
 	t.Helper()
-	lib := filepath.Join(driverRoot, "usr/lib/x86_64-linux-gnu")
-	if !slices.Contains(strings.Split(c.Env["LD_LIBRARY_PATH"], ":"), lib) {
-		t.Errorf("%s ran without %s on LD_LIBRARY_PATH (env %v)", c, lib, c.Env)
+	if ld, ok := c.Env["LD_LIBRARY_PATH"]; ok {
+		t.Errorf("%s ran with LD_LIBRARY_PATH=%s: the driver root's libc mixed with the plugin's", c, ld)
+	}
+	nvml := filepath.Join(driverRoot, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+	want := ""
+	if _, err := os.Stat(nvml); err == nil {
+		want = nvml
+	}
+	if c.Env["LD_PRELOAD"] != want {
+		t.Errorf("%s ran with LD_PRELOAD=%q, want %q", c, c.Env["LD_PRELOAD"], want)
 	}
 }
 

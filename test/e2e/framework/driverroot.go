@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -51,6 +52,75 @@ func MakeDriverRoot(dir string, gpus int) error {
 	return nil
 }
 
+// DriverUserspaceDir is where hack/build-driver-userspace.sh (make
+// driver-userspace) unpacks NVIDIA's real driver userspace from Debian's
+// packages, laid out as a host install: libraries flat in
+// usr/lib/x86_64-linux-gnu with the links ldconfig makes, binaries in
+// usr/bin, and the libc they need.
+const DriverUserspaceDir = "_output/driver-userspace/host"
+
+// InstallDriverUserspace copies NVIDIA's real driver userspace into a
+// driver root made by MakeDriverRoot, and the directories a root has that
+// the MPS daemon pods mount into (tmp, dev/shm). Copied, not linked: the
+// real node's directory is a mount of its own.
+func InstallDriverUserspace(ctx context.Context, driverRoot string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	src := filepath.Join(root, DriverUserspaceDir)
+	if _, err := os.Stat(filepath.Join(src, "usr", "bin", "nvidia-smi")); err != nil {
+		return fmt.Errorf("NVIDIA's driver userspace is not built (make driver-userspace): %w", err)
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", src+"/.", driverRoot+"/").CombinedOutput(); err != nil {
+		return fmt.Errorf("copying the driver userspace into %s: %w: %s", driverRoot, err, out)
+	}
+	for dir, mode := range map[string]os.FileMode{"tmp": 0o1777, "dev/shm": 0o1777} {
+		if err := os.MkdirAll(filepath.Join(driverRoot, dir), mode); err != nil {
+			return fmt.Errorf("creating %s in the driver root: %w", dir, err)
+		}
+	}
+	// The MPS control daemon, run inside the root, opens /dev/null.
+	null := filepath.Join(driverRoot, "dev", "null")
+	if err := unix.Mknod(null, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("mknod %s: %w", null, err)
+	}
+	return nil
+}
+
+// DriverUserspaceVersion is the driver version of the real userspace.
+func DriverUserspaceVersion() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(filepath.Join(root, filepath.Dir(DriverUserspaceDir), "VERSION"))
+	if err != nil {
+		return "", fmt.Errorf("driver userspace version (make driver-userspace): %w", err)
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// realToolSuffix keeps a driver tool that a stand-in replaced, so a test
+// can put the real one back (UseRealNVTool).
+const realToolSuffix = ".driver"
+
+// UseRealNVTool puts the driver's own tool back in place of its stand-in
+// (real=true) or the stand-in back (real=false), in usr/bin of the driver
+// root: the plugin and nvcdi look tools up there at each call.
+func UseRealNVTool(driverRoot, name string, real bool) error {
+	bin := filepath.Join(driverRoot, "usr", "bin")
+	stash := map[bool]string{true: name + ".stand-in", false: name + realToolSuffix}[real]
+	bring := map[bool]string{true: name + realToolSuffix, false: name + ".stand-in"}[real]
+	if err := os.Rename(filepath.Join(bin, name), filepath.Join(bin, stash)); err != nil {
+		return fmt.Errorf("setting %s aside: %w", name, err)
+	}
+	if err := os.Rename(filepath.Join(bin, bring), filepath.Join(bin, name)); err != nil {
+		return fmt.Errorf("putting %s in place: %w", name, err)
+	}
+	return nil
+}
+
 // ToolCall is one call of the stand-in NVIDIA tools (hack/fakenvtools), a
 // line of their call log.
 type ToolCall struct {
@@ -65,20 +135,35 @@ func (c ToolCall) String() string {
 	return strings.TrimSpace(c.Tool + " " + strings.Join(c.Args, " ") + " " + strings.ReplaceAll(c.Stdin, "\n", " "))
 }
 
+// FakeNVTools are the tools hack/fakenvtools stands in for.
+var FakeNVTools = []string{"nvidia-smi", "nvidia-cuda-mps-control"}
+
 // InstallFakeNVTools builds hack/fakenvtools into the driver root's
-// usr/bin as nvidia-smi and nvidia-cuda-mps-control, the tools the plugin
+// usr/bin as the named tools (FakeNVTools when none), the tools the plugin
 // runs for time-slice intervals and MPS, recording their calls in callLog
-// (which must be writable where the plugin runs them).
-func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string) error {
+// (which must be writable where the plugin runs them). A real tool there
+// is kept aside for UseRealNVTool.
+func InstallFakeNVTools(ctx context.Context, driverRoot, callLog string, tools ...string) error {
+	if len(tools) == 0 {
+		tools = FakeNVTools
+	}
 	bin := filepath.Join(driverRoot, "usr", "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	built, err := buildFakeNVTools(ctx, filepath.Join(bin, "nvidia-smi"))
+	for _, name := range tools {
+		real := filepath.Join(bin, name)
+		if _, err := os.Stat(real); err == nil {
+			if err := os.Rename(real, real+realToolSuffix); err != nil {
+				return fmt.Errorf("keeping the driver's %s: %w", name, err)
+			}
+		}
+	}
+	built, err := buildFakeNVTools(ctx, filepath.Join(bin, tools[0]))
 	if err != nil {
 		return err
 	}
-	for _, name := range []string{"nvidia-smi", "nvidia-cuda-mps-control"} {
+	for _, name := range tools {
 		dst := filepath.Join(bin, name)
 		if dst == built {
 			continue

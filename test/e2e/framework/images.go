@@ -4,71 +4,101 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/gpuaas/gpu-dra-driver/hack/image/release"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage"
 )
 
-// Images of the real node, built from this repository and imported into
-// containerd; pods run them with imagePullPolicy: Never.
+// Images of the real node, imported into containerd; pods run them with
+// imagePullPolicy: Never.
 const (
-	// DriverImageRepository:DriverImageTag holds both binaries where the
-	// chart runs them (/usr/bin), as the repository's Dockerfile does.
-	DriverImageRepository = "localhost/gpuaas/gpu-dra-driver"
-	DriverImageTag        = "e2e"
+	// DriverImageRepository:DriverImageTag is the release image, the one
+	// `make image` builds (the chart's default image and appVersion):
+	// the real node runs exactly that artifact.
+	DriverImageRepository = "ghcr.io/gpuaas/gpu-dra-driver"
+	DriverImageTag        = "0.1.0"
 	// WorkloadImage runs test/images/gpuinfo: it prints what the container
-	// got from CDI (NVIDIA_* variables, /dev/nvidia* nodes, extra mounts).
+	// got from CDI (NVIDIA_* variables, /dev/nvidia* nodes, extra mounts)
+	// and what CUDA, NVML and nvidia-smi answer in it.
 	WorkloadImage = "localhost/gpuaas/gpuinfo:e2e"
 )
 
-// nodeImage is one image: its name, entrypoint and the commands (static
-// binaries) it holds.
-type nodeImage struct {
-	name       string
-	entrypoint string
-	binaries   map[string]string // path in the image -> repository package
-	cgo        bool
-}
+// Where `make image` and its inputs (make image-base, make cdi-hook) put
+// their output, relative to the repository.
+const (
+	ReleaseImageTar = "_output/images/gpu-dra-driver-" + DriverImageTag + ".oci.tar"
+	imageBaseRootfs = "_output/image-base/rootfs"
+	cdiHookBinary   = "_output/bin/nvidia-cdi-hook"
+)
 
-var nodeImages = []nodeImage{
-	{name: SandboxImage, entrypoint: "/pause", binaries: map[string]string{"/pause": "test/images/pause"}},
-	{name: WorkloadImage, entrypoint: "/gpuinfo", binaries: map[string]string{"/gpuinfo": "test/images/gpuinfo"}},
-	// go-nvml needs cgo; with the mock NVML it never loads libnvidia-ml, so
-	// a static glibc binary needs no other file in the image.
-	{name: DriverImageRepository + ":" + DriverImageTag, cgo: true, binaries: map[string]string{
-		"/usr/bin/dra-kubelet-plugin": "cmd/dra-kubelet-plugin",
-		"/usr/bin/dra-controller":     "cmd/dra-controller",
-	}},
-}
-
-// BuildNodeImages builds the sandbox, workload and driver images into dir
-// as OCI tarballs, for RealNodeOptions.Images.
+// BuildNodeImages builds the sandbox, workload and release images as OCI
+// tarballs, for RealNodeOptions.Images: the first two into dir, the
+// release image where `make image` writes it, by the same code.
 func BuildNodeImages(ctx context.Context, dir string) ([]string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
 	}
-	var tarballs []string
-	for i, img := range nodeImages {
-		spec := ociimage.Image{Name: img.name}
-		if img.entrypoint != "" {
-			spec.Entrypoint = []string{img.entrypoint}
-		}
-		for inImage, pkg := range img.binaries {
-			out := filepath.Join(dir, "image-bins", filepath.Base(inImage))
-			if err := ociimage.StaticBinary(ctx, root, pkg, out, img.cgo); err != nil {
-				return nil, fmt.Errorf("building %s for image %s: %w", pkg, img.name, err)
-			}
-			spec.Files = append(spec.Files, ociimage.File{Path: inImage, Source: out, Mode: 0o755})
-		}
-		tarball := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
-		if err := ociimage.WriteTar(spec, tarball); err != nil {
-			return nil, fmt.Errorf("writing image %s: %w", img.name, err)
-		}
-		tarballs = append(tarballs, tarball)
+	pause, err := buildPauseImage(ctx, root, dir)
+	if err != nil {
+		return nil, err
 	}
-	return tarballs, nil
+	workload, err := buildWorkloadImage(ctx, root, dir)
+	if err != nil {
+		return nil, err
+	}
+	driver, err := BuildReleaseImage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []string{pause, workload, driver}, nil
+}
+
+// BuildReleaseImage builds the release image as `make image` does.
+func BuildReleaseImage(ctx context.Context) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return release.Build(ctx, release.Options{
+		RepoRoot: root, Version: DriverImageTag, Repository: DriverImageRepository, Revision: release.GitRevision(ctx, root),
+		BaseRootfs: filepath.Join(root, imageBaseRootfs), CDIHook: filepath.Join(root, cdiHookBinary),
+		Out: filepath.Join(root, ReleaseImageTar),
+	})
+}
+
+// buildPauseImage is the sandbox image: one static binary.
+func buildPauseImage(ctx context.Context, root, dir string) (string, error) {
+	bin := filepath.Join(dir, "image-bins", "pause")
+	if err := ociimage.StaticBinary(ctx, root, "test/images/pause", bin, false); err != nil {
+		return "", fmt.Errorf("building the pause image: %w", err)
+	}
+	return writeImage(dir, ociimage.Image{Name: SandboxImage, Entrypoint: []string{"/pause"},
+		Files: []ociimage.File{{Path: "/pause", Source: bin, Mode: 0o755}}})
+}
+
+// buildWorkloadImage is gpuinfo, a cgo binary (its CUDA probe dlopens the
+// driver's libraries), on the release image's glibc base.
+func buildWorkloadImage(ctx context.Context, root, dir string) (string, error) {
+	bin := filepath.Join(dir, "image-bins", "gpuinfo")
+	if err := ociimage.DynamicBinary(ctx, root, "test/images/gpuinfo", bin, nil); err != nil {
+		return "", fmt.Errorf("building the workload image: %w", err)
+	}
+	base := ociimage.Layer{{Path: "/", Source: filepath.Join(root, imageBaseRootfs), Tree: true}}
+	return writeImage(dir, ociimage.Image{Name: WorkloadImage, Entrypoint: []string{"/gpuinfo"},
+		Env:    []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Layers: []ociimage.Layer{base}, Files: []ociimage.File{{Path: "/gpuinfo", Source: bin, Mode: 0o755}}})
+}
+
+func writeImage(dir string, img ociimage.Image) (string, error) {
+	tarball := filepath.Join(dir, filepath.Base(strings.Split(img.Name, ":")[0])+".tar")
+	if err := ociimage.WriteTar(img, tarball); err != nil {
+		return "", fmt.Errorf("writing image %s: %w", img.Name, err)
+	}
+	return tarball, nil
 }
 
 // UseWorkloadImage makes a pod (read from a demo spec) run the gpuinfo
@@ -83,7 +113,6 @@ func UseWorkloadImage(pod *unstructured.Unstructured) error {
 func UseWorkloadImageInJob(job *unstructured.Unstructured) error {
 	return useWorkloadImageAt(job, "spec", "template", "spec")
 }
-
 func useWorkloadImageAt(pod *unstructured.Unstructured, spec ...string) error {
 	containers, _, err := unstructured.NestedSlice(pod.Object, append(spec, "containers")...)
 	if err != nil {

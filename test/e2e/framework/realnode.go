@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -117,7 +118,13 @@ func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions)
 }
 
 func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
-	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls); err != nil {
+	// NVIDIA's real driver userspace, with a stand-in only for the
+	// nvidia-smi call that needs a GPU to succeed (setting an interval);
+	// the real MPS control daemon runs without one.
+	if err := InstallDriverUserspace(ctx, n.DriverRoot); err != nil {
+		return err
+	}
+	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls, "nvidia-smi"); err != nil {
 		return err
 	}
 	if err := n.startContainerd(ctx); err != nil {
@@ -223,6 +230,16 @@ func (n *RealNode) Stop(ctx context.Context) error {
 // WaitForPodLog waits until the container's log contains want and returns
 // the whole log.
 func (n *RealNode) WaitForPodLog(ctx context.Context, namespace, pod, container, want string) (string, error) {
+	return n.waitForPodLog(ctx, namespace, pod, container, want, containsLine)
+}
+
+// WaitForPodLogContaining is WaitForPodLog for a line that contains want
+// (a program's own log lines carry a timestamp).
+func (n *RealNode) WaitForPodLogContaining(ctx context.Context, namespace, pod, container, want string) (string, error) {
+	return n.waitForPodLog(ctx, namespace, pod, container, want, strings.Contains)
+}
+
+func (n *RealNode) waitForPodLog(ctx context.Context, namespace, pod, container, want string, has func(log, want string) bool) (string, error) {
 	var log string
 	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
 		p, err := n.cp.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
@@ -230,10 +247,10 @@ func (n *RealNode) WaitForPodLog(ctx context.Context, namespace, pod, container,
 			return false, nil
 		}
 		log, err = ReadContainerLog(n.PodLogsDir, p, container)
-		return err == nil && containsLine(log, want), nil
+		return err == nil && has(log, want), nil
 	})
 	if err != nil {
-		return log, fmt.Errorf("log of %s/%s container %s has no line %q (so far:\n%s): %w", namespace, pod, container, want, log, err)
+		return log, fmt.Errorf("log of %s/%s container %s has no line with %q (so far:\n%s): %w", namespace, pod, container, want, log, err)
 	}
 	return log, nil
 }

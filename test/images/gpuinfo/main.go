@@ -21,7 +21,8 @@
 //	env NVIDIA_VISIBLE_DEVICES=void
 //	dev /dev/nvidia0 c 195:0
 //	mount /var/lib/gpuaas
-//	shm /var/lib/kubelet/plugins/gpu.gpuaas.io/mps/GPU-1234/shm
+//	shm / dev=0:148 fs=tmpfs
+//	shm writable=true
 //	cuda libcuda.so.1 cuInit=100
 //	cuda libcuda.so.1 path=/usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03
 //	cuda libnvidia-ml.so.1 dlopen-error=libnvidia-ml.so.1: cannot open shared object file: No such file or directory
@@ -118,6 +119,7 @@ func report(root string, environ []string, probe []string) ([]string, error) {
 	lines := envLines(environ)
 	lines = append(lines, devs...)
 	lines = append(lines, mounts...)
+	lines = append(lines, shmWritable(root))
 	lines = append(lines, probe...)
 	return append(lines, doneLine), nil
 }
@@ -206,7 +208,7 @@ func splitDev(dev uint64) (major, minor uint64) {
 func mountLines(mountinfo string) ([]string, error) {
 	seen := map[string]bool{}
 	var lines []string
-	var shmRoot string
+	var shm string
 	sc := bufio.NewScanner(strings.NewReader(mountinfo))
 	for sc.Scan() {
 		if strings.TrimSpace(sc.Text()) == "" {
@@ -223,7 +225,7 @@ func mountLines(mountinfo string) ([]string, error) {
 		}
 		if mp == "/dev/shm" {
 			// The last of stacked mounts is the one the container sees.
-			shmRoot = fields[3]
+			shm = fmt.Sprintf("shm %s dev=%s fs=%s", fields[3], fields[2], fsType(fields))
 		}
 		if usualMount(mp) || seen[mp] {
 			continue
@@ -234,13 +236,37 @@ func mountLines(mountinfo string) ([]string, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	// A /dev/shm bound from a subdirectory is not the container's own: an
-	// MPS client's, shared with its daemon. Reported by where it comes from.
-	if shmRoot != "" && shmRoot != "/" {
-		lines = append(lines, "shm "+shmRoot)
+	// /dev/shm by where it comes from (its root in its file system) and
+	// which file system it is: an MPS client's is its GPU's, a tmpfs the
+	// daemon shares, not the container's own.
+	if shm != "" {
+		lines = append(lines, shm)
 	}
 	sort.Strings(lines)
 	return lines, nil
+}
+
+// fsType is the file system type of a mountinfo line: the field after
+// the " - " separator that ends the optional fields.
+func fsType(fields []string) string {
+	for i, f := range fields {
+		if f == "-" && i+1 < len(fields) {
+			return fields[i+1]
+		}
+	}
+	return "unknown"
+}
+
+// shmWritable reports whether this process (whatever user it runs as) can
+// create a file in /dev/shm, as an MPS client must.
+func shmWritable(root string) string {
+	f, err := os.CreateTemp(filepath.Join(root, "dev", "shm"), "gpuinfo-")
+	if err != nil {
+		return "shm writable=false"
+	}
+	_ = f.Close()
+	_ = os.Remove(f.Name())
+	return "shm writable=true"
 }
 
 func usualMount(mp string) bool {

@@ -61,6 +61,7 @@ func TestMountLines(t *testing.T) {
 		"mount /opt/my dir",
 		"mount /procfs-not-proc", // only /proc and below are usual
 		"mount /var/lib/gpuaas/claims/x",
+		"shm / dev=0:148 fs=tmpfs",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("mountLines = %q, want %q", got, want)
@@ -75,7 +76,7 @@ func TestMountLinesSharedShm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(got, "shm /var/lib/p/mps/GPU-1/shm") {
+	if !slices.Contains(got, "shm /var/lib/p/mps/GPU-1/shm dev=259:2 fs=ext4") {
 		t.Errorf("mountLines = %q, want the shared /dev/shm", got)
 	}
 }
@@ -148,6 +149,8 @@ func TestReport(t *testing.T) {
 		"mount /opt/my dir",
 		"mount /procfs-not-proc",
 		"mount /var/lib/gpuaas/claims/x",
+		"shm / dev=0:148 fs=tmpfs",
+		"shm writable=false", // the test root has no dev/shm
 		"cuda libcuda.so.1 cuInit=100",
 		doneLine,
 	}

@@ -1,36 +1,33 @@
 // Package ociimage builds OCI image layout tarballs without a container tool.
 //
-// The node e2e tests run a real containerd and kubelet but no Docker or
-// buildkit, and the machine cannot pull from a registry. Every image a test
-// pod needs (the sandbox "pause" image, the DRA plugin, the GPU workload) is
-// therefore a static Go binary that this package wraps into a single-layer
-// image, which `ctr -n k8s.io images import` loads and the kubelet then runs
-// with imagePullPolicy: Never.
+// Neither the node e2e tests nor the release build have Docker or buildkit,
+// and the machines cannot pull from a registry. The images (the sandbox
+// "pause" image, the GPU workload, the driver's release image) are therefore
+// written here from host files and directory trees: the tarball is an OCI
+// image layout (oci-layout, index.json, blobs/sha256/...), which
+// `ctr -n k8s.io images import` loads and which skopeo's oci-archive
+// transport copies to a registry.
 //
-// The output is reproducible: the same inputs give the same bytes, so the
-// image digest only changes when a binary does and repeated imports are
+// The output is reproducible: the same inputs give the same bytes (every
+// timestamp is the Unix epoch, every owner root, every list sorted), so the
+// image digest only changes when a file does and repeated imports are
 // no-ops.
 //
 // The JSON documents are written from small local types rather than
-// github.com/opencontainers/image-spec so that this test helper adds no
-// module dependency; only the fields containerd reads are emitted.
+// github.com/opencontainers/image-spec so that this package adds no module
+// dependency; only the fields containerd and skopeo read are emitted.
 package ociimage
 
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
-	"os/exec"
-	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -51,8 +48,24 @@ const (
 	annotationRefName = "org.opencontainers.image.ref.name"
 )
 
-// The images only ever run on the e2e machine; StaticBinary builds for the
-// same platform so config and binaries agree.
+// Label keys of the OCI image spec's pre-defined annotations, for
+// Image.Labels. There is deliberately no "created": a wall-clock time would
+// make every build's digest different.
+const (
+	LabelTitle       = "org.opencontainers.image.title"
+	LabelDescription = "org.opencontainers.image.description"
+	LabelSource      = "org.opencontainers.image.source"
+	LabelVersion     = "org.opencontainers.image.version"
+	LabelRevision    = "org.opencontainers.image.revision"
+	LabelLicenses    = "org.opencontainers.image.licenses"
+
+	// ociAnnotationPrefix marks the labels that are also manifest
+	// annotations, where registries and skopeo inspect look for them.
+	ociAnnotationPrefix = "org.opencontainers.image."
+)
+
+// The images only ever run on linux/amd64 nodes; StaticBinary and
+// DynamicBinary build for the same platform so config and binaries agree.
 const (
 	imageOS   = "linux"
 	imageArch = "amd64"
@@ -62,24 +75,25 @@ const (
 // so that output is reproducible.
 var epoch = time.Unix(0, 0).UTC()
 
-// File is one file of the image's single layer.
-type File struct {
-	// Path is the file's absolute path inside the image, e.g. "/bin/app".
-	Path string
-	// Source is the host file whose contents are copied.
-	Source string
-	// Mode holds the permission bits in the image; 0 means those of Source.
-	Mode int64
-}
-
-// Image describes a single-layer linux/amd64 image.
+// Image describes a linux/amd64 image.
 type Image struct {
 	// Name is the image reference containerd registers, e.g.
 	// "localhost/gpuaas/gpu-dra-driver:e2e". Without a tag ":latest" is used.
-	Name       string
-	Files      []File
-	Entrypoint []string
+	Name string
+	// Layers are the image's layers, bottom first.
+	Layers []Layer
+	// Files is one more layer on top of Layers: the whole image for the
+	// single-layer images of the e2e tests.
+	Files []File
+	// Labels go into the image config; those with the
+	// "org.opencontainers.image." prefix (the Label* keys) also become
+	// annotations of the manifest.
+	Labels     map[string]string
+	User       string // "uid:gid" or a name in the image's /etc/passwd
+	WorkingDir string
 	Env        []string // "KEY=value"
+	Entrypoint []string
+	Cmd        []string
 }
 
 // descriptor is the OCI content descriptor.
@@ -103,10 +117,11 @@ type index struct {
 }
 
 type manifest struct {
-	SchemaVersion int          `json:"schemaVersion"`
-	MediaType     string       `json:"mediaType"`
-	Config        descriptor   `json:"config"`
-	Layers        []descriptor `json:"layers"`
+	SchemaVersion int               `json:"schemaVersion"`
+	MediaType     string            `json:"mediaType"`
+	Config        descriptor        `json:"config"`
+	Layers        []descriptor      `json:"layers"`
+	Annotations   map[string]string `json:"annotations,omitempty"`
 }
 
 type imageConfig struct {
@@ -117,10 +132,16 @@ type imageConfig struct {
 	RootFS       rootFS          `json:"rootfs"`
 }
 
-// containerConfig uses the capitalised keys of the OCI config schema.
+// containerConfig uses the capitalised keys of the OCI config schema. Every
+// field is omitted when empty so that images without them keep the bytes
+// (and digests) they had before the fields existed.
 type containerConfig struct {
-	Env        []string `json:"Env,omitempty"`
-	Entrypoint []string `json:"Entrypoint,omitempty"`
+	User       string            `json:"User,omitempty"`
+	Env        []string          `json:"Env,omitempty"`
+	Entrypoint []string          `json:"Entrypoint,omitempty"`
+	Cmd        []string          `json:"Cmd,omitempty"`
+	WorkingDir string            `json:"WorkingDir,omitempty"`
+	Labels     map[string]string `json:"Labels,omitempty"`
 }
 
 type rootFS struct {
@@ -133,7 +154,7 @@ type blob struct {
 	digest string // "sha256:<hex>"
 	size   int64
 	data   []byte // in-memory content, or nil when path is set
-	path   string // file holding the content (the layer)
+	path   string // file holding the content (a layer)
 }
 
 // WriteTar writes img as an OCI image layout tarball to out, replacing any
@@ -143,21 +164,12 @@ func WriteTar(img Image, out string) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(out)
-	layerFile, err := os.CreateTemp(dir, ".ociimage-layer-*")
-	if err != nil {
-		return fmt.Errorf("create temporary layer file: %w", err)
-	}
-	defer func() { _ = os.Remove(layerFile.Name()) }()
-	layer, diffID, err := writeLayer(layerFile, img.Files)
-	if closeErr := layerFile.Close(); err == nil && closeErr != nil {
-		err = fmt.Errorf("close layer file: %w", closeErr)
-	}
+	layers, diffIDs, cleanup, err := writeLayers(filepath.Dir(out), img.allLayers())
+	defer cleanup()
 	if err != nil {
 		return fmt.Errorf("image %s: %w", img.Name, err)
 	}
-	layer.path = layerFile.Name()
-	blobs, err := metadataBlobs(img, layer, diffID, name, tag)
+	blobs, err := metadataBlobs(img, layers, diffIDs, name, tag)
 	if err != nil {
 		return fmt.Errorf("image %s: %w", img.Name, err)
 	}
@@ -165,6 +177,48 @@ func WriteTar(img Image, out string) error {
 		return fmt.Errorf("image %s: %w", img.Name, err)
 	}
 	return nil
+}
+
+// allLayers returns Layers followed by Files as a layer of its own. An
+// image with neither still gets one layer (holding /tmp), as it always had.
+func (img Image) allLayers() []Layer {
+	layers := append([]Layer(nil), img.Layers...)
+	if len(img.Files) > 0 || len(layers) == 0 {
+		layers = append(layers, Layer(img.Files))
+	}
+	return layers
+}
+
+// writeLayers writes each layer to a temporary file in dir and returns their
+// blobs and diff IDs, bottom first. cleanup removes the files; it is to be
+// called even when err is set.
+func writeLayers(dir string, layers []Layer) (blobs []blob, diffIDs []string, cleanup func(), err error) {
+	var paths []string
+	cleanup = func() {
+		for _, p := range paths {
+			_ = os.Remove(p)
+		}
+	}
+	for i, l := range layers {
+		f, err := os.CreateTemp(dir, ".ociimage-layer-*")
+		if err != nil {
+			return nil, nil, cleanup, fmt.Errorf("create temporary layer file: %w", err)
+		}
+		paths = append(paths, f.Name())
+		// Only the first layer gets the default /tmp: it is a property of
+		// the image, and an upper layer must not override the base's.
+		b, diffID, err := writeLayer(f, l, i == 0)
+		if closeErr := f.Close(); err == nil && closeErr != nil {
+			err = fmt.Errorf("close layer file: %w", closeErr)
+		}
+		if err != nil {
+			return nil, nil, cleanup, fmt.Errorf("layer %d: %w", i+1, err)
+		}
+		b.path = f.Name()
+		blobs = append(blobs, b)
+		diffIDs = append(diffIDs, diffID)
+	}
+	return blobs, diffIDs, cleanup, nil
 }
 
 // splitName returns the full reference (with a tag) and the tag.
@@ -185,15 +239,22 @@ func splitName(ref string) (string, string, error) {
 	return ref + ":latest", "latest", nil
 }
 
-// metadataBlobs builds the config, manifest and index around the layer and
+// metadataBlobs builds the config, manifest and index around the layers and
 // returns every blob of the layout, with index.json's content first.
-func metadataBlobs(img Image, layer blob, diffID, name, tag string) ([]blob, error) {
+func metadataBlobs(img Image, layers []blob, diffIDs []string, name, tag string) ([]blob, error) {
 	config, err := jsonBlob(imageConfig{
 		Created:      epoch,
 		Architecture: imageArch,
 		OS:           imageOS,
-		Config:       containerConfig{Env: img.Env, Entrypoint: img.Entrypoint},
-		RootFS:       rootFS{Type: "layers", DiffIDs: []string{diffID}},
+		Config: containerConfig{
+			User:       img.User,
+			Env:        img.Env,
+			Entrypoint: img.Entrypoint,
+			Cmd:        img.Cmd,
+			WorkingDir: img.WorkingDir,
+			Labels:     img.Labels,
+		},
+		RootFS: rootFS{Type: "layers", DiffIDs: diffIDs},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("image config: %w", err)
@@ -202,7 +263,8 @@ func metadataBlobs(img Image, layer blob, diffID, name, tag string) ([]blob, err
 		SchemaVersion: 2,
 		MediaType:     mediaTypeManifest,
 		Config:        descriptor{MediaType: mediaTypeConfig, Digest: config.digest, Size: config.size},
-		Layers:        []descriptor{{MediaType: mediaTypeLayer, Digest: layer.digest, Size: layer.size}},
+		Layers:        layerDescriptors(layers),
+		Annotations:   ociAnnotations(img.Labels),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("image manifest: %w", err)
@@ -227,7 +289,29 @@ func metadataBlobs(img Image, layer blob, diffID, name, tag string) ([]blob, err
 	if err != nil {
 		return nil, fmt.Errorf("image index: %w", err)
 	}
-	return []blob{idx, layer, config, mf}, nil
+	return append([]blob{idx, config, mf}, layers...), nil
+}
+
+func layerDescriptors(layers []blob) []descriptor {
+	ds := make([]descriptor, 0, len(layers))
+	for _, l := range layers {
+		ds = append(ds, descriptor{MediaType: mediaTypeLayer, Digest: l.digest, Size: l.size})
+	}
+	return ds
+}
+
+// ociAnnotations returns the labels in the OCI annotation namespace, or nil.
+func ociAnnotations(labels map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range labels {
+		if strings.HasPrefix(k, ociAnnotationPrefix) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func jsonBlob(v any) (blob, error) {
@@ -239,124 +323,39 @@ func jsonBlob(v any) (blob, error) {
 	return blob{digest: "sha256:" + hex.EncodeToString(sum[:]), size: int64(len(data)), data: data}, nil
 }
 
-// countingWriter counts what passes through it.
-type countingWriter struct{ n int64 }
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	c.n += int64(len(p))
-	return len(p), nil
-}
-
-// writeLayer writes the gzip-compressed layer tar to w and returns its blob
-// (digest and size of the compressed bytes) and its diff ID (digest of the
-// uncompressed tar), both computed in one pass.
-func writeLayer(w io.Writer, files []File) (blob, string, error) {
-	entries, err := layerEntries(files)
+// ManifestDigest returns the digest ("sha256:<hex>") of the one manifest in
+// the index.json of an image layout tarball: the digest a registry reports
+// for the image once pushed, which does not depend on the tarball's layout.
+func ManifestDigest(tarball string) (string, error) {
+	f, err := os.Open(tarball)
 	if err != nil {
-		return blob{}, "", err
+		return "", fmt.Errorf("read image tarball: %w", err)
 	}
-	compressedHash := sha256.New()
-	counter := &countingWriter{}
-	gz := gzip.NewWriter(io.MultiWriter(w, compressedHash, counter))
-	// The zero gzip header (no name, mtime 0) keeps the output reproducible.
-	diffHash := sha256.New()
-	tw := tar.NewWriter(io.MultiWriter(gz, diffHash))
-	for _, e := range entries {
-		if err := writeEntry(tw, e); err != nil {
-			return blob{}, "", err
+	defer func() { _ = f.Close() }()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("image tarball %s has no index.json", tarball)
+		}
+		if err != nil {
+			return "", fmt.Errorf("read image tarball %s: %w", tarball, err)
+		}
+		if path := strings.TrimPrefix(hdr.Name, "./"); path == "index.json" {
+			return indexManifestDigest(tr, tarball)
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return blob{}, "", fmt.Errorf("finish layer tar: %w", err)
-	}
-	if err := gz.Close(); err != nil {
-		return blob{}, "", fmt.Errorf("finish layer gzip: %w", err)
-	}
-	return blob{digest: digestOf(compressedHash), size: counter.n}, digestOf(diffHash), nil
 }
 
-func digestOf(h hash.Hash) string {
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
-
-// layerEntry is a directory (file == nil) or a file of the layer.
-type layerEntry struct {
-	name string // relative, without a leading slash
-	mode int64
-	file *File
-}
-
-// layerEntries validates files and returns them together with their parent
-// directories and /tmp, sorted by name so parents precede children.
-func layerEntries(files []File) ([]layerEntry, error) {
-	dirs := map[string]int64{"tmp": 0o1777} // programs expect a writable /tmp
-	byName := map[string]*File{}
-	for i := range files {
-		f := &files[i]
-		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == "/" {
-			return nil, fmt.Errorf("file path %q must be absolute and clean", f.Path)
-		}
-		name := f.Path[1:]
-		if byName[name] != nil {
-			return nil, fmt.Errorf("file path %q given twice", f.Path)
-		}
-		byName[name] = f
-		for d := path.Dir(name); d != "."; d = path.Dir(d) {
-			if _, ok := dirs[d]; !ok {
-				dirs[d] = 0o755
-			}
-		}
+func indexManifestDigest(r io.Reader, tarball string) (string, error) {
+	var idx index
+	if err := json.NewDecoder(r).Decode(&idx); err != nil {
+		return "", fmt.Errorf("image tarball %s: index.json: %w", tarball, err)
 	}
-	entries := make([]layerEntry, 0, len(dirs)+len(byName))
-	for d, mode := range dirs {
-		if byName[d] != nil {
-			return nil, fmt.Errorf("file path %q is also a directory of the image", "/"+d)
-		}
-		entries = append(entries, layerEntry{name: d, mode: mode})
+	if len(idx.Manifests) != 1 {
+		return "", fmt.Errorf("image tarball %s: index.json has %d manifests, want 1", tarball, len(idx.Manifests))
 	}
-	for name, f := range byName {
-		entries = append(entries, layerEntry{name: name, mode: f.Mode, file: f})
-	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
-	return entries, nil
-}
-
-// writeEntry adds one entry, owned by root and dated epoch, to the layer.
-func writeEntry(tw *tar.Writer, e layerEntry) error {
-	hdr := &tar.Header{Name: e.name, Mode: e.mode, ModTime: epoch, Format: tar.FormatPAX}
-	if e.file == nil {
-		hdr.Typeflag = tar.TypeDir
-		hdr.Name += "/"
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("layer directory /%s: %w", e.name, err)
-		}
-		return nil
-	}
-	src, err := os.Open(e.file.Source)
-	if err != nil {
-		return fmt.Errorf("layer file %s: %w", e.file.Path, err)
-	}
-	defer func() { _ = src.Close() }()
-	info, err := src.Stat()
-	if err != nil {
-		return fmt.Errorf("layer file %s: %w", e.file.Path, err)
-	}
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("layer file %s: source %s is not a regular file", e.file.Path, e.file.Source)
-	}
-	hdr.Typeflag = tar.TypeReg
-	hdr.Size = info.Size()
-	if hdr.Mode == 0 {
-		hdr.Mode = int64(info.Mode().Perm())
-	}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return fmt.Errorf("layer file %s: %w", e.file.Path, err)
-	}
-	// CopyN so a source that grows meanwhile cannot corrupt the tar.
-	if _, err := io.CopyN(tw, src, hdr.Size); err != nil {
-		return fmt.Errorf("layer file %s: copy %s: %w", e.file.Path, e.file.Source, err)
-	}
-	return nil
+	return idx.Manifests[0].Digest, nil
 }
 
 // writeLayout writes the OCI layout tarball: oci-layout, index.json (the
@@ -393,6 +392,7 @@ func writeLayout(out string, blobs []blob) (err error) {
 }
 
 // writeLayoutEntries writes the layout's entries in a fixed (sorted) order.
+// Two layers with the same content are one blob, written once.
 func writeLayoutEntries(tw *tar.Writer, blobs []blob) error {
 	for _, d := range []string{"blobs/", "blobs/sha256/"} {
 		hdr := &tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}
@@ -402,7 +402,10 @@ func writeLayoutEntries(tw *tar.Writer, blobs []blob) error {
 	}
 	sorted := append([]blob(nil), blobs[1:]...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].digest < sorted[j].digest })
-	for _, b := range sorted {
+	for i, b := range sorted {
+		if i > 0 && b.digest == sorted[i-1].digest {
+			continue
+		}
 		if err := writeBlob(tw, "blobs/sha256/"+strings.TrimPrefix(b.digest, "sha256:"), b); err != nil {
 			return err
 		}
@@ -430,44 +433,6 @@ func writeBlob(tw *tar.Writer, name string, b blob) error {
 	}
 	if _, err := io.CopyN(tw, src, b.size); err != nil {
 		return fmt.Errorf("image tar %s: %w", name, err)
-	}
-	return nil
-}
-
-// StaticBinary builds the Go main package pkg (a path relative to repoRoot,
-// e.g. "cmd/dra-kubelet-plugin") into a statically linked linux/amd64
-// executable at out, so it runs in an image with no libc.
-//
-// With cgo it links glibc statically: the plugin needs cgo only for go-nvml,
-// which dlopen()s libnvidia-ml at run time (never, with the mock NVML
-// backend). The linker's warning about dlopen in static binaries is
-// expected. The netgo and osusergo tags keep name and user lookups in pure
-// Go, because glibc's static getaddrinfo/getpwnam would need NSS libraries
-// that the image does not have.
-func StaticBinary(ctx context.Context, repoRoot, pkg, out string, cgo bool) error {
-	absOut, err := filepath.Abs(out)
-	if err != nil {
-		return fmt.Errorf("build %s: output path: %w", pkg, err)
-	}
-	args := []string{"build", "-trimpath"}
-	cgoEnabled := "0"
-	if cgo {
-		cgoEnabled = "1"
-		args = append(args, "-tags", "netgo,osusergo",
-			"-ldflags", "-linkmode external -extldflags -static")
-	}
-	args = append(args, "-o", absOut, "./"+strings.TrimPrefix(filepath.ToSlash(pkg), "./"))
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(),
-		"CGO_ENABLED="+cgoEnabled,
-		"CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations",
-		"GOOS="+imageOS,
-		"GOARCH="+imageArch,
-	)
-	output, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("go %s (CGO_ENABLED=%s): %w\n%s", strings.Join(args, " "), cgoEnabled, err, output)
 	}
 	return nil
 }

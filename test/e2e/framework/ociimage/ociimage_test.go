@@ -108,27 +108,39 @@ func TestWriteTar(t *testing.T) {
 // image must contain.
 func checkLayer(t *testing.T, layerTar []byte) {
 	t.Helper()
-	type entry struct {
-		name     string
-		typeflag byte
-		mode     int64
-		content  string
+	want := []tarEntry{
+		{"etc/", tar.TypeDir, 0o755, "", ""},
+		{"etc/app.conf", tar.TypeReg, 0o600, "key=value\n", ""},
+		{"tmp/", tar.TypeDir, 0o1777, "", ""},
+		{"usr/", tar.TypeDir, 0o755, "", ""},
+		{"usr/local/", tar.TypeDir, 0o755, "", ""},
+		{"usr/local/bin/", tar.TypeDir, 0o755, "", ""},
+		{"usr/local/bin/app", tar.TypeReg, 0o755, "#!/bin/true\n", ""},
 	}
-	want := []entry{
-		{"etc/", tar.TypeDir, 0o755, ""},
-		{"etc/app.conf", tar.TypeReg, 0o600, "key=value\n"},
-		{"tmp/", tar.TypeDir, 0o1777, ""},
-		{"usr/", tar.TypeDir, 0o755, ""},
-		{"usr/local/", tar.TypeDir, 0o755, ""},
-		{"usr/local/bin/", tar.TypeDir, 0o755, ""},
-		{"usr/local/bin/app", tar.TypeReg, 0o755, "#!/bin/true\n"},
+	if got := readLayerEntries(t, layerTar); !slices.Equal(got, want) {
+		t.Errorf("layer entries:\n got %v\nwant %v", got, want)
 	}
-	var got []entry
+}
+
+// tarEntry is what a test checks of one entry of a layer.
+type tarEntry struct {
+	name     string
+	typeflag byte
+	mode     int64
+	content  string
+	linkname string
+}
+
+// readLayerEntries returns the entries of an uncompressed layer tar in
+// order, checking that each is owned by root and dated epoch.
+func readLayerEntries(t *testing.T, layerTar []byte) []tarEntry {
+	t.Helper()
+	var got []tarEntry
 	tr := tar.NewReader(bytes.NewReader(layerTar))
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return got
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -140,10 +152,7 @@ func checkLayer(t *testing.T, layerTar []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, entry{hdr.Name, hdr.Typeflag, hdr.Mode, string(data)})
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("layer entries:\n got %v\nwant %v", got, want)
+		got = append(got, tarEntry{hdr.Name, hdr.Typeflag, hdr.Mode, string(data), hdr.Linkname})
 	}
 }
 
@@ -161,6 +170,10 @@ func TestWriteTarRejects(t *testing.T) {
 		"file over tmp":  {Name: "x:1", Files: []File{{Path: "/tmp", Source: src}}},
 		"missing source": {Name: "x:1", Files: []File{{Path: "/a", Source: filepath.Join(dir, "nope")}}},
 		"dir source":     {Name: "x:1", Files: []File{{Path: "/a", Source: dir}}},
+		"root file":      {Name: "x:1", Files: []File{{Path: "/", Source: src}}},
+		"file tree":      {Name: "x:1", Layers: []Layer{{{Path: "/", Source: src, Tree: true}}}},
+		"missing tree":   {Name: "x:1", Layers: []Layer{{{Path: "/", Source: filepath.Join(dir, "nope"), Tree: true}}}},
+		"file in tree":   {Name: "x:1", Layers: []Layer{{{Path: "/", Source: dir, Tree: true}, {Path: "/src", Source: src}}}},
 	} {
 		out := filepath.Join(dir, "out.tar")
 		if err := WriteTar(img, out); err == nil {

@@ -1,0 +1,177 @@
+package e2e
+
+// NVIDIA's real driver userspace on the real node (issue 24): the driver
+// root holds Debian's packages of driver 535.261.03 (make driver-userspace),
+// which load and run without a GPU and fail exactly where the kernel module
+// is missing. In a container, cuInit = 100 (no device), nvmlInit = 9
+// (driver not loaded) and nvidia-smi's driver message mean everything up to
+// the kernel is right; a loader error means our CDI spec or hooks are not.
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	"github.com/gpuaas/gpu-dra-driver/test/kubeletsim"
+)
+
+// nvidiaSMIDriverMessage is how the real nvidia-smi says it found no
+// kernel module.
+const nvidiaSMIDriverMessage = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+
+// checkCUDAProbe checks gpuinfo's CUDA probe: with a GPU, libcuda.so.1 and
+// libnvidia-ml.so.1 load from the driver's files (the ldcache the hook
+// made resolves their sonames) and answer as without a kernel module;
+// without one, no NVIDIA library is in the container at all.
+func checkCUDAProbe(t *testing.T, who, log string, hasGPU bool) {
+	t.Helper()
+	lines := strings.Split(log, "\n")
+	if !hasGPU {
+		for _, want := range []string{"cuda libcuda.so.1 dlopen-error=", "cuda libnvidia-ml.so.1 dlopen-error=", "nvidia-smi not-found"} {
+			if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+				t.Errorf("%s holds no GPU but lacks %q: an NVIDIA library or tool reached it\n%s", who, want, log)
+			}
+		}
+		return
+	}
+	version, err := framework.DriverUserspaceVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An MPS client's cuInit goes to the GPU's control daemon, which
+	// starts an MPS server for it; without a GPU the server dies at once
+	// and CUDA says 805 (MPS connection failed) instead of 100.
+	cuInit := "cuda libcuda.so.1 cuInit=100"
+	if slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "env CUDA_MPS_PIPE_DIRECTORY=") }) {
+		cuInit = "cuda libcuda.so.1 cuInit=805"
+	}
+	for _, want := range []string{
+		cuInit,
+		"cuda libcuda.so.1 path=/usr/lib/x86_64-linux-gnu/libcuda.so." + version,
+		"cuda libnvidia-ml.so.1 nvmlInit=9",
+		"cuda libnvidia-ml.so.1 path=/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + version,
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("%s holds a GPU but its CUDA probe lacks %q\n%s", who, want, log)
+		}
+	}
+}
+
+// testRealDriverTools puts the driver's own nvidia-smi in place of its
+// stand-in: a container with a GPU runs it and gets the driver's message
+// (the binary and its libraries load in the container); a replica of the
+// Long-interval GPU cannot be prepared, and the pod's event carries
+// nvidia-smi's own message, not a loader error (the plugin ran it with the
+// driver's NVML preloaded and the plugin image's libc). A container
+// without a claim finds no NVIDIA library.
+func testRealDriverTools(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 4*time.Minute)
+	ns := cp.CreateNamespace(t, "real-driver-tools")
+
+	bare := createAndRun(t, ctx, workloadPod(ns, "no-claim"))
+	log, err := n.WaitForPodLog(ctx, ns, bare.Name, "ctr", "gpuinfo done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCUDAProbe(t, "pod no-claim", log, false)
+
+	if err := framework.UseRealNVTool(n.DriverRoot, "nvidia-smi", true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := framework.UseRealNVTool(n.DriverRoot, "nvidia-smi", false); err != nil {
+			t.Errorf("putting the stand-in nvidia-smi back: %v", err)
+		}
+	})
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("whole", ns, "gpu.gpuaas.io"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := workloadPod(ns, "whole")
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("whole")}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pod = createAndRun(t, ctx, pod)
+	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	log, err = n.WaitForPodLog(ctx, ns, pod.Name, "ctr", "gpuinfo done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "nvidia-smi exit=9 " + nvidiaSMIDriverMessage; !strings.Contains(log, want) {
+		t.Errorf("the driver's nvidia-smi in a GPU container did not answer %q\n%s", want, log)
+	}
+
+	applySharingClasses(t, ctx)
+	createSelectedPod(t, ctx, ns, "long", "timeslice.gpuaas.io", onLongGPU)
+	ev, err := cp.WaitForEvent(ctx, ns, "Pod", "long", kubeletsim.ReasonFailedPrepare, "couldn't communicate with the NVIDIA driver")
+	if err != nil {
+		t.Fatalf("no FailedPrepareDynamicResources event with nvidia-smi's driver message for the Long-interval replica: %v", err)
+	}
+	if strings.Contains(ev.Message, "error while loading shared libraries") || strings.Contains(ev.Message, "GLIBC") {
+		t.Errorf("nvidia-smi failed to load, not to reach the driver: %s", ev.Message)
+	}
+	t.Logf("prepare of the Long-interval replica: %s", ev.Message)
+	deletePodAndWait(t, ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "long"}})
+}
+
+// testRealNVMLStopsCleanly starts the plugin as the chart runs it, from the
+// release image, but with the real NVML backend on the real driver root:
+// it must stop with one line naming NVML's answer and what to do, not
+// crash (a static build segfaulted in nvmlInit) or print stack traces.
+func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
+	ctx := framework.Context(t, 3*time.Minute)
+	plugin := waitForPluginPod(t, ctx, "")
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "plugin-real-nvml", Namespace: releaseNamespace},
+		Spec:       *plugin.Spec.DeepCopy(),
+	}
+	pod.Spec.RestartPolicy = v1.RestartPolicyNever
+	ctr := &pod.Spec.Containers[0]
+	ctr.LivenessProbe = nil
+	ctr.Env = slices.DeleteFunc(ctr.Env, func(e v1.EnvVar) bool { return e.Name == "MOCK_NVML_STATE_DIR" })
+	for i := range ctr.Env {
+		if ctr.Env[i].Name == "NVML_BACKEND" {
+			ctr.Env[i].Value = "real"
+		}
+	}
+	if _, err := cp.Client.CoreV1().Pods(releaseNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.CoreV1().Pods(releaseNamespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	var exit *v1.ContainerStateTerminated
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := cp.Client.CoreV1().Pods(releaseNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 {
+			return false, nil
+		}
+		exit = p.Status.ContainerStatuses[0].State.Terminated
+		return exit != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the plugin with real NVML did not stop: %v", err)
+	}
+	log, err := n.WaitForPodLogContaining(ctx, releaseNamespace, pod.Name, ctr.Name, "Plugin failed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errorLines []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.HasPrefix(l, "E") {
+			errorLines = append(errorLines, l)
+		}
+	}
+	if exit.ExitCode != 1 || len(errorLines) != 1 || !strings.Contains(errorLines[0], "Driver Not Loaded") ||
+		!strings.Contains(errorLines[0], "kernel module") || strings.Contains(log, "goroutine ") || strings.Contains(log, "SIGSEGV") {
+		t.Fatalf("plugin with real NVML: exit %d (%s), want exit 1 with one error line naming NVML's answer and the kernel module, no stack trace:\n%s",
+			exit.ExitCode, exit.Reason, log)
+	}
+	t.Logf("plugin with real NVML on the driver root: %s", errorLines[0])
+}
