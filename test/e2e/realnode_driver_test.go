@@ -9,6 +9,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -174,4 +175,33 @@ func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
 			exit.ExitCode, exit.Reason, log)
 	}
 	t.Logf("plugin with real NVML on the driver root: %s", errorLines[0])
+}
+
+// checkOperatorDriverRoot runs a GPU container after the plugin moved to
+// the GPU Operator's driver root: its CDI spec takes the driver's files
+// from there, and CUDA loads in the container as before.
+func checkOperatorDriverRoot(t *testing.T, ctx context.Context, n *realNode, ns string) {
+	t.Helper()
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("operator", ns, "gpu.gpuaas.io"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := workloadPod(ns, "operator-root")
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("operator")}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pod = createAndRun(t, ctx, pod)
+	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	version, err := framework.DriverUserspaceVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range podClaims(t, ctx, pod) {
+		data, err := os.ReadFile(n.CDISpecPath(c.UID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lib := n.DriverRoot + "/usr/lib/x86_64-linux-gnu/libcuda.so." + version; !strings.Contains(string(data), `"hostPath":"`+lib+`"`) {
+			t.Errorf("the CDI spec of %s does not take libcuda from the operator's driver root %s:\n%s", c.Name, lib, data)
+		}
+	}
+	deletePodAndWait(t, ctx, pod)
 }

@@ -101,7 +101,14 @@ func testUpgradeRollsPlugin(t *testing.T, n *realNode) {
 			t.Fatalf("old plugin pod did not prepare claim: %v", err)
 		}
 	}
+	// The upgrade also moves the driver root to the GPU Operator's layout
+	// (the driver container's root at /run/nvidia/driver).
+	operatorRoot, err := n.OperatorDriverRoot(ctx, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n.values = strings.Replace(n.values, "logVerbosity: 4", "logVerbosity: 5", 1)
+	n.values = strings.Replace(n.values, "driverRoot: "+n.DriverRoot+"\n", "driverRoot: "+operatorRoot+"\n", 1)
 	file, err := n.WriteValues("values-upgrade.yaml", n.values)
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +116,8 @@ func testUpgradeRollsPlugin(t *testing.T, n *realNode) {
 	helmOnCluster(t, "upgrade", releaseName, chartPath, "--namespace", releaseNamespace, "-f", file)
 	fresh := waitForPluginPod(t, ctx, old.UID)
 	t.Logf("plugin rolled from %s to %s", old.Name, fresh.Name)
+	n.DriverRoot = operatorRoot
+	checkOperatorDriverRoot(t, ctx, n, ns)
 	deletePodAndWait(t, ctx, pod)
 	for _, path := range []string{n.CDISpecPath(claim.UID), n.CheckpointPath(claim.UID)} {
 		if err := waitGone(ctx, path); err != nil {

@@ -144,6 +144,24 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 	return nil
 }
 
+// OperatorDriverRoot makes a second driver root the way the GPU
+// Operator's driver container provides one, at run/nvidia/driver under the
+// node's directory (on a GPU node: /run/nvidia/driver): the same userspace
+// and device nodes, the stand-in nvidia-smi. It returns the root.
+func (n *RealNode) OperatorDriverRoot(ctx context.Context, gpus int) (string, error) {
+	root := filepath.Join(n.Dir, "run", "nvidia", "driver")
+	if err := MakeDriverRoot(root, gpus); err != nil {
+		return "", err
+	}
+	if err := InstallDriverUserspace(ctx, root); err != nil {
+		return "", err
+	}
+	if err := InstallFakeNVTools(ctx, root, n.ToolCalls, "nvidia-smi"); err != nil {
+		return "", err
+	}
+	return root, nil
+}
+
 func (cp *ControlPlane) newRealNode(opts RealNodeOptions) (*RealNode, error) {
 	if opts.GPUs == 0 {
 		opts.GPUs = 8
