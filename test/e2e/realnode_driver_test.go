@@ -182,8 +182,15 @@ func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
 // from there, and CUDA loads in the container as before.
 func checkOperatorDriverRoot(t *testing.T, ctx context.Context, n *realNode, ns string) {
 	t.Helper()
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("operator", ns, "gpu.gpuaas.io"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// The upgrade rolled the controller too: its webhook may be between
+	// pods for a moment.
+	var createErr error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, createErr = cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("operator", ns, "gpu.gpuaas.io"), metav1.CreateOptions{})
+		return createErr == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("creating a claim template after the upgrade: %v (%v)", createErr, err)
 	}
 	pod := workloadPod(ns, "operator-root")
 	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("operator")}}
