@@ -286,8 +286,11 @@ func newMPSShm(f flags) (mps.ShmMounter, error) {
 		return nil, nil
 	}
 	size, err := resource.ParseQuantity(f.mpsShmSize)
-	if err != nil || size.Value() < 1<<20 {
-		return nil, fmt.Errorf("--mps-shm-size=%q: want a size of at least 1Mi (%v)", f.mpsShmSize, err)
+	if err != nil {
+		return nil, fmt.Errorf("--mps-shm-size=%q: %w", f.mpsShmSize, err)
+	}
+	if size.Value() < 1<<20 {
+		return nil, fmt.Errorf("--mps-shm-size=%q: want at least 1Mi", f.mpsShmSize)
 	}
 	return mps.Tmpfs{Size: size.Value()}, nil
 }

@@ -35,6 +35,10 @@ const nvidiaSMIDriverMessage = "NVIDIA-SMI has failed because it couldn't commun
 func checkCUDAProbe(t *testing.T, who, log string, hasGPU bool) {
 	t.Helper()
 	lines := strings.Split(log, "\n")
+	probe := slices.DeleteFunc(slices.Clone(lines), func(l string) bool {
+		return !strings.HasPrefix(l, "cuda ") && !strings.HasPrefix(l, "nvidia-smi ")
+	})
+	t.Logf("%s: CUDA probe: %s", who, strings.Join(probe, "; "))
 	if !hasGPU {
 		for _, want := range []string{"cuda libcuda.so.1 dlopen-error=", "cuda libnvidia-ml.so.1 dlopen-error=", "nvidia-smi not-found"} {
 			if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
