@@ -106,9 +106,20 @@ func testNamespaceLabelsProtected(t *testing.T, _ *realNode) {
 		{"the quota-exempt label", `{"metadata":{"labels":{"` + gpuaas.QuotaExemptLabel + `":"true"}}}`, false},
 		{"the tenancy label to another tenant", `{"metadata":{"labels":{"gpuaas.io/tenant":"team-b"}}}`, false},
 		{"the tenancy label away", `{"metadata":{"labels":{"gpuaas.io/tenant":null}}}`, false},
+		// DRA's admin access: claims of such a namespace reach devices
+		// others hold, and cost nothing (issue 26 item 7).
+		{"the DRA admin-access label", `{"metadata":{"labels":{"resource.kubernetes.io/admin-access":"true"}}}`, false},
+		{"the DRA admin-access label through status", `{"metadata":{"labels":{"resource.kubernetes.io/admin-access":"true"}}}`, false},
 	}
 	for _, p := range patches {
-		_, err := as.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(p.patch), metav1.PatchOptions{})
+		var sub []string
+		if strings.HasSuffix(p.what, "through status") {
+			sub = []string{"status"}
+		}
+		got, err := as.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(p.patch), metav1.PatchOptions{}, sub...)
+		if sub != nil && err == nil && got.Labels["resource.kubernetes.io/admin-access"] == "" {
+			continue // the status strategy kept the labels: refused as well
+		}
 		if p.allowed {
 			if err != nil {
 				t.Errorf("%s setting %s: %v", user, p.what, err)
@@ -153,7 +164,7 @@ func grantNamespaceEdit(t *testing.T, ctx context.Context, user string) {
 	t.Helper()
 	name := uniqueName("e2e-namespace-editor")
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{{
-		APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "patch", "update"}}}}
+		APIGroups: []string{""}, Resources: []string{"namespaces", "namespaces/status"}, Verbs: []string{"get", "patch", "update"}}}}
 	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}}
