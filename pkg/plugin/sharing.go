@@ -411,5 +411,33 @@ func (s *State) sharingEdits(p plannedDevice) (map[string]string, []cdi.Mount) {
 	}
 }
 
+// mpsOnOneGPUPerRequest refuses a request whose MPS devices are on
+// several GPUs: the containers that use a request get all its devices, and
+// a CUDA process reaches one MPS control daemon (CUDA_MPS_PIPE_DIRECTORY
+// names one), so all but one GPU would be silently out of its reach.
+// Requests of one claim may go to different containers, so only a request
+// is checked.
+func mpsOnOneGPUPerRequest(plan []plannedDevice) error {
+	gpus := map[string]map[string]bool{}
+	for _, p := range plan {
+		if p.sharing == nil || p.sharing.limits == nil {
+			continue
+		}
+		req := p.result.Request
+		if gpus[req] == nil {
+			gpus[req] = map[string]bool{}
+		}
+		gpus[req][p.device.GPU.UUID] = true
+	}
+	for req, set := range gpus {
+		if len(set) > 1 {
+			return fmt.Errorf("request %q has MPS devices on %d GPUs, but a container reaches one GPU's MPS daemon: "+
+				"ask for MPS devices of one GPU per request (e.g. a matchAttribute constraint on %s/parentUUID or uuid), or one request per GPU",
+				req, len(set), configapi.DriverName)
+		}
+	}
+	return nil
+}
+
 // mpsDir is where the plugin keeps MPS pipes, next to its checkpoint.
 func mpsDir(pluginDataDir string) string { return filepath.Join(pluginDataDir, "mps") }

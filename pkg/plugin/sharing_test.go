@@ -513,3 +513,28 @@ func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
 		t.Errorf("settings after the change: %v; want GPU 6 kept MPS while busy, GPU 4 changed", got)
 	}
 }
+
+// A request whose MPS devices are on two GPUs is refused before anything
+// changes: its containers would reach one GPU's daemon only. Two requests,
+// one per GPU, may go to two containers and are prepared.
+func TestMPSRequestOnTwoGPUsRefused(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", sharingNode())
+	run := withTools(t, e)
+	replica := func(req string) resourceapi.DeviceRequestAllocationResult {
+		return resourceapi.DeviceRequestAllocationResult{Request: req, Driver: configapi.DriverName, Pool: testNode, Device: "gpu-6-ts-0"}
+	}
+	share := func(req string) resourceapi.DeviceRequestAllocationResult {
+		return resourceapi.DeviceRequestAllocationResult{Request: req, Driver: configapi.DriverName, Pool: testNode, Device: "gpu-7-shared",
+			ShareID: ptr.To(types.UID("share-x")), ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}}
+	}
+	_, err := e.state.Prepare(e.ctx, newClaim("one-request").result(replica("gpu")).result(share("gpu")).build())
+	if err == nil || !strings.Contains(err.Error(), "MPS devices on 2 GPUs") {
+		t.Fatalf("one request on two MPS GPUs: %v", err)
+	}
+	if got := run.take(); len(got) > 0 {
+		t.Errorf("a refused claim ran driver tools: %v", got)
+	}
+	if _, err := e.state.Prepare(e.ctx, newClaim("two-requests").result(replica("a")).result(share("b")).build()); err != nil {
+		t.Fatalf("two requests, one MPS GPU each: %v", err)
+	}
+}

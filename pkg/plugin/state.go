@@ -312,6 +312,9 @@ func (s *State) plan(claim *resourceapi.ResourceClaim) ([]plannedDevice, error) 
 	if len(plan) == 0 {
 		return nil, fmt.Errorf("claim %s has no devices of driver %s", klog.KObj(claim), configapi.DriverName)
 	}
+	if err := mpsOnOneGPUPerRequest(plan); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", klog.KObj(claim), err)
+	}
 	return plan, nil
 }
 
