@@ -76,7 +76,8 @@ func parseFlags() *flags {
 	fs.StringSliceVar(&o.ExemptNamespaces, "exempt-namespaces", nil, "Namespaces besides kube-system, kube-public and kube-node-lease whose claims skip the quota webhook.")
 	fs.BoolVar(&o.DenyUnassigned, "deny-unassigned", false, "Refuse claims for GPUs in namespaces no TenantQuota covers.")
 	fs.BoolVar(&o.NudgeWaitingPods, "nudge-waiting-pods", true, "When quota frees up, annotate pods whose claims were denied so the kube-controller-manager retries them at once.")
-	fs.BoolVar(&o.Kueue, "kueue", false, "Admit the claims of workloads Kueue has admitted even over their tenant's quota (still charged); claims that bypass Kueue are judged as before. Needs get/list on workloads.kueue.x-k8s.io.")
+	fs.BoolVar(&o.Kueue, "kueue", false, "Admit the claims of workloads Kueue has admitted even over their tenant's quota, within what Kueue charged the workload (still charged); only claims the kube-controller-manager made for a pod of the workload (--kueue-claim-creators). Needs get/list on workloads.kueue.x-k8s.io.")
+	fs.StringSliceVar(&o.KueueClaimCreators, "kueue-claim-creators", controller.DefaultKueueClaimCreators, "With --kueue: the users whose ResourceClaims (made from a pod's templates) may be admitted over quota for a Kueue-admitted workload; a tenant's own claims never are.")
 	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
 	cli.Parse(fs, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).")
 	return f

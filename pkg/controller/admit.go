@@ -7,6 +7,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -36,18 +37,21 @@ type Admission struct {
 // across processes, and a replica that lost the race decides the group
 // again on what the winner wrote.
 func (a *Accountant) Admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (Admission, error) {
-	return a.admit(ctx, claim, dryRun, "")
+	return a.admit(ctx, claim, dryRun, nil)
 }
 
 // AdmitOverruled admits a claim the quota denied because something else
-// with the authority to admit it did (overruledBy, e.g. the Kueue workload
-// that owns its pod). The claim is reserved like any other, so the claims
-// that follow are judged against what it holds.
-func (a *Accountant) AdmitOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, overruledBy string) (Admission, error) {
-	return a.admit(ctx, claim, dryRun, overruledBy)
+// with the authority to admit it did (e.g. Kueue, for the workload that owns
+// its pod): the tenant's gpuUnits and gpuMemory limits are lifted for it,
+// and the device limits of the classes in ov, never those of other
+// profiles. A claim of no tenant, or of an invalid one, is never
+// overruled. The claim is reserved like any other, so the claims that
+// follow are judged against what it holds.
+func (a *Accountant) AdmitOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, ov overruling) (Admission, error) {
+	return a.admit(ctx, claim, dryRun, &ov)
 }
 
-func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, overruledBy string) (Admission, error) {
+func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool, ov *overruling) (Admission, error) {
 	if err := a.prefetchNamespace(ctx, claim.Namespace); err != nil {
 		return Admission{}, err
 	}
@@ -55,16 +59,14 @@ func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err != nil {
 		return Admission{}, err
 	}
-	if !ok { // no quota applies: nothing to reserve
-		adm, err := a.decide(ctx, claim, nil)
-		return overrule(adm, overruledBy), err
+	if !ok { // no quota, or an invalid one, applies: nothing to reserve or overrule
+		return a.decide(ctx, claim, nil, nil)
 	}
 	b := a.ledger.bookFor(tenant)
 	if dryRun { // nothing is written: the last read of the book will do
-		adm, err := a.decide(ctx, claim, b.snapshot())
-		return overrule(adm, overruledBy), err
+		return a.decideOverruled(ctx, claim, b.snapshot(), ov)
 	}
-	req := &pendingAdmission{claim: claim, overruledBy: overruledBy, done: make(chan admitResult, 1)}
+	req := &pendingAdmission{claim: claim, overrule: ov, done: make(chan admitResult, 1)}
 	b.enqueue(req)
 	select {
 	case r := <-req.done: // decided in another caller's group
@@ -125,8 +127,7 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 	results := make([]admitResult, len(group))
 	reserved := false
 	for i, req := range group {
-		adm, err := a.decide(ctx, req.claim, held)
-		adm = overrule(adm, req.overruledBy)
+		adm, err := a.decideOverruled(ctx, req.claim, held, req.overrule)
 		results[i] = admitResult{adm: adm, err: err}
 		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
 			held = a.reserve(held, req.claim, adm.Cost)
@@ -136,14 +137,54 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 	return results, held, reserved
 }
 
-// overrule turns a denial into an admission when something with the
-// authority to admit the claim did.
-func overrule(adm Admission, by string) Admission {
-	if by == "" || adm.Allowed {
-		return adm
+// resourceTenant is the Decision.Resource of a claim refused for its
+// namespace's tenancy (no TenantQuota with DenyUnassigned, or an invalid
+// one) rather than for a limit: nothing overrules those.
+const resourceTenant = "tenant"
+
+// overruling is what lets a claim past its tenant's limits: who decided
+// (for the warning and the metrics) and which device limits it lifts.
+type overruling struct {
+	by string
+	// classes are the DeviceClasses whose device limits are lifted: those
+	// that whoever overrules charged. The limits of other profiles the
+	// claim's devices belong to still hold.
+	classes sets.Set[string]
+}
+
+// lift is the tenant as the overruled claim is judged: no gpuUnits or
+// gpuMemory limit (the overruler bounds those), nor the device limits of
+// its classes.
+func (o *overruling) lift(t quota.Tenant) quota.Tenant {
+	t.Limits.Units, t.Limits.Memory, t.Borrow = nil, nil, quota.Limits{}
+	devices := make(map[string]int64, len(t.Limits.Devices))
+	for class, n := range t.Limits.Devices {
+		if !o.classes.Has(class) {
+			devices[class] = n
+		}
 	}
-	adm.Allowed, adm.OverruledBy = true, by
-	return adm
+	t.Limits.Devices = devices
+	return t
+}
+
+// decideOverruled decides a claim, and one the quota denies again with the
+// limits ov lifts, if any.
+func (a *Accountant) decideOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, ov *overruling) (Admission, error) {
+	adm, err := a.decide(ctx, claim, held, nil)
+	if err != nil || adm.Allowed || ov == nil || adm.Resource == resourceTenant {
+		return adm, err
+	}
+	lifted, err := a.decide(ctx, claim, held, ov.lift)
+	if err != nil {
+		return adm, err
+	}
+	if !lifted.Allowed {
+		lifted.Reason += fmt.Sprintf("; %s, which does not lift the limits of other profiles", ov.by)
+		return lifted, nil
+	}
+	// The warning on the admitted claim tells what it is over.
+	adm.Allowed, adm.Borrows, adm.OverruledBy = true, false, ov.by
+	return adm, nil
 }
 
 // tenantOf is the valid tenant a namespace is charged to; ok is false when
@@ -164,7 +205,8 @@ func (a *Accountant) tenantOf(ctx context.Context, namespace string) (quota.Tena
 
 // decide prices and judges a claim against the cache plus the book's
 // reservations.
-func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation) (Admission, error) {
+// lift, when set, changes the limits the claim is judged against.
+func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, lift func(quota.Tenant) quota.Tenant) (Admission, error) {
 	cat, ten, err := a.snapshots(ctx)
 	if err != nil {
 		return Admission{}, err
@@ -179,16 +221,19 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 		return adm, nil
 	case owner == "":
 		if a.DenyUnassigned {
-			adm.Allowed, adm.Resource = false, "tenant"
+			adm.Allowed, adm.Resource = false, resourceTenant
 			adm.Reason = fmt.Sprintf("namespace %s belongs to no TenantQuota, and GPUs are only for tenants", claim.Namespace)
 		}
 		return adm, nil
 	case ten.invalid[owner] != "":
-		adm.Allowed, adm.Resource = false, "tenant"
+		adm.Allowed, adm.Resource = false, resourceTenant
 		adm.Reason = fmt.Sprintf("TenantQuota %q is invalid and refuses every claim until it is fixed: %s", owner, ten.invalid[owner])
 		return adm, nil
 	}
 	tenant := ten.tenants[owner]
+	if lift != nil {
+		tenant = lift(tenant)
+	}
 	adm.Cohort = tenant.Cohort
 	usage, peers, err := a.usageOf(ctx, cat, ten, owner, held)
 	if err != nil {

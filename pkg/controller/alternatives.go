@@ -26,10 +26,12 @@ import (
 // trimming only widens what it can admit.
 //
 // It keeps every alternative when none would fit (the quota webhook denies
-// the claim and tells why, and the claim keeps its shape for the retry),
-// and never trims the claim of a workload Kueue admitted, which the quota
-// webhook admits over quota anyway. It fails open (failurePolicy Ignore):
-// untrimmed, a claim is only charged more, never less.
+// the claim and tells why, and the claim keeps its shape for the retry).
+// The claims of Kueue's workloads are trimmed like any other: Kueue charges
+// no firstAvailable request (it refuses such workloads), so the quota
+// webhook never admits them past quota for Kueue. It fails open
+// (failurePolicy Ignore): untrimmed, a claim is only charged more, never
+// less.
 //
 // "Now" is the price of the trimming: an alternative dropped because its
 // tenant's quota was full at the claim's creation is not offered again
@@ -55,7 +57,6 @@ type alternativesWebhook struct {
 	exempt  sets.Set[string]
 	acct    *Accountant
 	decoder admission.Decoder
-	kueue   *kueueGate
 }
 
 func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -82,9 +83,6 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	}
 	if len(reasons) == 0 {
 		return admission.Allowed("")
-	}
-	if workload, err := h.kueue.admitted(ctx, &claim); err != nil || workload != "" {
-		return admission.Allowed("") // see above; on error the quota webhook decides
 	}
 	dropped := trimAlternatives(&claim.Spec, func(req string, sub *resourceapi.DeviceSubRequest) bool {
 		_, ok := reasons[req+"/"+sub.Name]

@@ -147,25 +147,3 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 		t.Errorf("an undecodable claim was refused: %+v", resp.Result)
 	}
 }
-
-// A claim of a workload Kueue admitted is admitted over quota anyway (the
-// quota webhook's overrule): its alternatives are Kueue's business.
-func TestAlternativesWebhookLeavesKueueWorkloadsAlone(t *testing.T) {
-	objs := append(world(t), ns("a", nil), kueuePod(true), workload("job-uid", true),
-		tenantQuota("no-h100", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
-			Limits: gpuaas.QuotaLimits{GpuUnits: qty("8"), Devices: map[string]int64{"h100": 0}}}))
-	acct, c := newAccountant(t, objs...)
-	s, err := Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	trimmer := &alternativesWebhook{acct: acct, decoder: admission.NewDecoder(s), kueue: &kueueGate{reader: c}}
-	kc := ownedByPod(withAlternatives("a", "trainer-gpu", "h100", "mig-1g"), "trainer")
-	if resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", kc.Name, kc)); !resp.Allowed || len(resp.Patches) != 0 {
-		t.Fatalf("claim of a Kueue-admitted workload: %+v, patches %+v; want it untouched", resp.Result, resp.Patches)
-	}
-	plain := ownedByPod(withAlternatives("a", "other-gpu", "h100", "mig-1g"), "someone-else")
-	if resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", plain.Name, plain)); len(resp.Patches) != 1 {
-		t.Fatalf("claim of a pod Kueue did not admit: patches %+v, want its H100 dropped", resp.Patches)
-	}
-}

@@ -11,6 +11,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -135,7 +136,7 @@ func (w *cohortWorld) reserve(namespace, name string, mig bool) {
 		class = "mig-1g"
 	}
 	c := claim(namespace, name, class, 1)
-	if _, err := w.acct.AdmitOverruled(ctx(w.t), c, false, "test"); err != nil {
+	if _, err := w.acct.AdmitOverruled(ctx(w.t), c, false, overruling{by: "test", classes: sets.New(class)}); err != nil {
 		w.t.Fatal(err)
 	}
 	w.pending = append(w.pending, c)

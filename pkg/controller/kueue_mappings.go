@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -118,12 +117,9 @@ func renderKueueMappings(profiles []gpuaas.GpuProfile) (string, error) {
 	charges := make([]kueue.Charge, 0, len(profiles))
 	for i := range profiles {
 		p := &profiles[i]
-		// A share of a shared GPU consumes no gpu-milliunits (docs/kueue.md):
-		// Kueue would refuse every workload asking for one.
-		if !ptr.Deref(p.Spec.Enabled, true) || !p.DeletionTimestamp.IsZero() || p.Spec.Selector.Type == "shared" {
-			continue
+		if res, ok := kueueChargedAs(p); ok {
+			charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: res})
 		}
-		charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: ptr.Deref(p.Spec.KueueResource, "")})
 	}
 	out, err := yaml.Marshal(kueue.Resources(charges))
 	if err != nil {

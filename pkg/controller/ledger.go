@@ -228,9 +228,9 @@ func conflicted(err error) bool { return apierrors.IsConflict(err) || apierrors.
 // pendingAdmission is a caller waiting for its claim's decision.
 type pendingAdmission struct {
 	claim *resourceapi.ResourceClaim
-	// overruledBy admits the claim whatever the quota says (AdmitOverruled).
-	overruledBy string
-	done        chan admitResult // buffered: answered once
+	// overrule lifts limits for the claim (AdmitOverruled); nil for none.
+	overrule *overruling
+	done     chan admitResult // buffered: answered once
 }
 
 type admitResult struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -16,6 +17,15 @@ const (
 	DefaultWebhookPort       = 9443
 	defaultResync            = 30 * time.Second
 )
+
+// DefaultKueueClaimCreators are the identities the kube-controller-manager
+// makes claims as: its resource-claim controller's ServiceAccount with
+// --use-service-account-credentials (kubeadm and most distributions), or
+// its own user without.
+var DefaultKueueClaimCreators = []string{
+	"system:serviceaccount:kube-system:resource-claim-controller",
+	"system:kube-controller-manager",
+}
 
 // Options configure Run; cmd/dra-controller fills them from flags.
 type Options struct {
@@ -65,11 +75,19 @@ type Options struct {
 	// once rather than after its back-off (up to ~16 minutes).
 	NudgeWaitingPods bool
 
-	// Kueue admits the claims of workloads Kueue has admitted even over
-	// their tenant's quota (they are still charged), so that Kueue and the
-	// TenantQuota never strand an admitted gang between them. Needs read
-	// access to Kueue's Workloads.
+	// Kueue admits the claims the kube-controller-manager makes for the
+	// pods of workloads Kueue has admitted even over their tenant's quota,
+	// up to what Kueue charged each workload (they are still charged), so
+	// that Kueue and the TenantQuota never strand an admitted gang between
+	// them (docs/kueue.md). Needs read access to Kueue's Workloads, and to
+	// the owners between a pod and its workload (Jobs, StatefulSets...).
 	Kueue bool
+	// KueueClaimCreators are the users whose ResourceClaims can be
+	// overruled for Kueue: the kube-controller-manager's, which makes a
+	// pod's claims from its templates. Anything else (a tenant's own
+	// claim naming a pod of an admitted Job) is judged by the quota alone.
+	// Empty means DefaultKueueClaimCreators.
+	KueueClaimCreators []string
 
 	// Resync is how often quota status (and the gpu-unit-seconds billing
 	// counter) is refreshed without any change; default 30s.
@@ -127,6 +145,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Resync <= 0 {
 		o.Resync = defaultResync
+	}
+	if len(o.KueueClaimCreators) == 0 {
+		o.KueueClaimCreators = slices.Clone(DefaultKueueClaimCreators)
 	}
 	if o.KubeAPIQPS < 0 || o.KubeAPIBurst < 0 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must not be negative", o.KubeAPIQPS, o.KubeAPIBurst)

@@ -163,7 +163,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	}
 	var gate *kueueGate
 	if opts.Kueue {
-		gate = &kueueGate{reader: mgr.GetAPIReader()}
+		gate = &kueueGate{live: mgr.GetAPIReader(), creators: sets.New(opts.KueueClaimCreators...), acct: acct,
+			book: &overruleBook{client: direct, namespace: opts.LedgerNamespace}}
 	}
 	registerWebhooks(mgr, acct, nudge, gate, opts.exemptNamespaces())
 	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
@@ -228,7 +229,7 @@ func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, gate
 		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
 	}})
 	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
-		exempt: sets.New(exempt...), acct: acct, decoder: dec, kueue: gate,
+		exempt: sets.New(exempt...), acct: acct, decoder: dec,
 	}})
 	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
 	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})

@@ -67,7 +67,7 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 	}
 	if !adm.Allowed {
-		adm, err = h.overruleForKueue(ctx, &claim, adm, dryRun)
+		adm, err = h.overruleForKueue(ctx, &claim, adm, req.UserInfo.Username, dryRun)
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 		}
@@ -90,26 +90,36 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 	return resp
 }
 
-// overruleForKueue admits a claim the quota denied when it belongs to a
-// workload Kueue admitted, charging it like any other.
-func (h *claimWebhook) overruleForKueue(ctx context.Context, claim *resourceapi.ResourceClaim, adm Admission, dryRun bool) (Admission, error) {
-	workload, err := h.kueue.admitted(ctx, claim)
+// overruleForKueue admits a claim the quota denied when the
+// kube-controller-manager made it for a pod of a workload Kueue admitted,
+// within what Kueue charged the workload; it is charged like any other.
+// Refusals for the tenancy itself (no TenantQuota with DenyUnassigned, an
+// invalid one) are never overruled.
+func (h *claimWebhook) overruleForKueue(ctx context.Context, claim *resourceapi.ResourceClaim, adm Admission, user string, dryRun bool) (Admission, error) {
+	if h.kueue == nil || adm.Resource == resourceTenant {
+		return adm, nil
+	}
+	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim))
+	v, err := h.kueue.overrule(ctx, claim, user, dryRun)
 	if err != nil {
 		// Deny rather than fail: the claim is retried, and a workload
 		// that is not Kueue's must not wait for Kueue's API.
-		klog.FromContext(ctx).Error(err, "Checking for a Kueue workload", "claim", klog.KObj(claim))
+		logger.Error(err, "Checking for a Kueue workload")
 		return adm, nil
 	}
-	if workload == "" {
+	if v.overrule == nil {
+		logger.V(4).Info("Not overruled for Kueue", "workload", v.workload, "why", v.why)
+		if v.workload != "" { // a Kueue workload's pod: tell why it waits
+			adm.Reason += "; not admitted for Kueue: " + v.why
+		}
 		return adm, nil
 	}
-	by := fmt.Sprintf("Kueue admitted workload %s/%s", claim.Namespace, workload)
-	overruled, err := h.acct.AdmitOverruled(ctx, claim, dryRun, by)
+	overruled, err := h.acct.AdmitOverruled(ctx, claim, dryRun, *v.overrule)
 	if err != nil {
 		return adm, err
 	}
 	if overruled.OverruledBy != "" { // else it fits now, and was simply admitted
-		klog.FromContext(ctx).V(2).Info("Claim over quota admitted for Kueue", "claim", klog.KObj(claim), "tenant", adm.Tenant, "workload", workload, "reason", overruled.Reason)
+		logger.V(2).Info("Claim over quota admitted for Kueue", "tenant", adm.Tenant, "workload", v.workload, "reason", overruled.Reason)
 	}
 	return overruled, nil
 }

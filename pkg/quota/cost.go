@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -109,18 +110,31 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 	return pr
 }
 
+// shapeKey is the memo key of a request shape. Every field is written with
+// its length, so no field can spell the boundary of the next: selector
+// expressions are the claim author's text, and a CEL comment may hold any
+// byte. (With plain separators, one selector whose comment held a separator
+// keyed the same as two selectors, and a dry run of a cheap claim priced a
+// dear one.) Capacity names are sorted: the same shape keys the same.
 func shapeKey(class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) string {
 	var b strings.Builder
-	b.WriteString(class)
+	field := func(tag byte, s string) {
+		b.WriteByte(tag)
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(s)
+	}
+	field('c', class)
 	for _, s := range sel {
 		if s.CEL != nil {
-			b.WriteString("\x00")
-			b.WriteString(s.CEL.Expression)
+			field('s', s.CEL.Expression)
 		}
 	}
 	if capReq != nil {
-		for name, q := range capReq.Requests {
-			b.WriteString("\x01" + string(name) + "=" + q.String())
+		for _, name := range slices.Sorted(maps.Keys(capReq.Requests)) {
+			q := capReq.Requests[name]
+			field('n', string(name))
+			field('q', q.String())
 		}
 	}
 	return b.String()

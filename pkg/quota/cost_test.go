@@ -315,3 +315,45 @@ func TestCostOfUnallocatedClaimIsReserved(t *testing.T) {
 		t.Fatalf("Cost = %+v", got)
 	}
 }
+
+// Issue 26: the memo key joined a request's fields with separator bytes,
+// which a CEL comment may contain. A selector whose comment held the
+// separator and the text of a second selector keyed the same as the two
+// selectors, so a dry run of the cheap two-selector claim priced the
+// one-selector claim, which matches every device.
+func TestClaimCostMemoKeyIsUnambiguous(t *testing.T) {
+	cheap := claimSpec(exact("gpu", "any", 4, withSelector("true // x"), withSelector(profileIs("1g.10gb"))))
+	dear := claimSpec(exact("gpu", "any", 4, withSelector("true // x\x00"+profileIs("1g.10gb"))))
+	oldKey := func(r resourceapi.DeviceRequest) string { // the key before the fix
+		key := r.Exactly.DeviceClassName
+		for _, s := range r.Exactly.Selectors {
+			key += "\x00" + s.CEL.Expression
+		}
+		return key
+	}
+	if oldKey(cheap.Devices.Requests[0]) != oldKey(dear.Devices.Requests[0]) {
+		t.Fatal("the two claims must be the ones whose old keys collide")
+	}
+	want := testPricer().ClaimCost(t.Context(), dear)
+	if want.Units.Cmp(WholeUnits(4)) != 0 || want.Devices["h100"] != 4 {
+		t.Fatalf("fresh price of the comment-only selector = %s, want 4 whole GPUs (the comment selects nothing)", want)
+	}
+	p := testPricer()
+	if got := p.ClaimCost(t.Context(), cheap); got.Units.Cmp(NewUnits(4, 7)) != 0 {
+		t.Fatalf("cheap claim = %s, want 4/7", got)
+	}
+	if got := p.ClaimCost(t.Context(), dear); !sameCharge(got, want) {
+		t.Errorf("after pricing the cheap claim, the dear one costs %s, want %s", got, want)
+	}
+	// The same with the capacity separator: a comment spelling a capacity
+	// request keyed like the request.
+	capped := exact("gpu", "shared", 1, withSelector("true // x"), withMemory("10Gi")).Exactly
+	forged := exact("gpu", "shared", 1, withSelector("true // x\x01"+CapacityMemory+"=10Gi")).Exactly
+	oldCapped := oldKey(resourceapi.DeviceRequest{Exactly: capped}) + "\x01" + CapacityMemory + "=10Gi"
+	if oldCapped != oldKey(resourceapi.DeviceRequest{Exactly: forged}) {
+		t.Fatal("the capacity pair must be one whose old keys collide")
+	}
+	if shapeKey(capped.DeviceClassName, capped.Selectors, capped.Capacity) == shapeKey(forged.DeviceClassName, forged.Selectors, forged.Capacity) {
+		t.Error("a selector's comment keys the same as a capacity request")
+	}
+}

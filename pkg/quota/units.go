@@ -126,6 +126,14 @@ func (u Units) CeilQuantity() resource.Quantity {
 	return *resource.NewMilliQuantity(q.Int64(), resource.DecimalSI)
 }
 
+// FloorMilli is u in thousandths, rounded down: what a device of u units
+// publishes in the gpu-milliunits counter that Kueue charges.
+func (u Units) FloorMilli() int64 {
+	r := new(big.Rat).Mul(u.rat(), big.NewRat(1000, 1))
+	q, _ := new(big.Int).DivMod(r.Num(), r.Denom(), new(big.Int))
+	return q.Int64()
+}
+
 // Exact writes u as a rational that ParseUnits reads back: "3/7", "2".
 func (u Units) Exact() string { return u.rat().RatString() }
 

@@ -88,6 +88,21 @@ func TestCeilQuantity(t *testing.T) {
 	}
 }
 
+// FloorMilli matches the gpu-milliunits counter the plugin publishes
+// (docs/kueue.md): 1g of 7 = 142, a replica of 4 = 250.
+func TestFloorMilli(t *testing.T) {
+	for _, tt := range []struct {
+		u    Units
+		want int64
+	}{
+		{NewUnits(1, 7), 142}, {NewUnits(3, 7), 428}, {NewUnits(1, 4), 250}, {WholeUnits(1), 1000}, {Units{}, 0},
+	} {
+		if got := tt.u.FloorMilli(); got != tt.want {
+			t.Errorf("FloorMilli(%s) = %d, want %d", tt.u, got, tt.want)
+		}
+	}
+}
+
 func TestTally(t *testing.T) {
 	var tally Tally
 	for range 7 {

@@ -101,7 +101,11 @@ func (cp *ControlPlane) controllerManager(port, verbosity, qps int, saKey string
 			"--controllers", "*",
 			"--service-account-private-key-file", saKey,
 			"--root-ca-file", filepath.Join(cp.Dir, "apiserver", "apiserver.crt"),
-			"--use-service-account-credentials=false",
+			// Each controller under its own ServiceAccount, as in a real
+			// cluster: claims from templates are created by
+			// system:serviceaccount:kube-system:resource-claim-controller,
+			// the identity the quota webhook trusts for Kueue overrules.
+			"--use-service-account-credentials=true",
 			fmt.Sprintf("--kube-api-qps=%d", qps), fmt.Sprintf("--kube-api-burst=%d", 2*qps),
 			"--v", fmt.Sprint(verbosity),
 		},
