@@ -28,18 +28,14 @@ base_pkgs=(libc6 libgcc-s1)
 bins=(nvidia-smi nvidia-cuda-mps-control nvidia-cuda-mps-server)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/hack/lib/debs.sh"
 out="$root/_output/driver-userspace"
 host="$out/host"
 stamp="$out/.host.stamp"
 want=$(printf '%s\n' "$DRIVER_VERSION" "${nvidia_pkgs[@]}" "${base_pkgs[@]}" |
 	cat - "$0" "$root/hack/lib/debs.sh" | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$host/usr/bin/nvidia-smi" ]; then
-	echo "driver userspace $DRIVER_VERSION up to date in $host"
-	exit 0
-fi
-
-. "$root/hack/lib/debs.sh"
+debs_stamp_current "$stamp" "$want" "$host/usr/bin/nvidia-smi" && { echo "driver userspace $DRIVER_VERSION up to date in $host"; exit 0; }
 
 echo "building the NVIDIA driver userspace $DRIVER_VERSION (host layout) into $host"
 start=$(date +%s)

@@ -14,17 +14,13 @@ set -euo pipefail
 pkgs=(libc6 libgcc-s1)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/hack/lib/debs.sh"
 out="$root/_output/image-base"
 rootfs="$out/rootfs"
 stamp="$out/.rootfs.stamp"
 want=$(printf '%s\n' "${pkgs[@]}" | cat - "$0" "$root/hack/lib/debs.sh" | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -e "$rootfs/usr/lib/x86_64-linux-gnu/libc.so.6" ]; then
-	echo "image base up to date in $rootfs"
-	exit 0
-fi
-
-. "$root/hack/lib/debs.sh"
+debs_stamp_current "$stamp" "$want" "$rootfs/usr/lib/x86_64-linux-gnu/libc.so.6" && { echo "image base up to date in $rootfs"; exit 0; }
 
 echo "building the image base (glibc, Debian bookworm) into $rootfs"
 start=$(date +%s)

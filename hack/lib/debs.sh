@@ -15,6 +15,12 @@ DEBS_CACHE="${DEBS_CACHE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/_o
 
 debs_as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# debs_stamp_current STAMP WANT CHECKFILE succeeds when a build is up to
+# date: its stamp file STAMP holds WANT (the hash of what the build is made
+# from, written last by the build) and CHECKFILE, a file the build makes,
+# still exists.
+debs_stamp_current() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ] && [ -e "$3" ]; }
+
 # debs_apt runs apt-get, waiting for the dpkg lock that another build (or
 # the machine's own apt) may hold. `apt-get update` takes the lists lock,
 # which the timeout does not cover, so update is retried a few times.

@@ -3,12 +3,8 @@ package release
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"debug/elf"
-	"encoding/json"
-	"errors"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -18,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage/ocitest"
 )
 
 // The parts of the layout's documents the tests read.
@@ -61,22 +59,22 @@ func TestBuild(t *testing.T) {
 	if out != o.Out {
 		t.Errorf("Build returned %q, want %q", out, o.Out)
 	}
-	blobs := readLayout(t, out)
+	blobs := ocitest.ReadLayout(t, out)
 	var idx index
-	unmarshal(t, blobs["index.json"], &idx)
+	ocitest.Unmarshal(t, blobs["index.json"], &idx)
 	if len(idx.Manifests) != 1 || idx.Manifests[0].Annotations["io.containerd.image.name"] != "registry.example/gpuaas/driver:1.2.3-test" {
 		t.Fatalf("index.json = %s", blobs["index.json"])
 	}
 	var mf manifest
-	unmarshal(t, blob(t, blobs, idx.Manifests[0].Digest), &mf)
+	ocitest.Unmarshal(t, ocitest.Blob(t, blobs, idx.Manifests[0].Digest), &mf)
 	var cfg imageConfig
-	unmarshal(t, blob(t, blobs, mf.Config.Digest), &cfg)
+	ocitest.Unmarshal(t, ocitest.Blob(t, blobs, mf.Config.Digest), &cfg)
 	checkConfig(t, cfg, mf)
 	if len(mf.Layers) != 2 {
 		t.Fatalf("manifest has %d layers, want 2", len(mf.Layers))
 	}
-	checkBaseLayer(t, gunzip(t, blob(t, blobs, mf.Layers[0].Digest)))
-	checkBinaryLayer(t, gunzip(t, blob(t, blobs, mf.Layers[1].Digest)), o)
+	checkBaseLayer(t, ocitest.Gunzip(t, ocitest.Blob(t, blobs, mf.Layers[0].Digest)))
+	checkBinaryLayer(t, ocitest.Gunzip(t, ocitest.Blob(t, blobs, mf.Layers[1].Digest)), o)
 	for _, b := range binaries {
 		checkBinary(t, filepath.Join(o.WorkDir, filepath.Base(b.path)), o.Version)
 	}
@@ -93,12 +91,12 @@ func testOptions(t *testing.T) Options {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, filepath.Join(base, "etc/passwd"), "nonroot:x:65532:65532::/home/nonroot:/sbin/nologin\n", 0o644)
+	ocitest.WriteFile(t, filepath.Join(base, "etc/passwd"), "nonroot:x:65532:65532::/home/nonroot:/sbin/nologin\n", 0o644)
 	if err := os.Symlink("usr/lib", filepath.Join(base, "lib")); err != nil {
 		t.Fatal(err)
 	}
 	hook := filepath.Join(dir, "nvidia-cdi-hook")
-	writeFile(t, hook, "#!/bin/true\n", 0o700)
+	ocitest.WriteFile(t, hook, "#!/bin/true\n", 0o700)
 	return Options{
 		RepoRoot:   filepath.Join("..", "..", ".."),
 		Version:    "1.2.3-test",
@@ -149,11 +147,11 @@ func checkBinaryLayer(t *testing.T, layerTar []byte, o Options) {
 	if got := layerEntries(t, layerTar, contents); !slices.Equal(got, want) {
 		t.Errorf("binary layer:\n got %q\nwant %q", got, want)
 	}
-	if hook := mustRead(t, o.CDIHook); !bytes.Equal(contents["usr/bin/nvidia-cdi-hook"], hook) {
+	if hook := ocitest.ReadFile(t, o.CDIHook); !bytes.Equal(contents["usr/bin/nvidia-cdi-hook"], hook) {
 		t.Error("the image's nvidia-cdi-hook is not the given one")
 	}
 	for _, b := range binaries {
-		built := mustRead(t, filepath.Join(o.WorkDir, filepath.Base(b.path)))
+		built := ocitest.ReadFile(t, filepath.Join(o.WorkDir, filepath.Base(b.path)))
 		if !bytes.Equal(contents[strings.TrimPrefix(b.path, "/")], built) {
 			t.Errorf("the image's %s is not the built one", b.path)
 		}
@@ -225,103 +223,17 @@ func TestValidRepository(t *testing.T) {
 	}
 }
 
-// readLayout returns the regular files of the layout tarball by name.
-func readLayout(t *testing.T, tarball string) map[string][]byte {
-	t.Helper()
-	files := map[string][]byte{}
-	tr := tar.NewReader(bytes.NewReader(mustRead(t, tarball)))
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			files[hdr.Name] = data
-		}
-	}
-	for _, name := range []string{"oci-layout", "index.json"} {
-		if files[name] == nil {
-			t.Fatalf("layout has no %s", name)
-		}
-	}
-	return files
-}
-
 // layerEntries describes each entry of a layer as "name type mode [link]"
 // and puts the regular files' contents into contents, when not nil.
 func layerEntries(t *testing.T, layerTar []byte, contents map[string][]byte) []string {
 	t.Helper()
 	var got []string
-	tr := tar.NewReader(bytes.NewReader(layerTar))
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return got
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hdr.Uid != 0 || hdr.Gid != 0 {
-			t.Errorf("%s is owned by %d:%d, want root", hdr.Name, hdr.Uid, hdr.Gid)
-		}
-		typ := map[byte]string{tar.TypeDir: "d", tar.TypeReg: "-", tar.TypeSymlink: "l"}[hdr.Typeflag]
-		got = append(got, strings.TrimSpace(strings.Join([]string{hdr.Name, typ, strconv.FormatInt(hdr.Mode, 8), hdr.Linkname}, " ")))
-		if contents != nil && hdr.Typeflag == tar.TypeReg {
-			if contents[hdr.Name], err = io.ReadAll(tr); err != nil {
-				t.Fatal(err)
-			}
+	for _, e := range ocitest.LayerEntries(t, layerTar) {
+		typ := map[byte]string{tar.TypeDir: "d", tar.TypeReg: "-", tar.TypeSymlink: "l"}[e.Typeflag]
+		got = append(got, strings.TrimSpace(strings.Join([]string{e.Name, typ, strconv.FormatInt(e.Mode, 8), e.Linkname}, " ")))
+		if contents != nil && e.Typeflag == tar.TypeReg {
+			contents[e.Name] = []byte(e.Content)
 		}
 	}
-}
-
-func blob(t *testing.T, blobs map[string][]byte, digest string) []byte {
-	t.Helper()
-	data, ok := blobs["blobs/sha256/"+strings.TrimPrefix(digest, "sha256:")]
-	if !ok {
-		t.Fatalf("no blob %s", digest)
-	}
-	return data
-}
-
-func gunzip(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func unmarshal(t *testing.T, data []byte, v any) {
-	t.Helper()
-	if err := json.Unmarshal(data, v); err != nil {
-		t.Fatalf("%s: %v", data, err)
-	}
-}
-
-func writeFile(t *testing.T, path, content string, mode os.FileMode) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func mustRead(t *testing.T, path string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
+	return got
 }

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage/ocitest"
 )
 
 // treeImage is a two-layer image: a root file system tree (with symbolic
@@ -23,10 +25,10 @@ func treeImage(t *testing.T) Image {
 	}
 	chmod(t, filepath.Join(root, "root"), 0o700)
 	chmod(t, filepath.Join(root, "tmp"), 0o777|os.ModeSticky)
-	writeFile(t, filepath.Join(root, "etc/passwd"), "root:x:0:0::/root:/sbin/nologin\n", 0o644)
-	writeFile(t, filepath.Join(root, "usr/bin/su"), "su", 0o755)
+	ocitest.WriteFile(t, filepath.Join(root, "etc/passwd"), "root:x:0:0::/root:/sbin/nologin\n", 0o644)
+	ocitest.WriteFile(t, filepath.Join(root, "usr/bin/su"), "su", 0o755)
 	chmod(t, filepath.Join(root, "usr/bin/su"), 0o755|os.ModeSetuid)
-	writeFile(t, filepath.Join(root, "usr/lib/libc.so.6"), "libc", 0o755)
+	ocitest.WriteFile(t, filepath.Join(root, "usr/lib/libc.so.6"), "libc", 0o755)
 	symlink(t, "usr/lib", filepath.Join(root, "lib64"))
 	// An absolute target that does not exist on the host: kept verbatim.
 	symlink(t, "/usr/share/zoneinfo/UTC", filepath.Join(root, "etc/localtime"))
@@ -40,9 +42,9 @@ func treeImage(t *testing.T) Image {
 	data := filepath.Join(dir, "data")
 	mkdir(t, data, 0o755)
 	mkdir(t, filepath.Join(data, "sub"), 0o750)
-	writeFile(t, filepath.Join(data, "sub/a"), "a", 0o600)
+	ocitest.WriteFile(t, filepath.Join(data, "sub/a"), "a", 0o600)
 	app := filepath.Join(dir, "app")
-	writeFile(t, app, "app", 0o700)
+	ocitest.WriteFile(t, app, "app", 0o700)
 
 	return Image{
 		Name: "registry.example/gpuaas/tree:1.2.3",
@@ -69,9 +71,9 @@ func TestWriteTarLayersAndTrees(t *testing.T) {
 	if err := WriteTar(img, out); err != nil {
 		t.Fatal(err)
 	}
-	entries := readTar(t, mustRead(t, out))
+	entries := ocitest.ReadLayout(t, out)
 	var idx index
-	unmarshal(t, entries["index.json"], &idx)
+	ocitest.Unmarshal(t, entries["index.json"], &idx)
 	if len(idx.Manifests) != 1 || idx.Manifests[0].Annotations[annotationImageName] != img.Name ||
 		idx.Manifests[0].Annotations[annotationRefName] != "1.2.3" {
 		t.Fatalf("index.json = %+v", idx)
@@ -81,26 +83,26 @@ func TestWriteTarLayersAndTrees(t *testing.T) {
 	}
 
 	var mf manifest
-	unmarshal(t, blobOf(t, entries, idx.Manifests[0]), &mf)
+	ocitest.Unmarshal(t, blobOf(t, entries, idx.Manifests[0]), &mf)
 	wantAnnotations := map[string]string{LabelTitle: "tree", LabelVersion: "1.2.3"}
 	if !maps.Equal(mf.Annotations, wantAnnotations) {
 		t.Errorf("manifest annotations = %v, want %v", mf.Annotations, wantAnnotations)
 	}
 	var cfg imageConfig
-	unmarshal(t, blobOf(t, entries, mf.Config), &cfg)
+	ocitest.Unmarshal(t, blobOf(t, entries, mf.Config), &cfg)
 	checkTreeConfig(t, cfg.Config, img)
 
 	if len(mf.Layers) != 2 || len(cfg.RootFS.DiffIDs) != 2 {
 		t.Fatalf("manifest has %d layers, config %d diff IDs; want 2", len(mf.Layers), len(cfg.RootFS.DiffIDs))
 	}
-	checkRootfsLayer(t, gunzip(t, blobOf(t, entries, mf.Layers[0])))
-	checkUpperLayer(t, gunzip(t, blobOf(t, entries, mf.Layers[1])))
+	checkRootfsLayer(t, ocitest.Gunzip(t, blobOf(t, entries, mf.Layers[0])))
+	checkUpperLayer(t, ocitest.Gunzip(t, blobOf(t, entries, mf.Layers[1])))
 
 	again := filepath.Join(t.TempDir(), "again.tar")
 	if err := WriteTar(img, again); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(mustRead(t, out), mustRead(t, again)) {
+	if !bytes.Equal(ocitest.ReadFile(t, out), ocitest.ReadFile(t, again)) {
 		t.Error("two writes of the same image differ")
 	}
 }
@@ -118,21 +120,21 @@ func checkTreeConfig(t *testing.T, got containerConfig, img Image) {
 func checkRootfsLayer(t *testing.T, layerTar []byte) {
 	t.Helper()
 	passwd := "root:x:0:0::/root:/sbin/nologin\n"
-	want := []tarEntry{
-		{"etc/", tar.TypeDir, 0o755, "", ""},
-		{"etc/localtime", tar.TypeSymlink, 0o777, "", "/usr/share/zoneinfo/UTC"},
-		{"etc/passwd", tar.TypeReg, 0o644, passwd, ""},
-		{"etc/passwd-", tar.TypeReg, 0o644, passwd, ""},
-		{"lib64", tar.TypeSymlink, 0o777, "", "usr/lib"},
-		{"root/", tar.TypeDir, 0o700, "", ""},
-		{"tmp/", tar.TypeDir, 0o1777, "", ""},
-		{"usr/", tar.TypeDir, 0o755, "", ""},
-		{"usr/bin/", tar.TypeDir, 0o755, "", ""},
-		{"usr/bin/su", tar.TypeReg, 0o4755, "su", ""},
-		{"usr/lib/", tar.TypeDir, 0o755, "", ""},
-		{"usr/lib/libc.so.6", tar.TypeReg, 0o755, "libc", ""},
+	want := []ocitest.Entry{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "etc/localtime", Typeflag: tar.TypeSymlink, Mode: 0o777, Linkname: "/usr/share/zoneinfo/UTC"},
+		{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644, Content: passwd},
+		{Name: "etc/passwd-", Typeflag: tar.TypeReg, Mode: 0o644, Content: passwd},
+		{Name: "lib64", Typeflag: tar.TypeSymlink, Mode: 0o777, Linkname: "usr/lib"},
+		{Name: "root/", Typeflag: tar.TypeDir, Mode: 0o700},
+		{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777},
+		{Name: "usr/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/bin/su", Typeflag: tar.TypeReg, Mode: 0o4755, Content: "su"},
+		{Name: "usr/lib/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/lib/libc.so.6", Typeflag: tar.TypeReg, Mode: 0o755, Content: "libc"},
 	}
-	if got := readLayerEntries(t, layerTar); !slices.Equal(got, want) {
+	if got := ocitest.LayerEntries(t, layerTar); !slices.Equal(got, want) {
 		t.Errorf("rootfs layer entries:\n got %v\nwant %v", got, want)
 	}
 }
@@ -141,16 +143,16 @@ func checkRootfsLayer(t *testing.T, layerTar []byte) {
 // /tmp (only the bottom layer has the default one).
 func checkUpperLayer(t *testing.T, layerTar []byte) {
 	t.Helper()
-	want := []tarEntry{
-		{"opt/", tar.TypeDir, 0o755, "", ""},
-		{"opt/data/", tar.TypeDir, 0o755, "", ""},
-		{"opt/data/sub/", tar.TypeDir, 0o750, "", ""},
-		{"opt/data/sub/a", tar.TypeReg, 0o600, "a", ""},
-		{"usr/", tar.TypeDir, 0o755, "", ""},
-		{"usr/bin/", tar.TypeDir, 0o755, "", ""},
-		{"usr/bin/app", tar.TypeReg, 0o755, "app", ""},
+	want := []ocitest.Entry{
+		{Name: "opt/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/data/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/data/sub/", Typeflag: tar.TypeDir, Mode: 0o750},
+		{Name: "opt/data/sub/a", Typeflag: tar.TypeReg, Mode: 0o600, Content: "a"},
+		{Name: "usr/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/bin/app", Typeflag: tar.TypeReg, Mode: 0o755, Content: "app"},
 	}
-	if got := readLayerEntries(t, layerTar); !slices.Equal(got, want) {
+	if got := ocitest.LayerEntries(t, layerTar); !slices.Equal(got, want) {
 		t.Errorf("upper layer entries:\n got %v\nwant %v", got, want)
 	}
 }
@@ -160,18 +162,18 @@ func checkUpperLayer(t *testing.T, layerTar []byte) {
 func TestSameLayerTwice(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	writeFile(t, src, "x", 0o644)
+	ocitest.WriteFile(t, src, "x", 0o644)
 	layer := Layer{{Path: "/x", Source: src}}
 	out := filepath.Join(dir, "image.tar")
 	// The first layer also has /tmp, so the second and third are the same.
 	if err := WriteTar(Image{Name: "x:1", Layers: []Layer{layer, layer, layer}}, out); err != nil {
 		t.Fatal(err)
 	}
-	entries := readTar(t, mustRead(t, out))
+	entries := ocitest.ReadLayout(t, out)
 	var idx index
-	unmarshal(t, entries["index.json"], &idx)
+	ocitest.Unmarshal(t, entries["index.json"], &idx)
 	var mf manifest
-	unmarshal(t, blobOf(t, entries, idx.Manifests[0]), &mf)
+	ocitest.Unmarshal(t, blobOf(t, entries, idx.Manifests[0]), &mf)
 	if len(mf.Layers) != 3 || mf.Layers[1].Digest != mf.Layers[2].Digest || mf.Layers[0].Digest == mf.Layers[1].Digest {
 		t.Errorf("manifest layers = %+v", mf.Layers)
 	}

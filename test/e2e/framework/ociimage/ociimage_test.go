@@ -3,14 +3,10 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,14 +14,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage/ocitest"
 )
 
 func TestWriteTar(t *testing.T) {
 	dir := t.TempDir()
 	app := filepath.Join(dir, "app")
 	conf := filepath.Join(dir, "conf")
-	writeFile(t, app, "#!/bin/true\n", 0o700)
-	writeFile(t, conf, "key=value\n", 0o600)
+	ocitest.WriteFile(t, app, "#!/bin/true\n", 0o700)
+	ocitest.WriteFile(t, conf, "key=value\n", 0o600)
 	img := Image{
 		Name: "localhost/gpuaas/test:e2e",
 		Files: []File{
@@ -39,7 +37,7 @@ func TestWriteTar(t *testing.T) {
 	if err := WriteTar(img, out); err != nil {
 		t.Fatal(err)
 	}
-	entries := readTar(t, mustRead(t, out))
+	entries := ocitest.ReadLayout(t, out)
 
 	if got := string(entries["oci-layout"]); got != `{"imageLayoutVersion":"1.0.0"}` {
 		t.Errorf("oci-layout = %s", got)
@@ -55,7 +53,7 @@ func TestWriteTar(t *testing.T) {
 	}
 
 	var idx index
-	unmarshal(t, entries["index.json"], &idx)
+	ocitest.Unmarshal(t, entries["index.json"], &idx)
 	if idx.SchemaVersion != 2 || idx.MediaType != mediaTypeIndex || len(idx.Manifests) != 1 {
 		t.Fatalf("index.json = %+v", idx)
 	}
@@ -71,7 +69,7 @@ func TestWriteTar(t *testing.T) {
 	}
 
 	var mf manifest
-	unmarshal(t, blobOf(t, entries, mDesc), &mf)
+	ocitest.Unmarshal(t, blobOf(t, entries, mDesc), &mf)
 	if mf.SchemaVersion != 2 || mf.MediaType != mediaTypeManifest || mf.Config.MediaType != mediaTypeConfig {
 		t.Errorf("manifest = %+v", mf)
 	}
@@ -79,8 +77,8 @@ func TestWriteTar(t *testing.T) {
 		t.Fatalf("manifest layers = %+v", mf.Layers)
 	}
 	var cfg imageConfig
-	unmarshal(t, blobOf(t, entries, mf.Config), &cfg)
-	layerTar := gunzip(t, blobOf(t, entries, mf.Layers[0]))
+	ocitest.Unmarshal(t, blobOf(t, entries, mf.Config), &cfg)
+	layerTar := ocitest.Gunzip(t, blobOf(t, entries, mf.Layers[0]))
 
 	if cfg.Architecture != "amd64" || cfg.OS != "linux" || !cfg.Created.Equal(time.Unix(0, 0)) {
 		t.Errorf("config platform/created = %s/%s %v", cfg.OS, cfg.Architecture, cfg.Created)
@@ -99,7 +97,7 @@ func TestWriteTar(t *testing.T) {
 	if err := WriteTar(img, again); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(mustRead(t, out), mustRead(t, again)) {
+	if !bytes.Equal(ocitest.ReadFile(t, out), ocitest.ReadFile(t, again)) {
 		t.Error("two writes of the same image differ")
 	}
 }
@@ -108,58 +106,24 @@ func TestWriteTar(t *testing.T) {
 // image must contain.
 func checkLayer(t *testing.T, layerTar []byte) {
 	t.Helper()
-	want := []tarEntry{
-		{"etc/", tar.TypeDir, 0o755, "", ""},
-		{"etc/app.conf", tar.TypeReg, 0o600, "key=value\n", ""},
-		{"tmp/", tar.TypeDir, 0o1777, "", ""},
-		{"usr/", tar.TypeDir, 0o755, "", ""},
-		{"usr/local/", tar.TypeDir, 0o755, "", ""},
-		{"usr/local/bin/", tar.TypeDir, 0o755, "", ""},
-		{"usr/local/bin/app", tar.TypeReg, 0o755, "#!/bin/true\n", ""},
+	want := []ocitest.Entry{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "etc/app.conf", Typeflag: tar.TypeReg, Mode: 0o600, Content: "key=value\n"},
+		{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777},
+		{Name: "usr/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local/bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local/bin/app", Typeflag: tar.TypeReg, Mode: 0o755, Content: "#!/bin/true\n"},
 	}
-	if got := readLayerEntries(t, layerTar); !slices.Equal(got, want) {
+	if got := ocitest.LayerEntries(t, layerTar); !slices.Equal(got, want) {
 		t.Errorf("layer entries:\n got %v\nwant %v", got, want)
-	}
-}
-
-// tarEntry is what a test checks of one entry of a layer.
-type tarEntry struct {
-	name     string
-	typeflag byte
-	mode     int64
-	content  string
-	linkname string
-}
-
-// readLayerEntries returns the entries of an uncompressed layer tar in
-// order, checking that each is owned by root and dated epoch.
-func readLayerEntries(t *testing.T, layerTar []byte) []tarEntry {
-	t.Helper()
-	var got []tarEntry
-	tr := tar.NewReader(bytes.NewReader(layerTar))
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return got
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hdr.Uid != 0 || hdr.Gid != 0 || !hdr.ModTime.Equal(time.Unix(0, 0)) {
-			t.Errorf("layer entry %s: uid %d gid %d mtime %v", hdr.Name, hdr.Uid, hdr.Gid, hdr.ModTime)
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, tarEntry{hdr.Name, hdr.Typeflag, hdr.Mode, string(data), hdr.Linkname})
 	}
 }
 
 func TestWriteTarRejects(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	writeFile(t, src, "x", 0o644)
+	ocitest.WriteFile(t, src, "x", 0o644)
 	for name, img := range map[string]Image{
 		"no name":        {Files: []File{{Path: "/a", Source: src}}},
 		"digest ref":     {Name: "x@sha256:00", Files: []File{{Path: "/a", Source: src}}},
@@ -241,77 +205,12 @@ func repoRoot(t *testing.T) string {
 	return filepath.Join(wd, "..", "..", "..", "..")
 }
 
+// blobOf is the blob d describes, which must be d.Size bytes long.
 func blobOf(t *testing.T, entries map[string][]byte, d descriptor) []byte {
 	t.Helper()
-	data, ok := entries["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")]
-	if !ok {
-		t.Fatalf("no blob for %s", d.Digest)
-	}
+	data := ocitest.Blob(t, entries, d.Digest)
 	if int64(len(data)) != d.Size {
 		t.Fatalf("blob %s: %d bytes, descriptor says %d", d.Digest, len(data), d.Size)
-	}
-	return data
-}
-
-// readTar returns the regular files of a tar by name.
-func readTar(t *testing.T, data []byte) map[string][]byte {
-	t.Helper()
-	entries := map[string][]byte{}
-	tr := tar.NewReader(bytes.NewReader(data))
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return entries
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			continue
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		entries[hdr.Name] = b
-	}
-}
-
-func gunzip(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func unmarshal(t *testing.T, data []byte, v any) {
-	t.Helper()
-	if err := json.Unmarshal(data, v); err != nil {
-		t.Fatalf("%s: %v", data, err)
-	}
-}
-
-func writeFile(t *testing.T, path, content string, mode os.FileMode) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(path, mode); err != nil { // not subject to umask
-		t.Fatal(err)
-	}
-}
-
-func mustRead(t *testing.T, path string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return data
 }
