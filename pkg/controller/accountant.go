@@ -359,21 +359,65 @@ func (a *Accountant) seenLocked(r reservation) bool {
 
 // reserve is the book after admitting claim: the new reservation, minus
 // those that hold nothing any more and those every replica has surely
-// seen resolved.
-func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClaim, cost quota.Charge) []reservation {
+// seen resolved; full (the book is left as it was) explains a refusal when
+// the new reservation would take the tenant's or the book's size past its
+// cap (see maxBookBytes).
+//
+// A claim name holds at most one reservation. A create fails with
+// AlreadyExists when the name is taken, after the webhook reserved it, so
+// every re-run of a create held its cost until reservationGrace with
+// nothing in the API, and filled the book; but of the creates of one name
+// at most one object exists at a time, so one reservation worth the dearer
+// of each resource covers them all. (One whose claim the cache already
+// shows is not merged: that claim counts itself, see countsIn.)
+func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClaim, cost quota.Charge, tenant string) (_ []reservation, full string) {
+	owner := a.owners()
 	a.claimsMu.Lock()
 	defer a.claimsMu.Unlock()
 	now := a.now()
+	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
 	out := make([]reservation, 0, len(book)+1)
+	var bookBytes, tenantBytes int
 	for _, r := range book {
 		age := now.Sub(r.At)
 		if age >= reservationGrace || (age >= settleDelay && a.seenLocked(r)) || r.UID == claim.UID {
 			continue
 		}
+		if r.key() == key {
+			if c, err := r.charge(); err == nil && !a.seenLocked(r) {
+				cost = cost.Max(c)
+			}
+			continue
+		}
+		n := r.sizeBound()
+		bookBytes += n
+		if owner[r.Namespace] == tenant {
+			tenantBytes += n
+		}
 		out = append(out, r)
 	}
-	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
-	return append(out, newReservation(key, claim.UID, cost, now))
+	nr := newReservation(key, claim.UID, cost, now)
+	n := nr.sizeBound()
+	switch {
+	case tenantBytes+n > maxTenantBookBytes:
+		return book, fmt.Sprintf("TenantQuota %q has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+			"retry in a few seconds, when they are created or expire", tenant, tenantBytes, maxTenantBookBytes)
+	case bookBytes+n > maxBookBytes:
+		return book, fmt.Sprintf("the quota ledger of TenantQuota %q (its cohort's, if any) has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+			"retry in a few seconds, when they are created or expire", tenant, bookBytes, maxBookBytes)
+	}
+	return append(out, nr), ""
+}
+
+// owners is which quota each namespace is charged to, as of the last
+// tenancy snapshot.
+func (a *Accountant) owners() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ten == nil {
+		return nil
+	}
+	return a.ten.owner
 }
 
 // heldFor is what this replica last read of the book a quota is charged in.

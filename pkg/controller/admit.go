@@ -128,11 +128,15 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 	reserved := false
 	for i, req := range group {
 		adm, err := a.decideOverruled(ctx, req.claim, held, req.overrule)
-		results[i] = admitResult{adm: adm, err: err}
 		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
-			held = a.reserve(held, req.claim, adm.Cost)
-			reserved = true
+			next, full := a.reserve(held, req.claim, adm.Cost, adm.Tenant)
+			if full != "" {
+				adm.Decision = quota.Decision{Resource: resourceLedger, Reason: full}
+			} else {
+				held, reserved = next, true
+			}
 		}
+		results[i] = admitResult{adm: adm, err: err}
 	}
 	return results, held, reserved
 }
@@ -141,6 +145,17 @@ func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group 
 // namespace's tenancy (no TenantQuota with DenyUnassigned, or an invalid
 // one) rather than for a limit: nothing overrules those.
 const resourceTenant = "tenant"
+
+// resourceLedger is the Decision.Resource of a claim refused because its
+// tenant's reservations, or its book, are at their cap (see maxBookBytes).
+const resourceLedger = "reservations"
+
+// overrulable: a refusal for a limit, which whoever may admit past the
+// quota (Kueue) can overrule; not one for the tenancy, nor one for a claim
+// that cannot be priced, whose cost nobody could cap.
+func overrulable(resource string) bool {
+	return resource != resourceTenant && resource != quota.ResourceUnpriced && resource != resourceLedger
+}
 
 // overruling is what lets a claim past its tenant's limits: who decided
 // (for the warning and the metrics) and which device limits it lifts.
@@ -171,7 +186,7 @@ func (o *overruling) lift(t quota.Tenant) quota.Tenant {
 // limits ov lifts, if any.
 func (a *Accountant) decideOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, ov *overruling) (Admission, error) {
 	adm, err := a.decide(ctx, claim, held, nil)
-	if err != nil || adm.Allowed || ov == nil || adm.Resource == resourceTenant {
+	if err != nil || adm.Allowed || ov == nil || !overrulable(adm.Resource) {
 		return adm, err
 	}
 	lifted, err := a.decide(ctx, claim, held, ov.lift)
@@ -231,6 +246,12 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 		return adm, nil
 	}
 	tenant := ten.tenants[owner]
+	// Before any lift: a claim whose worst case nothing bounds yet cannot
+	// be held to what Kueue charged either.
+	if d := quota.DecideUnpriced(tenant, cat.pricer.Unpriced(ctx, &claim.Spec)); !d.Allowed {
+		adm.Decision = d
+		return adm, nil
+	}
 	if lift != nil {
 		tenant = lift(tenant)
 	}

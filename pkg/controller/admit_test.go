@@ -1,15 +1,21 @@
 package controller
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 func teamQuota(name, namespace, units string) *gpuaas.TenantQuota {
@@ -205,17 +211,116 @@ func TestAdmitReservesUntilTheCacheCatchesUp(t *testing.T) {
 }
 
 // A claim deleted and created again under the same name is a new claim:
-// the old one in the cache does not hide the new one's reservation.
+// the old one in the cache does not hide the new one's reservation where
+// the new one costs more (of the two at most one exists, so where it costs
+// no more the old one counted is enough, see countsIn).
 func TestAdmitCountsARecreatedClaim(t *testing.T) {
 	old := claim("a", "train", "h100", 1)
-	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "2"), old)...)
-	again := claim("a", "train", "h100", 1) // same name, new UID; the cache still shows the old
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "3"), old)...)
+	again := claim("a", "train", "h100", 2) // same name, new UID; the cache still shows the old
 	if adm, _ := acct.Admit(ctx(t), again, false); !adm.Allowed {
 		t.Fatalf("recreated claim denied: %s", adm.Reason)
 	}
-	adm, _ := acct.Admit(ctx(t), claim("a", "other", "h100", 1), false)
+	adm, _ := acct.Admit(ctx(t), claim("a", "other", "h100", 2), false)
 	if adm.Allowed {
-		t.Fatal("a third device was admitted under a limit of 2: the recreated claim's reservation was hidden by the old claim of the same name")
+		t.Fatal("4 devices admitted under a limit of 3: the recreated claim's reservation was hidden by the old claim of the same name")
+	}
+}
+
+// Issue 26 item 5: re-running a create of an existing claim reserved it
+// under a fresh UID each time, and the API server then failed the create
+// with AlreadyExists: the reservations held the tenant's quota for
+// reservationGrace with nothing in the API, and filled the book. A name
+// holds one reservation, and one no dearer than the claim the cache shows
+// holds nothing more.
+func TestRecreatingAClaimNameLeavesOneReservation(t *testing.T) {
+	existing := claim("a", "train", "h100", 1)
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "2"), existing)...)
+	for i := range 20 {
+		if adm, err := acct.Admit(ctx(t), claim("a", "train", "h100", 1), false); err != nil || !adm.Allowed {
+			t.Fatalf("create %d of the existing name: %+v, %v", i, adm.Decision, err)
+		}
+	}
+	n := 0
+	for _, r := range acct.heldFor(ctx(t), "team-a") {
+		if r.Name == "train" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d reservations for claim a/train after 20 creates of the name, want 1", n)
+	}
+	if adm, _ := acct.Admit(ctx(t), claim("a", "other", "h100", 1), false); !adm.Allowed {
+		t.Errorf("the tenant's second GPU refused after failed creates of a name it holds: %s", adm.Reason)
+	}
+}
+
+// The reservations of one tenant cannot grow its book past a cap: a
+// tenant with no units limit (creates that then fail for another reason
+// hold nothing it would be refused for) is refused with a message saying
+// why, before the ConfigMap could outgrow the API's 1 MiB and fail every
+// admission of its cohort.
+func TestBookSizeIsCapped(t *testing.T) {
+	q := tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{Devices: map[string]int64{"mig-1g": 1}}})
+	acct, api := newAccountant(t, append(world(t), ns("a", nil), q)...)
+	var adm Admission
+	i := 0
+	for ; i < 5000; i++ {
+		var err error
+		if adm, err = acct.Admit(ctx(t), claim("a", fmt.Sprintf("c%d", i), "h100", 1), false); err != nil {
+			t.Fatal(err)
+		}
+		if !adm.Allowed {
+			break
+		}
+	}
+	if adm.Allowed || adm.Resource != resourceLedger || !strings.Contains(adm.Reason, `TenantQuota "team-a" has too many claims admitted whose creates are not yet seen`) {
+		t.Fatalf("after %d claims: %+v, want a refusal for the book's size", i, adm.Decision)
+	}
+	var books corev1.ConfigMapList
+	if err := api.List(ctx(t), &books, client.InNamespace("gpuaas")); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range books.Items {
+		if n := len(b.Data[ledgerDataKey]); n > maxTenantBookBytes {
+			t.Errorf("book %s is %d bytes, over the tenant's cap %d", b.Name, n, maxTenantBookBytes)
+		}
+	}
+	t.Logf("refused after %d claims: %s", i, adm.Reason)
+}
+
+// sizeBound is never below the encoded size, or the caps would not hold.
+func TestReservationSizeBound(t *testing.T) {
+	c := quota.Charge{Units: quota.NewUnits(3, 7), Memory: 1 << 62, Devices: map[string]int64{"h100": 1 << 62, "mig-1g": -5}}
+	r := newReservation(types.NamespacedName{Namespace: strings.Repeat("n", 63), Name: strings.Repeat("x", 253)},
+		"0f2d1c1e-1111-2222-3333-444455556666", c, time.Date(2026, 12, 31, 23, 59, 59, 999999999, time.FixedZone("", -13*3600)))
+	raw, err := json.Marshal([]reservation{r, r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if 2*r.sizeBound() < len(raw) {
+		t.Errorf("bound %d for 2 entries, encoded %d bytes", 2*r.sizeBound(), len(raw))
+	}
+}
+
+// Issue 26 item 3, through admission: allocationMode All of a profile no
+// node publishes yet took the whole next node; it is refused, and no
+// overrule lifts that.
+func TestAdmitRefusesAllBeforeDevicesExist(t *testing.T) {
+	p := gpuProfile("mig-3g", gpuaas.ProfileSelector{MigProfile: "3g.40gb"})
+	acct, _ := newAccountant(t, append(world(t), p, classOf(t, p), ns("a", nil), teamQuota("team-a", "a", "100"))...)
+	c := claim("a", "all", "mig-3g", 0)
+	c.Spec.Devices.Requests[0].Exactly.AllocationMode = resourceapi.DeviceAllocationModeAll
+	adm, err := acct.Admit(ctx(t), c, false)
+	if err != nil || adm.Allowed || adm.Resource != quota.ResourceUnpriced || !strings.Contains(adm.Reason, "allocationMode All") {
+		t.Fatalf("%+v, %v: want refused as unpriced", adm.Decision, err)
+	}
+	adm, err = acct.AdmitOverruled(ctx(t), c, false, overruling{by: "Kueue", classes: sets.New("mig-3g")})
+	if err != nil || adm.Allowed {
+		t.Fatalf("overruled: %+v, %v", adm.Decision, err)
+	}
+	if adm, _ := acct.Admit(ctx(t), claim("a", "one", "mig-1g", 1), false); !adm.Allowed {
+		t.Errorf("a priced claim refused: %s", adm.Reason)
 	}
 }
 

@@ -255,7 +255,32 @@ func (a *Accountant) countsIn(g *cohortUsage, r reservation, now time.Time) bool
 		return false
 	}
 	nu := g.counted[r.Namespace]
-	return nu == nil || nu.claims[r.key()] != r.UID
+	if nu == nil {
+		return true
+	}
+	shown, ok := nu.claims[r.key()]
+	if shown == r.UID {
+		return false
+	}
+	// The cache shows another claim of the name: of the two at most one
+	// exists, so the reservation (a re-run create that will fail with
+	// AlreadyExists, or one whose predecessor was deleted a moment ago)
+	// adds nothing where the claim counted already costs as much.
+	c, err := r.charge()
+	return !ok || err != nil || !covers(a.charges[shown].charged.Charge, c)
+}
+
+// covers: c costs at least d in every resource.
+func covers(c, d quota.Charge) bool {
+	if c.Units.Cmp(d.Units) < 0 || c.Memory < d.Memory {
+		return false
+	}
+	for class, n := range d.Devices {
+		if c.Devices[class] < n {
+			return false
+		}
+	}
+	return true
 }
 
 // hold marks a reservation as counted in this pass, adding it to the sum

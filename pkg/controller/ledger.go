@@ -55,6 +55,20 @@ const (
 	groupTimeout = 30 * time.Second
 )
 
+// Caps on a book's size. A ConfigMap holds at most 1 MiB, and a book that
+// cannot be written fails every admission of its cohort closed; reservations
+// of creates that then fail (AlreadyExists, a later admission plugin) stay
+// for reservationGrace, so without a cap a tenant could fill it. Past a cap
+// the admission is refused with a message saying so instead. One tenant may
+// fill a quarter of its book, so the others of its cohort keep room; a
+// reservation is typically ~250 bytes, so that is over 700 claims admitted
+// and not yet seen, far more than a burst of 200 claims/s leaves in
+// settleDelay.
+const (
+	maxBookBytes       = 768 << 10
+	maxTenantBookBytes = maxBookBytes / 4
+)
+
 // reservation is one admitted claim in a book.
 type reservation struct {
 	UID       types.UID        `json:"uid"`
@@ -69,6 +83,19 @@ type reservation struct {
 func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, at time.Time) reservation {
 	return reservation{UID: uid, Namespace: claim.Namespace, Name: claim.Name,
 		Units: c.Units.Exact(), Memory: c.Memory, Devices: c.Devices, At: at}
+}
+
+// sizeBound is at least the length of r in a book's JSON (with its
+// separating comma), worked out without encoding it: names, UIDs, class
+// names and units need no escaping (the API server validated them), an
+// int64 has at most 20 characters and a time in RFC 3339 at most 35.
+func (r reservation) sizeBound() int {
+	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"at":""},`) + 20 + 35
+	n := fixed + len(r.UID) + len(r.Namespace) + len(r.Name) + len(r.Units)
+	for class := range r.Devices {
+		n += len(`"":,`) + len(class) + 20
+	}
+	return n
 }
 
 func (r reservation) key() types.NamespacedName {

@@ -94,9 +94,9 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 // kube-controller-manager made it for a pod of a workload Kueue admitted,
 // within what Kueue charged the workload; it is charged like any other.
 // Refusals for the tenancy itself (no TenantQuota with DenyUnassigned, an
-// invalid one) are never overruled.
+// invalid one) and of claims that cannot be priced yet are never overruled.
 func (h *claimWebhook) overruleForKueue(ctx context.Context, claim *resourceapi.ResourceClaim, adm Admission, user string, dryRun bool) (Admission, error) {
-	if h.kueue == nil || adm.Resource == resourceTenant {
+	if h.kueue == nil || !overrulable(adm.Resource) {
 		return adm, nil
 	}
 	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim))

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -41,6 +42,31 @@ type price struct {
 	device  Charge // the most one allocated device can cost
 	node    Charge // the most allocationMode All can cost: the largest node
 	guessed bool   // no device matches: device is a guess, see fallback
+	// memUnknown: guessed, and no memory to guess from (the request asks
+	// for none and no device of ours is published), so device.Memory is 0.
+	memUnknown bool
+}
+
+// Unpriced is a request whose worst case what is published cannot bound:
+// its class matches no published device, and the guess (see fallback)
+// would undercharge. A guess of 0 or of the largest node seen so far is no
+// bound: the claim waits and takes what the next node brings.
+type Unpriced struct {
+	Class string
+	// All: allocationMode All, which takes every matching device of the
+	// node it lands on; how many, and what they are, nothing tells yet.
+	All bool
+	// Memory: the memory of a device of the class; nothing published
+	// says how much a device of ours holds.
+	Memory bool
+}
+
+// Reason says why, for a denial.
+func (u Unpriced) Reason() string {
+	if u.All {
+		return fmt.Sprintf("allocationMode All of class %q cannot be charged before devices of the class are published: it takes every matching device of the node it lands on, however many that node has", u.Class)
+	}
+	return fmt.Sprintf("the gpuMemory of a device of class %q cannot be charged before devices of ours are published: the claim asks for no memory capacity and no device shows how much one holds", u.Class)
 }
 
 // NewPricer prices against inv. classes are the DeviceClasses by name;
@@ -64,6 +90,36 @@ func (p *Pricer) ClaimCost(ctx context.Context, spec *resourceapi.ResourceClaimS
 		total = total.Add(p.RequestCost(ctx, &spec.Devices.Requests[i]))
 	}
 	return total
+}
+
+// Unpriced lists the requests of a claim (firstAvailable alternatives
+// included: the worst one is charged) whose worst case cannot be bounded
+// from what is published; ClaimCost prices them by a guess.
+func (p *Pricer) Unpriced(ctx context.Context, spec *resourceapi.ResourceClaimSpec) []Unpriced {
+	var out []Unpriced
+	check := func(class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements,
+		mode resourceapi.DeviceAllocationMode, admin *bool) {
+		if ptr.Deref(admin, false) {
+			return
+		}
+		pr := p.priceOf(ctx, class, sel, capReq)
+		switch {
+		case !pr.ours || !pr.guessed:
+		case mode == resourceapi.DeviceAllocationModeAll:
+			out = append(out, Unpriced{Class: class, All: true})
+		case pr.memUnknown:
+			out = append(out, Unpriced{Class: class, Memory: true})
+		}
+	}
+	for _, r := range spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			check(e.DeviceClassName, e.Selectors, e.Capacity, e.AllocationMode, e.AdminAccess)
+		}
+		for _, sub := range r.FirstAvailable {
+			check(sub.DeviceClassName, sub.Selectors, sub.Capacity, sub.AllocationMode, nil)
+		}
+	}
+	return out
 }
 
 // RequestCost prices one request of a claim (see ClaimCost).
@@ -164,6 +220,9 @@ func (p *Pricer) compute(ctx context.Context, class string, sel []resourceapi.De
 		// Nothing to price against. Free would let the claim through now
 		// and onto a device once one (or the class) appears, past quota.
 		pr.device, pr.guessed = p.fallback(class, capReq), true
+		pr.memUnknown = pr.device.Memory == 0
+		// Only a guess for a tenant with no limit it could exceed:
+		// Unpriced tells the others' admission to refuse it.
 		pr.node = pr.device.Times(max(p.inv.MaxGPUsPerNode(), 1))
 	}
 	return pr

@@ -14,7 +14,34 @@ import (
 const (
 	ResourceGpuUnits  = "gpuUnits"
 	ResourceGpuMemory = "gpuMemory"
+	// ResourceUnpriced is the Decision.Resource of a claim refused because
+	// its worst case cannot be priced yet (see Unpriced); no limit is
+	// exceeded, so nothing may overrule it.
+	ResourceUnpriced = "unpriced"
 )
+
+// DecideUnpriced refuses a claim with requests that cannot be priced from
+// what is published, for a tenant with a limit they could slip past: for
+// allocationMode All any limit (the devices it takes, of whatever profile,
+// their units and memory are all unknown), for memory a gpuMemory limit.
+// Refusing is the conservative choice: charging "a whole node" or "the
+// largest memory" needs a node or device to size them by, and with
+// nothing published there is none; a template's claim is retried by the
+// kube-controller-manager and is admitted once devices are published.
+func DecideUnpriced(t Tenant, parts []Unpriced) Decision {
+	limited := t.Limits.Units != nil || t.Limits.Memory != nil || len(t.Limits.Devices) > 0
+	var reasons []string
+	for _, u := range parts {
+		if (u.All && limited) || (u.Memory && t.Limits.Memory != nil) {
+			reasons = append(reasons, u.Reason())
+		}
+	}
+	if len(reasons) == 0 {
+		return Decision{Allowed: true}
+	}
+	return Decision{Resource: ResourceUnpriced,
+		Reason: fmt.Sprintf("TenantQuota %q cannot charge the claim yet: %s", t.Name, strings.Join(reasons, "; "))}
+}
 
 // Limits of a tenant; nil means not enforced.
 type Limits struct {
