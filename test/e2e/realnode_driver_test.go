@@ -99,11 +99,7 @@ func testRealDriverTools(t *testing.T, n *realNode) {
 	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("whole", ns, "gpu.gpuaas.io"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := workloadPod(ns, "whole")
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("whole")}}
-	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-	pod = createAndRun(t, ctx, pod)
-	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	pod := runTemplatePod(t, ctx, n, ns, "whole", "whole")
 	log, err = n.WaitForPodLog(ctx, ns, pod.Name, "ctr", "gpuinfo done")
 	if err != nil {
 		t.Fatal(err)
@@ -196,11 +192,7 @@ func checkOperatorDriverRoot(t *testing.T, ctx context.Context, n *realNode, ns 
 	if err != nil {
 		t.Fatalf("creating a claim template after the upgrade: %v (%v)", createErr, err)
 	}
-	pod := workloadPod(ns, "operator-root")
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("operator")}}
-	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-	pod = createAndRun(t, ctx, pod)
-	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	pod := runTemplatePod(t, ctx, n, ns, "operator-root", "operator")
 	version, err := framework.DriverUserspaceVersion()
 	if err != nil {
 		t.Fatal(err)

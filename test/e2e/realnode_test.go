@@ -210,11 +210,19 @@ func testTemplateClaimContainer(t *testing.T, n *realNode) {
 	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := workloadPod(ns, "template")
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
+	runTemplatePod(t, ctx, n, ns, "template", "one-gpu")
+}
+
+// runTemplatePod runs the gpuinfo workload with one claim from a template
+// and checks what its container saw.
+func runTemplatePod(t *testing.T, ctx context.Context, n *realNode, ns, name, template string) *v1.Pod {
+	t.Helper()
+	pod := workloadPod(ns, name)
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}}
 	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
 	pod = createAndRun(t, ctx, pod)
 	checkContainerSawClaims(t, ctx, n, pod, "ctr")
+	return pod
 }
 
 // testExtendedResourceContainer runs demo/extended-resource: a pod asking
