@@ -53,7 +53,7 @@ type flags struct {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == mps.ExecInRootCommand {
 		// An MPS daemon pod (pkg/mps): this process becomes the daemon.
-		fmt.Fprintln(os.Stderr, mps.ExecInRoot(os.Args[2], os.Args[3:]))
+		fmt.Fprintln(os.Stderr, mps.ExecInRoot(os.Args[2:]))
 		os.Exit(1)
 	}
 	f := parseFlags()
@@ -99,7 +99,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.mpsDaemons, "mps-daemons", cli.Env("MPS_DAEMONS", mpsInPods), fmt.Sprintf("Where MPS control daemons run: %q, a pod per GPU on this node (survives plugin restarts and rolling updates; needs --mps-daemon-image, $POD_NAME and $POD_NAMESPACE), or %q, background processes of the plugin (only where the plugin runs as a host process: in a container they die with it). [$MPS_DAEMONS]", mpsInPods, mpsInProcesses))
 	fs.StringVar(&f.mpsImage, "mps-daemon-image", os.Getenv("MPS_DAEMON_IMAGE"), "Image of the MPS daemon pods (the plugin's own; the daemon binary comes from the driver root). [$MPS_DAEMON_IMAGE]")
 	fs.StringVar(&f.priorityClass, "mps-daemon-priority-class", os.Getenv("MPS_DAEMON_PRIORITY_CLASS"), "Priority class of the MPS daemon pods. [$MPS_DAEMON_PRIORITY_CLASS]")
-	fs.StringVar(&f.mpsShmSize, "mps-shm-size", cli.Env("MPS_SHM_SIZE", "1Gi"), "With MPS daemons in pods: the size of each MPS GPU's shared memory, a tmpfs the daemon and every client see at /dev/shm (mounted in the plugin's directory, which must propagate to the host). [$MPS_SHM_SIZE]")
+	fs.StringVar(&f.mpsShmSize, "mps-shm-size", cli.Env("MPS_SHM_SIZE", resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI).String()), "With MPS daemons in pods: the size of each MPS GPU's shared memory, a tmpfs the daemon and every client see at /dev/shm (mounted in the plugin's directory, which must propagate to the host). [$MPS_SHM_SIZE]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f

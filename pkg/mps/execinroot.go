@@ -18,12 +18,14 @@ const ExecInRootCommand = "exec-in-driver-root"
 // PodDriverRoot is where a daemon pod mounts the driver root.
 const PodDriverRoot = "/driver-root"
 
-// ExecInRoot changes the root to root and replaces this process with
-// argv[0], a path inside it. It returns only on failure.
-func ExecInRoot(root string, argv []string) error {
-	if root == "" || len(argv) == 0 {
+// ExecInRoot takes the subcommand's arguments (ROOT BINARY ARGS...),
+// changes the root to ROOT and replaces this process with BINARY, a path
+// inside it. It returns only on failure.
+func ExecInRoot(args []string) error {
+	if len(args) < 2 || args[0] == "" {
 		return errors.New("usage: " + ExecInRootCommand + " ROOT BINARY [ARGS...]")
 	}
+	root, argv := args[0], args[1:]
 	if err := syscall.Chroot(root); err != nil {
 		return fmt.Errorf("chroot %s: %w", root, err)
 	}

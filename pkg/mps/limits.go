@@ -98,7 +98,8 @@ func setDefaults(l Limits) string {
 	return fmt.Sprintf("set_default_active_thread_percentage %d\nset_default_device_pinned_mem_limit 0 %s\n", l.ThreadPercentage, memLimit(l))
 }
 
-// setServers sets l on each running server listed (one PID per line).
+// setServers sets l on each running server listed (one PID per line;
+// other lines are skipped).
 func setServers(list []byte, l Limits) string {
 	var b strings.Builder
 	for _, pid := range strings.Fields(string(list)) {

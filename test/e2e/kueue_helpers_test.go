@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -365,4 +366,26 @@ func (kq *kueueHelper) poll(ctx context.Context, what string, cond wait.Conditio
 	if err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, cond); err != nil {
 		kq.t.Fatalf("waiting for %s: %v", what, err)
 	}
+}
+
+// startKueueWithController starts the real Kueue manager (stopped when the
+// test ends, its log shown if it failed) and the dra-controller as the
+// chart's controller.kueue runs it, which keeps the ResourceFlavor and
+// judges every claim of the test, and waits for that flavor.
+func startKueueWithController(t *testing.T, opts framework.KueueOptions) {
+	t.Helper()
+	k, err := cp.StartKueue(framework.Context(t, 5*time.Minute), opts)
+	if err != nil {
+		t.Fatalf("starting Kueue: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kueue log %s, last lines:\n%s", k.Process.LogPath, k.Process.Tail(40))
+		}
+		if err := k.Stop(context.Background()); err != nil {
+			t.Errorf("stopping Kueue: %v", err)
+		}
+	})
+	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
+	waitForFlavor(t)
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -31,22 +30,7 @@ func TestKueue(t *testing.T) {
 	startNode(t)
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
-	k, err := cp.StartKueue(ctx, framework.KueueOptions{Resources: kueue.Resources(kueueCharges), FairSharing: true})
-	if err != nil {
-		t.Fatalf("starting Kueue: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kueue log %s, last lines:\n%s", k.Process.LogPath, k.Process.Tail(40))
-		}
-		if err := k.Stop(context.Background()); err != nil {
-			t.Errorf("stopping Kueue: %v", err)
-		}
-	})
-	// The dra-controller runs as with the chart's controller.kueue: it
-	// keeps the ResourceFlavor and judges every claim of the subtests.
-	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
-	waitForFlavor(t)
+	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges), FairSharing: true})
 	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
 	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
 	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })

@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -101,22 +100,7 @@ func TestRedTeam(t *testing.T) {
 	startNode(t)
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
-	k, err := cp.StartKueue(ctx, framework.KueueOptions{Resources: kueue.Resources(kueueCharges)})
-	if err != nil {
-		t.Fatalf("starting Kueue: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kueue log %s, last lines:\n%s", k.Process.LogPath, k.Process.Tail(40))
-		}
-		if err := k.Stop(context.Background()); err != nil {
-			t.Errorf("stopping Kueue: %v", err)
-		}
-	})
-	startControllerWith(t, func(o *controller.Options) {
-		o.Kueue = true
-	})
-	waitForFlavor(t)
+	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges)})
 	spanning := spanningClass(t)
 	for _, route := range redTeamRoutes {
 		t.Run(route.name, func(t *testing.T) {

@@ -39,9 +39,10 @@ const (
 	// /etc/passwd names it, as distroless's does. The kubelet plugin's
 	// pod asks for the privileges it needs.
 	nonroot = "65532:65532"
-	// defaultPath is set because nothing else would: the image config is
-	// where runtimes take PATH from.
-	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// DefaultPath is the image's PATH, set because nothing else would (the
+	// image config is where runtimes take it from); the e2e workload image,
+	// on the same base, uses it too.
+	DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
 // Paths in the image. The Helm chart runs both commands from /usr/bin, and
@@ -207,7 +208,7 @@ func image(o Options, files []ociimage.File) ociimage.Image {
 		},
 		Labels:     labels,
 		User:       nonroot,
-		Env:        []string{defaultPath},
+		Env:        []string{DefaultPath},
 		Entrypoint: []string{controllerPath},
 	}
 }

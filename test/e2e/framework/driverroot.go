@@ -110,8 +110,10 @@ const realToolSuffix = ".driver"
 // root: the plugin and nvcdi look tools up there at each call.
 func UseRealNVTool(driverRoot, name string, real bool) error {
 	bin := filepath.Join(driverRoot, "usr", "bin")
-	stash := map[bool]string{true: name + ".stand-in", false: name + realToolSuffix}[real]
-	bring := map[bool]string{true: name + realToolSuffix, false: name + ".stand-in"}[real]
+	stash, bring := name+".stand-in", name+realToolSuffix
+	if !real {
+		stash, bring = bring, stash
+	}
 	if err := os.Rename(filepath.Join(bin, name), filepath.Join(bin, stash)); err != nil {
 		return fmt.Errorf("setting %s aside: %w", name, err)
 	}

@@ -89,7 +89,7 @@ func buildWorkloadImage(ctx context.Context, root, dir string) (string, error) {
 	}
 	base := ociimage.Layer{{Path: "/", Source: filepath.Join(root, imageBaseRootfs), Tree: true}}
 	return writeImage(dir, ociimage.Image{Name: WorkloadImage, Entrypoint: []string{"/gpuinfo"},
-		Env:    []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env:    []string{release.DefaultPath},
 		Layers: []ociimage.Layer{base}, Files: []ociimage.File{{Path: "/gpuinfo", Source: bin, Mode: 0o755}}})
 }
 

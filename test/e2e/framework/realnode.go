@@ -118,13 +118,7 @@ func (cp *ControlPlane) StartRealNode(ctx context.Context, opts RealNodeOptions)
 }
 
 func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
-	// NVIDIA's real driver userspace, with a stand-in only for the
-	// nvidia-smi call that needs a GPU to succeed (setting an interval);
-	// the real MPS control daemon runs without one.
-	if err := InstallDriverUserspace(ctx, n.DriverRoot); err != nil {
-		return err
-	}
-	if err := InstallFakeNVTools(ctx, n.DriverRoot, n.ToolCalls, "nvidia-smi"); err != nil {
+	if err := n.fillDriverRoot(ctx, n.DriverRoot); err != nil {
 		return err
 	}
 	if err := n.startContainerd(ctx); err != nil {
@@ -153,13 +147,17 @@ func (n *RealNode) OperatorDriverRoot(ctx context.Context, gpus int) (string, er
 	if err := MakeDriverRoot(root, gpus); err != nil {
 		return "", err
 	}
+	return root, n.fillDriverRoot(ctx, root)
+}
+
+// fillDriverRoot puts NVIDIA's real driver userspace into a driver root,
+// with a stand-in only for the nvidia-smi call that needs a GPU to succeed
+// (setting an interval); the real MPS control daemon runs without one.
+func (n *RealNode) fillDriverRoot(ctx context.Context, root string) error {
 	if err := InstallDriverUserspace(ctx, root); err != nil {
-		return "", err
+		return err
 	}
-	if err := InstallFakeNVTools(ctx, root, n.ToolCalls, "nvidia-smi"); err != nil {
-		return "", err
-	}
-	return root, nil
+	return InstallFakeNVTools(ctx, root, n.ToolCalls, "nvidia-smi")
 }
 
 func (cp *ControlPlane) newRealNode(opts RealNodeOptions) (*RealNode, error) {
