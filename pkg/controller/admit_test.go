@@ -263,6 +263,10 @@ func TestRecreatingAClaimNameLeavesOneReservation(t *testing.T) {
 func TestBookSizeIsCapped(t *testing.T) {
 	q := tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Limits: gpuaas.QuotaLimits{Devices: map[string]int64{"mig-1g": 1}}})
 	acct, api := newAccountant(t, append(world(t), ns("a", nil), q)...)
+	// The clock stands still: on a slow machine the first reservations
+	// lapsed (reservationGrace) before the book filled, and it never did.
+	frozen := time.Now()
+	acct.now = func() time.Time { return frozen }
 	var adm Admission
 	i := 0
 	for ; i < 5000; i++ {
