@@ -70,6 +70,10 @@ type Accountant struct {
 	// mu stalled every admission of every tenant behind it).
 	liveMu sync.Mutex
 	live   map[string]liveNamespace
+
+	// progress is how far the ResourceClaim cache has got; a book another
+	// replica settled further is not decided on before it gets there.
+	progress *claimProgress
 }
 
 // liveNamespace is a namespace read from the API, until the cache has it.
@@ -118,6 +122,8 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		gone:    map[types.UID]time.Time{},
 		live:    map[string]liveNamespace{},
 		now:     time.Now,
+
+		progress: newClaimProgress(),
 	}
 	a.catalogGen.Store(1)
 	a.tenancyGen.Store(1)
@@ -147,6 +153,11 @@ func (a *Accountant) ForgetClaim(uid types.UID) {
 		a.lastSweep = now
 	}
 }
+
+// ObserveClaimVersion is called by the claim informer with the
+// resourceVersion of every event it delivered (and, once synced, of its
+// list): the cache holds every claim up to it.
+func (a *Accountant) ObserveClaimVersion(rv string) { a.progress.observe(rv) }
 
 // snapshots are the catalog and the tenancy, rebuilt where they changed.
 func (a *Accountant) snapshots(ctx context.Context) (*catalog, *tenancy, error) {
@@ -350,11 +361,8 @@ func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *reso
 // seenLocked: this replica's cache showed the reserved claim, or its
 // deletion. The per-namespace snapshot is as fresh as the last decision.
 func (a *Accountant) seenLocked(r reservation) bool {
-	if _, gone := a.gone[r.UID]; gone {
-		return true
-	}
-	nu := a.nsUsage[r.Namespace]
-	return nu != nil && nu.claims[r.key()] == r.UID
+	shown, _ := a.shownLocked(r)
+	return shown
 }
 
 // reserve is the book after admitting claim: the new reservation, minus
@@ -363,6 +371,11 @@ func (a *Accountant) seenLocked(r reservation) bool {
 // the new reservation would take the tenant's or the book's size past its
 // cap (see maxBookBytes).
 //
+// A reservation is dropped once this replica's cache has shown its claim
+// for settleDelay; the book's settled resourceVersion then covers the
+// claim, so that a replica whose cache lags waits for it before deciding
+// (cacheprogress.go).
+//
 // A claim name holds at most one reservation. A create fails with
 // AlreadyExists when the name is taken, after the webhook reserved it, so
 // every re-run of a create held its cost until reservationGrace with
@@ -370,18 +383,24 @@ func (a *Accountant) seenLocked(r reservation) bool {
 // at most one object exists at a time, so one reservation worth the dearer
 // of each resource covers them all. (One whose claim the cache already
 // shows is not merged: that claim counts itself, see countsIn.)
-func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClaim, cost quota.Charge, tenant string) (_ []reservation, full string) {
+func (a *Accountant) reserve(held bookState, claim *resourceapi.ResourceClaim, cost quota.Charge, tenant string) (_ bookState, full string) {
 	owner := a.owners()
 	a.claimsMu.Lock()
 	defer a.claimsMu.Unlock()
 	now := a.now()
 	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
-	out := make([]reservation, 0, len(book)+1)
+	next := bookState{entries: make([]reservation, 0, len(held.entries)+1), settled: held.settled}
 	var bookBytes, tenantBytes int
-	for _, r := range book {
+	for _, r := range held.entries {
 		age := now.Sub(r.At)
-		if age >= reservationGrace || (age >= settleDelay && a.seenLocked(r)) || r.UID == claim.UID {
+		if age >= reservationGrace || r.UID == claim.UID {
 			continue
+		}
+		if age >= settleDelay {
+			if shown, rv := a.shownLocked(r); shown {
+				next.settled = laterVersion(rv, next.settled)
+				continue
+			}
 		}
 		if r.key() == key {
 			if c, err := r.charge(); err == nil && !a.seenLocked(r) {
@@ -394,19 +413,35 @@ func (a *Accountant) reserve(book []reservation, claim *resourceapi.ResourceClai
 		if owner[r.Namespace] == tenant {
 			tenantBytes += n
 		}
-		out = append(out, r)
+		next.entries = append(next.entries, r)
 	}
 	nr := newReservation(key, claim.UID, cost, now)
 	n := nr.sizeBound()
 	switch {
 	case tenantBytes+n > maxTenantBookBytes:
-		return book, fmt.Sprintf("TenantQuota %q has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+		return held, fmt.Sprintf("TenantQuota %q has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
 			"retry in a few seconds, when they are created or expire", tenant, tenantBytes, maxTenantBookBytes)
 	case bookBytes+n > maxBookBytes:
-		return book, fmt.Sprintf("the quota ledger of TenantQuota %q (its cohort's, if any) has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+		return held, fmt.Sprintf("the quota ledger of TenantQuota %q (its cohort's, if any) has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
 			"retry in a few seconds, when they are created or expire", tenant, bookBytes, maxBookBytes)
 	}
-	return append(out, nr), ""
+	next.entries = append(next.entries, nr)
+	return next, ""
+}
+
+// shownLocked: the reservation's claim is resolved in this replica's cache
+// (caller holds claimsMu), with the resourceVersion the cache showed it at
+// ("" for a deletion: a lagging replica that has not seen the claim does
+// not count it either way).
+func (a *Accountant) shownLocked(r reservation) (bool, string) {
+	if _, gone := a.gone[r.UID]; gone {
+		return true, ""
+	}
+	nu := a.nsUsage[r.Namespace]
+	if nu == nil || nu.claims[r.key()] != r.UID {
+		return false, ""
+	}
+	return true, nu.versions[r.UID]
 }
 
 // owners is which quota each namespace is charged to, as of the last
@@ -432,7 +467,7 @@ func (a *Accountant) heldFor(ctx context.Context, name string) []reservation {
 	if !ok {
 		return nil
 	}
-	return a.ledger.bookFor(t).snapshot()
+	return a.ledger.bookFor(t).snapshot().entries
 }
 
 // namespaceUsage is what the claims of one namespace hold, as of the
@@ -442,6 +477,7 @@ type namespaceUsage struct {
 	usage                quota.Usage
 	total                dimVals                            // of usage.Total(), for the running totals
 	claims               map[types.NamespacedName]types.UID // what was counted
+	versions             map[types.UID]string               // their resourceVersions, as counted
 }
 
 // ClaimChanged is called by the claim informer for every event: the
@@ -478,11 +514,14 @@ func (a *Accountant) namespaceUsage(ctx context.Context, cat *catalog, ns string
 	}
 	a.claimsMu.Lock()
 	defer a.claimsMu.Unlock()
-	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen, claims: make(map[types.NamespacedName]types.UID, len(claims.Items))}
+	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen,
+		claims:   make(map[types.NamespacedName]types.UID, len(claims.Items)),
+		versions: make(map[types.UID]string, len(claims.Items))}
 	var tally quota.Tally
 	for i := range claims.Items {
 		c := &claims.Items[i]
 		nu.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
+		nu.versions[c.UID] = c.ResourceVersion
 		if ch := a.chargeLocked(ctx, cat, c); !ch.Charge.IsZero() {
 			tally.Add(ch.Charge, ch.Allocated)
 		}

@@ -64,7 +64,7 @@ func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	b := a.ledger.bookFor(tenant)
 	if dryRun { // nothing is written: the last read of the book will do
-		return a.decideOverruled(ctx, claim, b.snapshot(), ov)
+		return a.decideOverruled(ctx, claim, b.snapshot().entries, ov)
 	}
 	req := &pendingAdmission{claim: claim, overrule: ov, done: make(chan admitResult, 1)}
 	b.enqueue(req)
@@ -99,12 +99,17 @@ func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingA
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		results, entries, reserved := a.decideGroup(ctx, b.snapshot(), group)
+		held := b.snapshot()
+		if err := a.progress.await(ctx, held.settled, catchUpWait); err != nil {
+			answerAll(group, err)
+			return
+		}
+		results, next, reserved := a.decideGroup(ctx, held, group)
 		if !reserved {
 			answer(group, results)
 			return
 		}
-		err := b.write(ctx, a.ledger.client, entries)
+		err := b.write(ctx, a.ledger.client, next)
 		if err == nil {
 			answer(group, results)
 			return
@@ -123,11 +128,11 @@ func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingA
 
 // decideGroup decides each admission against the book plus the group's
 // earlier reservations; reserved tells whether the book changed.
-func (a *Accountant) decideGroup(ctx context.Context, held []reservation, group []*pendingAdmission) ([]admitResult, []reservation, bool) {
+func (a *Accountant) decideGroup(ctx context.Context, held bookState, group []*pendingAdmission) ([]admitResult, bookState, bool) {
 	results := make([]admitResult, len(group))
 	reserved := false
 	for i, req := range group {
-		adm, err := a.decideOverruled(ctx, req.claim, held, req.overrule)
+		adm, err := a.decideOverruled(ctx, req.claim, held.entries, req.overrule)
 		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
 			next, full := a.reserve(held, req.claim, adm.Cost, adm.Tenant)
 			if full != "" {

@@ -148,6 +148,7 @@ func newFakeClient(t testing.TB, objs ...client.Object) client.WithWatch {
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
 		WithIndex(&resourceapi.ResourceClaim{}, indexClaimClasses, claimClasses).
 		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.TenantQuota{}).
+		WithGlobalResourceVersionCounter(). // comparable, as etcd's are
 		Build()
 }
 

@@ -39,6 +39,10 @@ import (
 const (
 	ledgerLabel      = "gpuaas.io/quota-ledger"
 	ledgerDataKey    = "reservations"
+	// ledgerSettledKey holds the book's settled resourceVersion: the
+	// latest of the claims whose reservations a replica dropped because
+	// its cache showed them (cacheprogress.go).
+	ledgerSettledKey = "settledResourceVersion"
 	reservationGrace = 35 * time.Second // > the longest webhook timeout (30 s)
 	// settleDelay: a reservation whose claim this replica's cache already
 	// shows is dropped from the book after this long, when every other
@@ -68,6 +72,13 @@ const (
 	maxBookBytes       = 768 << 10
 	maxTenantBookBytes = maxBookBytes / 4
 )
+
+// bookState is what a book holds: its reservations and how far a
+// replica's cache must have got before it decides on them.
+type bookState struct {
+	entries []reservation
+	settled string
+}
 
 // reservation is one admitted claim in a book.
 type reservation struct {
@@ -136,9 +147,9 @@ type book struct {
 	owner  string            // "cohort/<name>" or "tenant/<name>", for people
 	cm     *corev1.ConfigMap // as last read or written; nil: not in the API yet
 	loaded bool
-	// entries are the reservations as last read or written; readers that
-	// do not hold mu (status reports) load them atomically.
-	entries atomic.Pointer[[]reservation]
+	// state is the book as last read or written; readers that do not
+	// hold turn (status reports, dry runs) load it atomically.
+	state atomic.Pointer[bookState]
 }
 
 // bookFor returns the book of a tenant: its cohort's, or its own.
@@ -176,11 +187,11 @@ func bookName(owner string) string {
 }
 
 // snapshot is what the book said when last read or written.
-func (b *book) snapshot() []reservation {
-	if e := b.entries.Load(); e != nil {
-		return *e
+func (b *book) snapshot() bookState {
+	if st := b.state.Load(); st != nil {
+		return *st
 	}
-	return nil
+	return bookState{}
 }
 
 // load reads the book from the API (caller holds b.turn).
@@ -190,7 +201,7 @@ func (b *book) load(ctx context.Context, c client.Client) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		b.cm = nil
-		b.entries.Store(nil)
+		b.state.Store(nil)
 	case err != nil:
 		return fmt.Errorf("reading quota ledger %s: %w", b.key, err)
 	default:
@@ -202,7 +213,7 @@ func (b *book) load(ctx context.Context, c client.Client) error {
 			klog.FromContext(ctx).Error(err, "Quota ledger unreadable, starting it afresh", "book", b.key)
 		}
 		b.cm = &cm
-		b.entries.Store(&entries)
+		b.state.Store(&bookState{entries: entries, settled: cm.Data[ledgerSettledKey]})
 	}
 	b.loaded = true
 	return nil
@@ -222,8 +233,8 @@ func decodeBook(cm *corev1.ConfigMap) ([]reservation, error) {
 
 // write stores entries with the version last read as precondition (caller
 // holds b.turn). A conflict means another replica wrote first.
-func (b *book) write(ctx context.Context, c client.Client, entries []reservation) error {
-	raw, err := json.Marshal(entries)
+func (b *book) write(ctx context.Context, c client.Client, st bookState) error {
+	raw, err := json.Marshal(st.entries)
 	if err != nil {
 		return fmt.Errorf("encoding quota ledger %s: %w", b.key, err)
 	}
@@ -236,6 +247,9 @@ func (b *book) write(ctx context.Context, c client.Client, entries []reservation
 		cm = b.cm.DeepCopy()
 	}
 	cm.Data = map[string]string{ledgerDataKey: string(raw)}
+	if st.settled != "" {
+		cm.Data[ledgerSettledKey] = st.settled
+	}
 	if b.cm == nil {
 		err = c.Create(ctx, cm)
 	} else {
@@ -245,7 +259,7 @@ func (b *book) write(ctx context.Context, c client.Client, entries []reservation
 		return fmt.Errorf("writing quota ledger %s: %w", b.key, err)
 	}
 	b.cm = cm
-	b.entries.Store(&entries)
+	b.state.Store(&st)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"k8s.io/klog/v2"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,11 +61,32 @@ func watchChanges(ctx context.Context, c cache.Cache, acct *Accountant, n *nudge
 		if err != nil {
 			return fmt.Errorf("getting informer for %T: %w", w.obj, err)
 		}
-		if _, err := inf.AddEventHandler(w.h); err != nil {
+		reg, err := inf.AddEventHandler(w.h)
+		if err != nil {
 			return fmt.Errorf("watching %T: %w", w.obj, err)
+		}
+		if _, ok := w.obj.(*resourceapi.ResourceClaim); ok {
+			go observeClaimList(ctx, inf, reg, acct)
 		}
 	}
 	return nil
+}
+
+// observeClaimList gives the accountant the claim cache's position once
+// its handler has been given the initial list: the list's resourceVersion,
+// which no claim event need follow (a replica started after the last
+// change would otherwise never know how far its cache is).
+func observeClaimList(ctx context.Context, inf cache.Informer, reg toolscache.ResourceEventHandlerRegistration, acct *Accountant) {
+	lister, ok := inf.(interface{ LastSyncResourceVersion() string })
+	if !ok {
+		return
+	}
+	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		return
+	}
+	rv := lister.LastSyncResourceVersion()
+	acct.ObserveClaimVersion(rv)
+	klog.FromContext(ctx).V(2).Info("ResourceClaim cache synced", "resourceVersion", rv)
 }
 
 // quotaHandler invalidates the tenancy when a quota comes, goes or changes
@@ -101,6 +123,7 @@ func claimHandler(acct *Accountant, n *nudger) toolscache.ResourceEventHandlerFu
 		AddFunc: func(obj any) {
 			if c, ok := obj.(*resourceapi.ResourceClaim); ok {
 				acct.ClaimChanged(c.Namespace)
+				acct.ObserveClaimVersion(c.ResourceVersion)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
@@ -110,6 +133,7 @@ func claimHandler(acct *Accountant, n *nudger) toolscache.ResourceEventHandlerFu
 				return
 			}
 			acct.ClaimChanged(c.Namespace)
+			acct.ObserveClaimVersion(c.ResourceVersion)
 			if o.Status.Allocation != nil && c.Status.Allocation == nil {
 				n.Kick()
 			}
@@ -121,6 +145,7 @@ func claimHandler(acct *Accountant, n *nudger) toolscache.ResourceEventHandlerFu
 			if c, ok := obj.(*resourceapi.ResourceClaim); ok {
 				acct.ClaimChanged(c.Namespace)
 				acct.ForgetClaim(c.UID)
+				acct.ObserveClaimVersion(c.ResourceVersion)
 			}
 			n.Kick()
 		},
