@@ -37,8 +37,8 @@ import (
 // persisted (and every cache shows it) or failed (a later webhook refused
 // it), and either way the reservation holds nothing any more.
 const (
-	ledgerLabel      = "gpuaas.io/quota-ledger"
-	ledgerDataKey    = "reservations"
+	ledgerLabel   = "gpuaas.io/quota-ledger"
+	ledgerDataKey = "reservations"
 	// ledgerSettledKey holds the book's settled resourceVersion: the
 	// latest of the claims whose reservations a replica dropped because
 	// its cache showed them (cacheprogress.go).
