@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -110,4 +114,35 @@ func appendProperties(out []string, prefix string, schema map[string]any) []stri
 // unknownFields are the paths of live that want lacks, sorted.
 func unknownFields(live, want []string) []string {
 	return sets.List(sets.New(live...).Difference(sets.New(want...)))
+}
+
+// crdWaitLog is how often a controller waiting for its CRDs says so.
+const crdWaitLog = 10 * time.Second
+
+// waitForKinds returns once the API serves every kind, or when ctx ends.
+// The controller cannot work without its GpuProfile and TenantQuota CRDs,
+// and it exited with "no matches for kind" when it started before they
+// were served: right after --apply-crds created them (establishing takes
+// a moment), or before helm applied crds/. Waiting keeps it unready, not
+// crash-looping, and it says what it waits for.
+func waitForKinds(ctx context.Context, m meta.RESTMapper, gvks ...schema.GroupVersionKind) error {
+	logger := klog.FromContext(ctx)
+	lastLog := time.Time{}
+	return wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
+		var missing []string
+		for _, gvk := range gvks {
+			ok, err := serves(m, gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				logger.Error(err, "Looking up a CRD failed, retrying", "kind", gvk.Kind)
+			}
+			if !ok {
+				missing = append(missing, gvk.GroupKind().String())
+			}
+		}
+		if len(missing) > 0 && time.Since(lastLog) >= crdWaitLog {
+			logger.Info("Waiting for the API to serve these CRDs (install the chart's crds/, or run with --apply-crds)", "kinds", missing)
+			lastLog = time.Now()
+		}
+		return len(missing) == 0, nil
+	})
 }

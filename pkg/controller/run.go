@@ -147,7 +147,12 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 // setup wires everything into the manager; direct is an uncached client
 // for the few objects not worth an informer (the webhook configuration).
 func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts *Options, caBundle []byte) error {
-	err := mgr.GetFieldIndexer().IndexField(ctx, &resourceapi.ResourceClaim{}, indexClaimClasses, claimClasses)
+	err := waitForKinds(ctx, mgr.GetRESTMapper(),
+		gpuaas.GroupVersion.WithKind(gpuaas.GpuProfileKind), gpuaas.GroupVersion.WithKind(gpuaas.TenantQuotaKind))
+	if err != nil {
+		return fmt.Errorf("waiting for the gpuaas.io CRDs: %w", err)
+	}
+	err = mgr.GetFieldIndexer().IndexField(ctx, &resourceapi.ResourceClaim{}, indexClaimClasses, claimClasses)
 	if err != nil {
 		return fmt.Errorf("indexing ResourceClaims: %w", err)
 	}
