@@ -31,13 +31,14 @@ type nudger struct {
 	client  client.Client
 	enabled bool
 
-	mu      sync.Mutex
-	waiting map[types.NamespacedName]bool
-	kick    chan struct{}
+	mu           sync.Mutex
+	waiting      map[types.NamespacedName]bool
+	perNamespace map[string]int // of waiting
+	kick         chan struct{}
 }
 
 func newNudger(c client.Client, enabled bool) *nudger {
-	return &nudger{client: c, enabled: enabled, waiting: map[types.NamespacedName]bool{}, kick: make(chan struct{}, 1)}
+	return &nudger{client: c, enabled: enabled, waiting: map[types.NamespacedName]bool{}, perNamespace: map[string]int{}, kick: make(chan struct{}, 1)}
 }
 
 // podOf is the pod a claim was generated for (by the resourceclaim
@@ -52,14 +53,32 @@ func podOf(claim *resourceapi.ResourceClaim) (types.NamespacedName, bool) {
 	return types.NamespacedName{}, false
 }
 
+// Bounds on the pods remembered between nudges. The pod a denied claim
+// names is whatever its ownerReference says, which the claim's creator
+// writes: a tenant creating claims that name made-up pods grew the map
+// without bound until the next kick. Past a bound a pod is not remembered,
+// and only waits for the kube-controller-manager's own back-off; one
+// namespace cannot take the others' room.
+const (
+	maxWaitingPerNamespace = 512
+	maxWaiting             = 16384
+)
+
 // wait remembers a pod whose claim was denied.
 func (n *nudger) wait(pod types.NamespacedName) {
 	if !n.enabled {
 		return
 	}
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.waiting[pod] {
+		return
+	}
+	if len(n.waiting) >= maxWaiting || n.perNamespace[pod.Namespace] >= maxWaitingPerNamespace {
+		return
+	}
 	n.waiting[pod] = true
-	n.mu.Unlock()
+	n.perNamespace[pod.Namespace]++
 }
 
 // Kick says quota may have freed up.
@@ -92,7 +111,7 @@ func (n *nudger) Start(ctx context.Context) error {
 func (n *nudger) nudgeAll(ctx context.Context) {
 	n.mu.Lock()
 	pods := n.waiting
-	n.waiting = map[types.NamespacedName]bool{}
+	n.waiting, n.perNamespace = map[types.NamespacedName]bool{}, map[string]int{}
 	n.mu.Unlock()
 	for pod := range pods {
 		if err := n.nudge(ctx, pod); err != nil {
