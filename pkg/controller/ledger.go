@@ -263,8 +263,12 @@ func (b *book) write(ctx context.Context, c client.Client, st bookState) error {
 	return nil
 }
 
-// conflicted tells a lost race from a failure.
-func conflicted(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+// conflicted tells a lost race from a failure: another replica wrote the
+// book first, or the sweeper deleted it (booksweep.go); either way the
+// book is read again.
+func conflicted(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)
+}
 
 // pendingAdmission is a caller waiting for its claim's decision.
 type pendingAdmission struct {

@@ -191,7 +191,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	registrar := &webhookRegistrar{
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
 	}
-	runnables := []manager.Runnable{nudge, registrar, conditions}
+	sweeper := &bookSweeper{client: direct, namespace: opts.LedgerNamespace, now: time.Now}
+	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper}
 	for _, r := range runnables {
 		if err := mgr.Add(r); err != nil {
 			return fmt.Errorf("adding runnable: %w", err)
