@@ -78,6 +78,7 @@ func parseFlags() *flags {
 	fs.BoolVar(&o.NudgeWaitingPods, "nudge-waiting-pods", true, "When quota frees up, annotate pods whose claims were denied so the kube-controller-manager retries them at once.")
 	fs.BoolVar(&o.Kueue, "kueue", false, "Admit the claims of workloads Kueue has admitted even over their tenant's quota, within what Kueue charged the workload (still charged); only claims the kube-controller-manager made for a pod of the workload (--kueue-claim-creators). Needs get/list on workloads.kueue.x-k8s.io.")
 	fs.StringSliceVar(&o.KueueClaimCreators, "kueue-claim-creators", controller.DefaultKueueClaimCreators, "With --kueue: the users whose ResourceClaims (made from a pod's templates) may be admitted over quota for a Kueue-admitted workload; a tenant's own claims never are.")
+	fs.BoolVar(&o.QuotaBackstop, "quota-backstop", true, "Keep a ResourceQuota (gpuaas-backstop) in each namespace of a TenantQuota with device limits, so the API server enforces those limits per namespace even if the webhook does not.")
 	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
 	cli.Parse(fs, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).")
 	return f

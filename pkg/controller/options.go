@@ -89,6 +89,12 @@ type Options struct {
 	// Empty means DefaultKueueClaimCreators.
 	KueueClaimCreators []string
 
+	// QuotaBackstop keeps a ResourceQuota in each namespace of a
+	// TenantQuota with device limits, so the API server enforces those
+	// limits too, whatever the webhook does (backstop.go). With Kueue,
+	// tenants Kueue admits for (spec.kueue) get none.
+	QuotaBackstop bool
+
 	// Resync is how often quota status (and the gpu-unit-seconds billing
 	// counter) is refreshed without any change; default 30s.
 	Resync time.Duration

@@ -178,6 +178,12 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := setupPostureController(ctx, mgr); err != nil {
 		return err
 	}
+	if opts.QuotaBackstop {
+		r := &backstopReconciler{client: mgr.GetClient(), skipKueue: opts.Kueue}
+		if err := r.setup(mgr); err != nil {
+			return fmt.Errorf("setting up the quota backstop: %w", err)
+		}
+	}
 	if opts.Kueue {
 		r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: opts.LedgerNamespace, resync: opts.Resync}
 		if err := r.setup(mgr); err != nil {
