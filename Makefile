@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -30,7 +30,7 @@ build:
 test: lint unit e2e
 
 ## unit: unit tests (race detector on); the e2e package is excluded here
-unit:
+unit: helm prometheus
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
 ## lint: gofmt, go vet and golangci-lint (pinned)
@@ -64,6 +64,12 @@ kueue:
 kwok:
 	hack/build-kwok.sh
 
+## prometheus: Prometheus and promtool from Debian bookworm's prometheus package (pinned 2.42.0+ds-5+deb12u1)
+## into _output/bin, and the Prometheus Operator's CRDs (v0.81.0) into _output/prometheus-operator, for the
+## monitoring mixin's tests (cached)
+prometheus:
+	hack/build-prometheus.sh
+
 ## driver-userspace: NVIDIA's driver userspace (535.261.03, Debian non-free) unpacked, never installed, as a
 ## host install's driver root into _output/driver-userspace/host: the real node's driver root (cached)
 driver-userspace:
@@ -87,7 +93,7 @@ image: image-base cdi-hook
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
 ## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
-e2e: k8s-bins node-bins helm kueue kwok driver-userspace image-base cdi-hook
+e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
 	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 30m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
