@@ -94,6 +94,7 @@ func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim
 func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingAdmission) {
 	if !b.loaded {
 		if err := b.load(ctx, a.ledger.client); err != nil {
+			ledgerErrors.Inc()
 			answerAll(group, err)
 			return
 		}
@@ -115,11 +116,13 @@ func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingA
 			return
 		}
 		if !conflicted(err) || attempt == ledgerAttempts {
+			ledgerErrors.Inc()
 			answerAll(group, err)
 			return
 		}
 		klog.FromContext(ctx).V(4).Info("Quota ledger changed by another replica, deciding again", "book", b.key, "claims", len(group))
 		if err := b.load(ctx, a.ledger.client); err != nil {
+			ledgerErrors.Inc()
 			answerAll(group, err)
 			return
 		}

@@ -1,12 +1,17 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
@@ -61,5 +66,27 @@ func TestSweeperDeletesUnusedLapsedBooks(t *testing.T) {
 	}
 	if err := book("gpuaas-quota-tenant-team-b"); err != nil {
 		t.Errorf("team-b's book was not written again: %v", err)
+	}
+}
+
+// Issue 27: a book that cannot be written fails its admissions closed,
+// and nothing counted it; gpuaas_quota_ledger_errors_total does.
+func TestLedgerErrorsAreCounted(t *testing.T) {
+	api := newFakeClient(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "4"))...)
+	failing := interceptor.NewClient(api, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*corev1.ConfigMap); ok {
+				return apierrors.NewForbidden(corev1.Resource("configmaps"), obj.GetName(), errors.New("denied"))
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	})
+	acct := NewAccountant(api, api, NewLedger(failing, "gpuaas"))
+	before := testutil.ToFloat64(ledgerErrors)
+	if _, err := acct.Admit(ctx(t), claim("a", "c", "h100", 1), false); err == nil {
+		t.Fatal("admitted with a book that cannot be written")
+	}
+	if got := testutil.ToFloat64(ledgerErrors) - before; got != 1 {
+		t.Errorf("gpuaas_quota_ledger_errors_total grew by %v, want 1", got)
 	}
 }

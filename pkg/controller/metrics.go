@@ -48,6 +48,21 @@ var (
 		Name: "gpuaas_claim_alternatives_dropped_total",
 		Help: "firstAvailable alternatives the alternatives webhook dropped from new ResourceClaims because the tenant's quota did not admit them, by tenant.",
 	}, []string{"tenant"})
+	// A quota check that fails answers the webhook with an error, which
+	// the API server turns into a refused claim (failurePolicy Fail) and
+	// controller-runtime counts as a 200: these say so.
+	admissionErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpuaas_claim_admission_errors_total",
+		Help: "ResourceClaim admissions that failed (the claim is refused and retried): the quota could not be checked.",
+	})
+	ledgerErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpuaas_quota_ledger_errors_total",
+		Help: "Reads and writes of a quota book (the reservations every replica sees) that failed, other than losing a race to another replica; each fails its admissions closed.",
+	})
+	webhookCertExpiry = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpuaas_webhook_certificate_expiry_timestamp_seconds",
+		Help: "When the webhook's serving certificate, as this replica serves it, expires (Unix time); only for the certificate the controller keeps in its Secret.",
+	})
 	profileMatching  = profileGauge("gpuaas_profile_devices", "Published devices a GpuProfile selects.")
 	profileAllocated = profileGauge("gpuaas_profile_devices_allocated", "Devices of a GpuProfile allocated to claims.")
 	profileFree      = profileGauge("gpuaas_profile_devices_free", "Devices of a GpuProfile a claim could be given now: not allocated, and not blocked by what shares their GPU (counters of partitions, capacity of shares).")
@@ -64,7 +79,8 @@ func registerMetrics() {
 		for _, g := range append(tenantGauges, profileGauges...) {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
-		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped)
+		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped,
+			admissionErrors, ledgerErrors, webhookCertExpiry)
 	})
 }
 

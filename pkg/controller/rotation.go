@@ -126,6 +126,9 @@ func (s *servingCert) update(logger klog.Logger, obj any) {
 			logger.Error(err, "Writing the webhook certificate", "dir", s.dir)
 		}
 	}
+	if pair.Leaf != nil {
+		webhookCertExpiry.Set(float64(pair.Leaf.NotAfter.Unix()))
+	}
 	if old := s.pair.Swap(&pair); old != nil {
 		logger.Info("Serving the renewed webhook certificate", "secret", s.key, "resourceVersion", secret.ResourceVersion)
 	}

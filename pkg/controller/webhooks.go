@@ -64,11 +64,13 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		// Fail closed, like the webhook's failurePolicy: no quota check,
 		// no claim. The creator (or the kube-controller-manager) retries.
 		klog.FromContext(ctx).Error(err, "Quota check failed", "claim", klog.KObj(&claim))
+		admissionErrors.Inc()
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 	}
 	if !adm.Allowed {
 		adm, err = h.overruleForKueue(ctx, &claim, adm, req.UserInfo.Username, dryRun)
 		if err != nil {
+			admissionErrors.Inc()
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 		}
 	}
