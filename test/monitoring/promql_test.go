@@ -137,7 +137,7 @@ func parseNames(expr string) (exprNames, error) {
 		switch {
 		case t.kind == "punct" && t.text == "[":
 			// a range or subquery: skip to its end
-			for i < len(toks) && !(toks[i].kind == "punct" && toks[i].text == "]") {
+			for i < len(toks) && (toks[i].kind != "punct" || toks[i].text != "]") {
 				i++
 			}
 		case t.kind == "punct" && t.text == "{":
