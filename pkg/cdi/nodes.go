@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"k8s.io/klog/v2"
@@ -26,9 +27,17 @@ type controlNode struct {
 // controlNodes are added to every spec when the host has them. nvcdi lists
 // only those that are character devices when the handler starts; these are
 // checked at each write, since the driver creates some of them on first use.
+//
+// /dev/nvidia-uvm is required: nvcdi leaves a missing one out with a
+// warning in its own log, and every CUDA program in the container then
+// fails at cuInit with no word of why. A host creates it only once
+// something loads nvidia-uvm there; a container cannot. So a claim fails
+// at prepare naming the fix, and succeeds on the kubelet's retry once the
+// node exists (it is checked at each write).
 var controlNodes = []controlNode{
 	{path: "/dev/nvidiactl", required: true},
-	{path: "/dev/nvidia-uvm", why: "CUDA needs it: the host creates it when nvidia-uvm loads (nvidia-modprobe -u -c=0)"},
+	{path: "/dev/nvidia-uvm", required: true,
+		why: "CUDA needs it; create it on the host with nvidia-modprobe -u -c=0 (or nvidia-ctk system create-device-nodes --control-devices)"},
 	{path: "/dev/nvidia-uvm-tools", why: "only profilers and debuggers use it"},
 }
 
@@ -101,7 +110,8 @@ func (c nodeChecker) node(log klog.Logger, path string, required bool, why strin
 		return newDeviceNode(c.hostRoot, path), nil
 	}
 	if required && c.strict {
-		return nil, fmt.Errorf("device node %s does not exist under %s: is the NVIDIA kernel module loaded, and is the driver root right?", path, c.localRoot)
+		return nil, fmt.Errorf("device node %s does not exist under %s: %s", path, c.localRoot,
+			cmp.Or(why, "is the NVIDIA kernel module loaded, and is the driver root right?"))
 	}
 	log.V(1).Info("Device node missing on the host, left out of the CDI spec", "node", path, "devRoot", c.localRoot, "why", cmp.Or(why, "no NVIDIA driver under the driver root"))
 	return nil, nil
@@ -149,6 +159,32 @@ func (c nodeChecker) capsMajor(devices []Device) (uint32, error) {
 		}
 	}
 	return 0, nil
+}
+
+// migWithoutCaps checks a MIG device that comes without capability nodes:
+// the plugin found no entry for it because the driver's mig-minors file
+// does not exist. Without its access nodes no process in the container
+// can open the MIG device, so CUDA there sees no GPU. Where the kernel
+// has the NVIDIA capability driver (nvidia-caps in /proc/devices) that
+// file must exist, and the claim fails saying so; without it (simulated
+// GPUs, no NVIDIA kernel module) there is nothing to add, and the log
+// says what the container will lack.
+func (c nodeChecker) migWithoutCaps(log klog.Logger, d Device) error {
+	if !strings.HasPrefix(d.UUID, "MIG-") || len(d.ExtraNodes) > 0 {
+		return nil
+	}
+	if _, err := mig.CapsMajor(c.procDevices); err == nil && c.strict {
+		return fmt.Errorf("MIG device %s has no capability nodes (%s/nvidia-capN): the kernel has the NVIDIA capability driver (%s lists nvidia-caps), "+
+			"but the driver's MIG minors file %s was not found; without them CUDA in the container cannot open the MIG device",
+			d.UUID, mig.CapsDeviceDir, c.procDevices, mig.MigMinorsPath)
+	}
+	if c.strict {
+		log.Error(nil, "MIG device without capability nodes: CUDA in the container will not see it",
+			"device", d.Name, "uuid", d.UUID, "why", "no NVIDIA capability driver (nvidia-caps) in "+c.procDevices)
+		return nil
+	}
+	log.V(1).Info("MIG device without capability nodes", "device", d.Name, "uuid", d.UUID, "why", "no NVIDIA driver under the driver root")
+	return nil
 }
 
 // capNode is a MIG capability node as a full character device. Its

@@ -115,6 +115,9 @@ func deviceEnvName(deviceName string) string {
 }
 
 func (h *Handler) deviceSpec(log klog.Logger, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
+	if err := h.nodes.migWithoutCaps(log, d); err != nil {
+		return specs.Device{}, err
+	}
 	nodes := make([]*specs.DeviceNode, 0, 1+len(d.ExtraNodes))
 	gpu, err := h.nodes.gpuNode(log, d.Minor)
 	if err != nil {

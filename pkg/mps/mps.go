@@ -113,9 +113,20 @@ func (d *Daemons) Available() error {
 	return nil
 }
 
+// DaemonOf is the daemon of a GPU as Start hands it to the Launcher. The
+// chart's admission policy for daemon pods is tested with it
+// (test/e2e/mpspolicy_test.go), so it must stay what Start launches.
+func (d *Daemons) DaemonOf(gpu string) (Daemon, error) {
+	cmd, err := d.control(gpu, "")
+	if err != nil {
+		return Daemon{}, err
+	}
+	return Daemon{GPU: gpu, Command: cmd, Dir: d.GPUDir(gpu), ShmDir: d.ShmDir(gpu)}, nil
+}
+
 // Start launches the daemon of a GPU and waits until it answers.
 func (d *Daemons) Start(ctx context.Context, gpu string) error {
-	cmd, err := d.control(gpu, "")
+	daemon, err := d.DaemonOf(gpu)
 	if err != nil {
 		return err
 	}
@@ -132,7 +143,6 @@ func (d *Daemons) Start(ctx context.Context, gpu string) error {
 			return err
 		}
 	}
-	daemon := Daemon{GPU: gpu, Command: cmd, Dir: d.GPUDir(gpu), ShmDir: d.ShmDir(gpu)}
 	if err := d.launcher().Launch(ctx, daemon); err != nil {
 		return err
 	}

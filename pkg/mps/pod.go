@@ -71,7 +71,7 @@ func (l *PodLauncher) Launch(ctx context.Context, d Daemon) error {
 		return fmt.Errorf("MPS daemon pods need the plugin's image, namespace and node (image %q, namespace %q, node %q)",
 			l.Image, l.Namespace, l.NodeName)
 	}
-	pod, err := l.pod(d)
+	pod, err := l.Pod(d)
 	if err != nil {
 		return err
 	}
@@ -134,13 +134,16 @@ func (l *PodLauncher) labels(gpu string) map[string]string {
 	return map[string]string{ComponentLabel: ComponentValue, NodeLabel: l.NodeName, GPULabel: strings.ToLower(gpu)}
 }
 
-// pod is the daemon's pod: the control binary in the foreground (-f, so
-// the kubelet sees it exit) inside the driver root, the GPU's directory
-// (pipe, log) and its shm mounted into that root. It runs in the host's
-// PID namespace: the driver root's /proc (a host install's) is the host's,
-// where an MPS server looks itself up. It exits 0 on quit and is not
-// restarted then; a crash is.
-func (l *PodLauncher) pod(d Daemon) (*corev1.Pod, error) {
+// Pod is the daemon's pod, as Launch creates it: the control binary in
+// the foreground (-f, so the kubelet sees it exit) inside the driver root,
+// the GPU's directory (pipe, log) and its shm mounted into that root. It
+// runs in the host's PID namespace: the driver root's /proc (a host
+// install's) is the host's, where an MPS server looks itself up. It exits
+// 0 on quit and is not restarted then; a crash is. The chart's admission
+// policy lets the plugin's account create this pod and nothing more
+// (kubeletplugin-policy.yaml): a change here needs one there, and
+// test/e2e/mpspolicy_test.go fails until both agree.
+func (l *PodLauncher) Pod(d Daemon) (*corev1.Pod, error) {
 	bin, err := l.inRoot(d.Command.Path)
 	if err != nil {
 		return nil, err
@@ -159,10 +162,15 @@ func (l *PodLauncher) pod(d Daemon) (*corev1.Pod, error) {
 			// It talks over Unix sockets only: on the host network it
 			// needs no pod IP and does not wait for the CNI, which GPU
 			// nodes' clients must not wait on either.
-			HostNetwork:                   true,
-			HostPID:                       true,
-			PriorityClassName:             l.PriorityClassName,
-			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			HostNetwork:       true,
+			HostPID:           true,
+			PriorityClassName: l.PriorityClassName,
+			Tolerations:       []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			// No API identity: the daemon never calls the API server.
+			// The namespace's default account is what the API server
+			// would set; naming it keeps the spec the admission policy
+			// sees the one built here.
+			ServiceAccountName:            "default",
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](10),
 			Containers: []corev1.Container{{

@@ -80,6 +80,12 @@ func TestPodLauncherRunsDaemonOnItsNode(t *testing.T) {
 	if !p.Spec.HostPID {
 		t.Errorf("pod %s is not in the host's PID namespace", p.Name)
 	}
+	// A privileged pod with an API token would hand whoever can read its
+	// node that account's rights; the daemon needs none.
+	if p.Spec.ServiceAccountName != "default" || ptr.Deref(p.Spec.AutomountServiceAccountToken, true) {
+		t.Errorf("pod %s runs as %q with token automount %v, want the default account and no token",
+			p.Name, p.Spec.ServiceAccountName, p.Spec.AutomountServiceAccountToken)
+	}
 	env := map[string]string{}
 	for _, e := range ctr.Env {
 		env[e.Name] = e.Value

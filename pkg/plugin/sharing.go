@@ -93,10 +93,14 @@ func (s *Sharing) forget(gpu string) {
 func (s *Sharing) holders(gpu string) (int, timeslice.Settings) { return s.mgr(gpu).Holders(gpu) }
 
 // Apply implements timeslice.Backend: Default-interval time-slicing is the
-// GPU's own behaviour and needs no tool.
+// GPU's own behaviour and needs no tool, but it needs the DEFAULT compute
+// mode (see timeSliceComputeMode).
 func (s *Sharing) Apply(ctx context.Context, gpu string, set timeslice.Settings) error {
 	if set.Strategy == configapi.MPSStrategy {
 		return s.startMPS(ctx, gpu)
+	}
+	if err := s.timeSliceComputeMode(ctx, gpu); err != nil {
+		return err
 	}
 	if set.Interval.OrDefault() == configapi.DefaultTimeSlice {
 		return nil
@@ -106,10 +110,11 @@ func (s *Sharing) Apply(ctx context.Context, gpu string, set timeslice.Settings)
 
 // Ensure implements timeslice.Backend: an MPS GPU is put back in
 // exclusive-process mode if something reset it, and a dead daemon is
-// started again.
+// started again; a time-sliced GPU is put back in DEFAULT mode if
+// something changed it.
 func (s *Sharing) Ensure(ctx context.Context, gpu string, set timeslice.Settings) error {
 	if set.Strategy != configapi.MPSStrategy {
-		return nil
+		return s.timeSliceComputeMode(ctx, gpu)
 	}
 	if err := s.setComputeMode(gpu, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); err != nil {
 		return err
@@ -173,6 +178,60 @@ func (s *Sharing) startMPS(ctx context.Context, gpu string) error {
 		return errors.Join(err, s.setComputeMode(gpu, nvml.COMPUTEMODE_DEFAULT))
 	}
 	return nil
+}
+
+// timeSliceComputeMode puts a time-sliced GPU in the DEFAULT compute
+// mode. Time-slicing is many processes taking turns on one GPU; in
+// EXCLUSIVE_PROCESS (left by an MPS daemon whose reset failed or was cut
+// short, or set by an administrator) or PROHIBITED only one or no process
+// may create a context, so every replica's container but the first fails
+// with "all CUDA-capable devices are busy or unavailable". DEFAULT is the
+// GPU's resting mode, so nothing needs it undone at reset. A Sharing built
+// without NVML (tests of other parts; the plugin always has it) has no
+// mode to set.
+func (s *Sharing) timeSliceComputeMode(ctx context.Context, gpu string) error {
+	if s.nvml == nil {
+		return nil
+	}
+	dev, err := s.nvml.DeviceByUUID(gpu)
+	if err != nil {
+		return err
+	}
+	cur, getRet := dev.GetComputeMode()
+	if getRet == nvml.SUCCESS && cur == nvml.COMPUTEMODE_DEFAULT {
+		return nil
+	}
+	was := computeModeName(cur, getRet)
+	switch ret := dev.SetComputeMode(nvml.COMPUTEMODE_DEFAULT); {
+	case ret == nvml.SUCCESS:
+	case ret == nvml.ERROR_NOT_SUPPORTED && getRet != nvml.SUCCESS:
+		// A GPU that has no compute modes (some vGPU profiles) cannot
+		// be in another one.
+		klog.FromContext(ctx).V(1).Info("GPU has no compute modes; nothing to set for time-slicing", "gpu", gpu)
+		return nil
+	default:
+		return fmt.Errorf("time-slicing needs GPU %s in the DEFAULT compute mode (now %s): setting it: %w", gpu, was, ret)
+	}
+	klog.FromContext(ctx).Info("Set the GPU's compute mode to DEFAULT for time-slicing", "gpu", gpu, "was", was)
+	return nil
+}
+
+// computeModeName is a compute mode as nvidia-smi names it.
+func computeModeName(mode nvml.ComputeMode, ret nvml.Return) string {
+	if ret != nvml.SUCCESS {
+		return "unknown: " + ret.Error()
+	}
+	switch mode {
+	case nvml.COMPUTEMODE_DEFAULT:
+		return "DEFAULT"
+	case nvml.COMPUTEMODE_EXCLUSIVE_THREAD:
+		return "EXCLUSIVE_THREAD"
+	case nvml.COMPUTEMODE_PROHIBITED:
+		return "PROHIBITED"
+	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "EXCLUSIVE_PROCESS"
+	}
+	return fmt.Sprintf("mode %d", mode)
 }
 
 // setComputeMode sets a GPU's compute mode, unless it is in it already
