@@ -114,7 +114,9 @@ func BenchmarkPublishDynamicMIGNode(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		inv := Discover(logger, e.lib, dynamicAll())
-		if n := len(Resources(testNode, inv).Pools[testNode].Slices); n != 9 {
+		// 1 of counter sets, 1 per GPU, 1 of the GPUs' deferred lower 3g
+		// placements (mig.Layout.Deferred).
+		if n := len(Resources(testNode, inv).Pools[testNode].Slices); n != 10 {
 			b.Fatalf("%d slices", n)
 		}
 	}

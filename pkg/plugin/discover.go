@@ -23,7 +23,8 @@ type Inventory struct {
 	// (NodeConfig gpuUnitCounters).
 	units bool
 	// ownSlice marks devices that start a slice of their own: each dynamic
-	// MIG GPU's devices are published together in one slice.
+	// MIG GPU's devices are published together in one slice, but for the
+	// deferred ones, which follow all others (deferPlacements).
 	ownSlice map[int]bool
 	// layouts are the dynamic MIG GPUs' layouts, by GPU UUID.
 	layouts map[string]*mig.Layout
@@ -46,7 +47,7 @@ func Discover(logger klog.Logger, lib nvdev.Interface, cfg *configapi.NodeConfig
 			inv.addWhole(gpu, lib.System())
 		}
 	}
-	return inv
+	return inv.deferPlacements() // issue 29: see mig.Layout.Deferred
 }
 
 func (inv *Inventory) add(devs ...AllocatableDevice) { inv.Devices = append(inv.Devices, devs...) }

@@ -48,13 +48,24 @@ func TestDynamicMIGInventory(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicAll())
 	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())
 	pool := Resources(testNode, inv).Pools[testNode]
-	if len(inv.CounterSets) != 8 || len(pool.Slices) != 1+8 {
-		t.Fatalf("%d counter sets in %d slices, want 8 sets, 1 counter slice + 8 device slices", len(inv.CounterSets), len(pool.Slices))
+	// One slice per GPU, then one of every GPU's deferred devices (the
+	// lower 3g.40gb, listed last so first fit packs: mig.Layout.Deferred).
+	if len(inv.CounterSets) != 8 || len(pool.Slices) != 1+8+1 {
+		t.Fatalf("%d counter sets in %d slices, want 8 sets, 1 counter slice + 8 device slices + 1 of deferred devices", len(inv.CounterSets), len(pool.Slices))
 	}
 	if len(pool.Slices[0].SharedCounters) != 8 || len(pool.Slices[0].Devices) != 0 {
 		t.Errorf("first slice must hold only the counter sets")
 	}
-	for i, s := range pool.Slices[1:] {
+	deferred := pool.Slices[9].Devices
+	if len(deferred) != 8 {
+		t.Errorf("last slice holds %d devices, want the 8 GPUs' lower 3g.40gb", len(deferred))
+	}
+	for i, d := range deferred {
+		if d.Name != fmt.Sprintf("gpu-%d-mig-3g40gb-0", i) || d.ConsumesCounters[0].CounterSet != mig.CounterSetName(i) {
+			t.Errorf("deferred device %d: %s consuming %s", i, d.Name, d.ConsumesCounters[0].CounterSet)
+		}
+	}
+	for i, s := range pool.Slices[1:9] {
 		if len(s.Devices) > MaxDevicesPerSlice || len(s.SharedCounters) != 0 {
 			t.Errorf("slice %d: %d devices, %d counter sets", i+1, len(s.Devices), len(s.SharedCounters))
 		}

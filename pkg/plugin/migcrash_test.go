@@ -265,11 +265,13 @@ func checkWithheld(t *testing.T, e *testEnv, inv Inventory) {
 			}
 		}
 	}
-	checkSlicesPerGPU(t, inv, 1+7)
+	checkSlicesPerGPU(t, inv, 1+7+1)
 }
 
 // checkSlicesPerGPU checks that each dynamic MIG GPU still has a slice of
-// its own, and that the counter sets are all still there.
+// its own, and that the counter sets are all still there. The last slice
+// holds every GPU's deferred devices (mig.Layout.Deferred), which the
+// plugin lists after all others so that first fit packs.
 func checkSlicesPerGPU(t *testing.T, inv Inventory, want int) {
 	t.Helper()
 	pool := Resources(testNode, inv).Pools[testNode]
@@ -277,7 +279,13 @@ func checkSlicesPerGPU(t *testing.T, inv Inventory, want int) {
 		t.Fatalf("%d slices, the first with %d counter sets; want %d slices, the first with all 8 sets",
 			len(pool.Slices), len(pool.Slices[0].SharedCounters), want)
 	}
-	for i, s := range pool.Slices[1:] {
+	last := pool.Slices[len(pool.Slices)-1]
+	for _, d := range last.Devices {
+		if !strings.Contains(d.Name, "-mig-3g40gb-0") {
+			t.Errorf("last slice holds %s, not only deferred devices", d.Name)
+		}
+	}
+	for i, s := range pool.Slices[1 : len(pool.Slices)-1] {
 		gpu := strings.Join(strings.SplitN(s.Devices[0].Name, "-", 3)[:2], "-")
 		for _, d := range s.Devices {
 			if !strings.HasPrefix(d.Name+"-", gpu+"-") {

@@ -122,3 +122,37 @@ func (inv Inventory) withoutCounters() (Inventory, []string, int) {
 	slices.Sort(gpus)
 	return out, slices.Compact(gpus), stripped
 }
+
+// deferPlacements moves the dynamic MIG devices that first fit should
+// reach only after every GPU's others (mig.Layout.Deferred: the lower 3g
+// of each GPU, the only place of 4g) out of their GPU's slice, into slices
+// of their own after every other device. The allocator takes a pool's
+// slices in order, so a 3g claim then takes the upper half of any GPU that
+// has it free before a lower half anywhere (issue 29). A device keeps its
+// name and its consumption of its own GPU's counter set: only the slice it
+// is listed in changes, which the scheduler's view of allocated devices
+// never depends on.
+func (inv Inventory) deferPlacements() Inventory {
+	out := Inventory{CounterSets: inv.CounterSets, units: inv.units, ownSlice: map[int]bool{}, layouts: inv.layouts}
+	var deferred []AllocatableDevice
+	newSlice := false // a moved device's slice start passes to the next
+	for i, d := range inv.Devices {
+		newSlice = newSlice || inv.ownSlice[i]
+		if l := inv.layouts[d.GPU.UUID]; d.Mode == configapi.MigDynamic && d.Partition != nil && l != nil && l.Deferred(*d.Partition) {
+			deferred = append(deferred, d)
+			continue
+		}
+		if newSlice {
+			out.ownSlice[len(out.Devices)], newSlice = true, false
+		}
+		out.add(d)
+	}
+	if len(deferred) > 0 {
+		out.ownSlice[len(out.Devices)] = true
+		out.add(deferred...)
+	}
+	if newSlice {
+		out.ownSlice[len(out.Devices)] = true
+	}
+	return out
+}

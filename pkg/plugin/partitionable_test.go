@@ -12,8 +12,13 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 )
@@ -269,5 +274,93 @@ func TestDroppedFieldsWithoutCountersRepublishNothing(t *testing.T) {
 	d.withdrawDynamicMIG(e.ctx, &resourceslice.DroppedFieldsError{PoolName: testNode})
 	if n := pub.count(); n != 1 || d.withdrawn {
 		t.Errorf("%d publishes (withdrawn: %v), want only the first", n, d.withdrawn)
+	}
+}
+
+// The scheduler's first fit over what the plugin publishes gives a 3g.40gb
+// claim the upper half of a GPU that has it free before the lower half of
+// any GPU (issue 29): the lower half is the only place of 4g.40gb, and a
+// GPU holding 3g + 4g is full, where 3g + 3g strands a compute slice. Only
+// when every upper half is taken does a lower half go.
+func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	published := apiSlices(Resources(testNode, Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())))
+	classes := classLister{"mig-3g": celClass("mig-3g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
+		`device.attributes["gpu.gpuaas.io"].profile == "3g.40gb"`)}
+	allocated := sets.New[structured.DeviceID]()
+	take := func(name string) {
+		allocated.Insert(structured.MakeDeviceID(configapi.DriverName, testNode, name))
+	}
+	next := func() string {
+		t.Helper()
+		alloc, err := structured.NewAllocator(t.Context(), schedulerFeatures, structured.AllocatedState{AllocatedDevices: allocated},
+			classes, published, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := alloc.Allocate(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{oneDeviceClaim("mig-3g")})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("allocating: %v (%d results)", err, len(res))
+		}
+		return res[0].Devices.Results[0].Device
+	}
+	for gpu := range 8 {
+		want := fmt.Sprintf("gpu-%d-mig-3g40gb-4", gpu)
+		if got := next(); got != want {
+			t.Fatalf("with the upper halves of GPUs 0-%d taken, a 3g.40gb claim got %s, want %s", gpu-1, got, want)
+		}
+		take(want)
+	}
+	if got := next(); got != "gpu-0-mig-3g40gb-0" {
+		t.Errorf("with every upper half taken, a 3g.40gb claim got %s, want gpu-0-mig-3g40gb-0", got)
+	}
+}
+
+// Deferring keeps the slices' grouping: each dynamic MIG GPU's other
+// devices stay together in their slice, the deferred ones follow every
+// other device in slices of their own, and the inventory keeps every
+// device once.
+func TestDeferPlacementsKeepsGroups(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	cfg := &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic},
+		GPUs: []configapi.GpuModeSelector{{Indexes: []int{2}}}} // GPU 2 whole, between dynamic ones
+	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	names := map[string]int{}
+	for _, d := range inv.Devices {
+		names[d.Name()]++
+	}
+	if len(names) != len(inv.Devices) || len(inv.Devices) != 7*29+1 {
+		t.Fatalf("%d devices, %d distinct, want %d", len(inv.Devices), len(names), 7*29+1)
+	}
+	pool := Resources(testNode, inv).Pools[testNode]
+	var tail []string
+	for i, s := range pool.Slices[1:] {
+		gpus := map[int]bool{}
+		for _, d := range s.Devices {
+			var gpu int
+			if _, err := fmt.Sscanf(d.Name, "gpu-%d", &gpu); err != nil {
+				t.Fatal(err)
+			}
+			gpus[gpu] = true
+		}
+		if i == len(pool.Slices)-2 {
+			for _, d := range s.Devices {
+				tail = append(tail, d.Name)
+			}
+			continue
+		}
+		if len(gpus) != 1 {
+			t.Errorf("slice %d mixes GPUs %v", i+1, gpus)
+		}
+		for _, d := range s.Devices {
+			if strings.HasSuffix(d.Name, "-mig-3g40gb-0") {
+				t.Errorf("slice %d lists deferred %s among its GPU's devices", i+1, d.Name)
+			}
+		}
+	}
+	want := []string{"gpu-0-mig-3g40gb-0", "gpu-1-mig-3g40gb-0", "gpu-3-mig-3g40gb-0", "gpu-4-mig-3g40gb-0",
+		"gpu-5-mig-3g40gb-0", "gpu-6-mig-3g40gb-0", "gpu-7-mig-3g40gb-0"}
+	if !slices.Equal(tail, want) {
+		t.Errorf("last slice %v, want %v", tail, want)
 	}
 }

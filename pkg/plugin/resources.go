@@ -13,7 +13,9 @@ const MaxDevicesPerSlice = 64
 // Resources builds the node's single pool (named after the node): counter
 // sets first, in slices of their own as the API requires, then the devices
 // in their preferred order (the allocator is first-fit in slice and device
-// order), at most 64 per slice, each dynamic MIG GPU in its own slice.
+// order), at most 64 per slice, each dynamic MIG GPU in its own slice but
+// for its deferred placements, which follow in a slice of their own
+// (deferPlacements, issue 29).
 func Resources(nodeName string, inv Inventory) resourceslice.DriverResources {
 	slices := counterSlices(inv.CounterSets)
 	var cur *resourceslice.Slice
