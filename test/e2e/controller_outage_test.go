@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+// Issue 26 item 8: the webhook configuration the controller writes itself
+// (no chart: the demo, the tests) must keep other drivers' claims away from
+// the fail-closed claim webhook like the chart's does, or a controller that
+// dies without removing it blocks every driver's claims. It gets the same
+// matchCondition: with the controller killed (its configuration left
+// behind), a claim of another driver's class is created and one of ours is
+// refused.
+func TestSelfWrittenWebhookConfigSparesOtherDrivers(t *testing.T) {
+	name := uniqueName("self-written")
+	rc := startControllerWith(t, func(o *controller.Options) {
+		o.Webhook.ConfigName, o.Webhook.RemoveOnExit = name, false // as if killed
+	})
+	ctx := framework.Context(t, 3*time.Minute)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = cp.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	foreign := uniqueName("nic.example.com")
+	dc := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: foreign},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "nic.example.com"`,
+		}}}},
+	}
+	if _, err := cp.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.ResourceV1().DeviceClasses().Delete(context.Background(), foreign, metav1.DeleteOptions{})
+	})
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		cfg, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return claimWebhookNames(cfg, foreign), nil
+	})
+	if err != nil {
+		t.Fatalf("the self-written claim webhook's matchConditions never named %s: %v", foreign, err)
+	}
+	rc.stop(t)
+	if _, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the configuration should outlive the controller here: %v", err)
+	}
+	ns := cp.CreateNamespace(t, "self-written")
+	if err := createClaimOf(ctx, ns, "nic", foreign); err != nil {
+		t.Errorf("controller down: a claim of another driver's class was refused: %v", err)
+	}
+	err = createClaimOf(ctx, ns, "gpu", "gpu.gpuaas.io")
+	if err == nil {
+		t.Error("controller down: a claim of our class was admitted, want the webhook to fail closed")
+	}
+	t.Logf("controller down: %s admitted, ours refused: %v", foreign, err)
+}
