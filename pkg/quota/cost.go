@@ -45,7 +45,18 @@ type price struct {
 	// memUnknown: guessed, and no memory to guess from (the request asks
 	// for none and no device of ours is published), so device.Memory is 0.
 	memUnknown bool
+	// interrupted: the request's context ended before every device was
+	// evaluated, so the walk proves nothing; never remembered.
+	interrupted bool
 }
+
+// shapeSlots bounds how many new request shapes are evaluated against the
+// devices at once, process-wide. A shape is priced by evaluating its CEL
+// selectors against every published device, and anyone who may create
+// claims (dry runs included) chooses the shapes: unbounded, a burst of new
+// shapes took the CPU the fail-closed claim webhook needs. A caller waits
+// for a slot only as long as its context lives.
+var shapeSlots = make(chan struct{}, 2)
 
 // Unpriced is a request whose worst case what is published cannot bound:
 // its class matches no published device, and the guess (see fallback)
@@ -59,10 +70,16 @@ type Unpriced struct {
 	// Memory: the memory of a device of the class; nothing published
 	// says how much a device of ours holds.
 	Memory bool
+	// Interrupted: the request ended (its deadline, a cancelled dry run)
+	// before its selectors were evaluated against every device.
+	Interrupted bool
 }
 
 // Reason says why, for a denial.
 func (u Unpriced) Reason() string {
+	if u.Interrupted {
+		return fmt.Sprintf("the selectors of a request of class %q could not be evaluated against the published devices before the request's deadline: retry", u.Class)
+	}
 	if u.All {
 		return fmt.Sprintf("allocationMode All of class %q cannot be charged before devices of the class are published: it takes every matching device of the node it lands on, however many that node has", u.Class)
 	}
@@ -104,6 +121,8 @@ func (p *Pricer) Unpriced(ctx context.Context, spec *resourceapi.ResourceClaimSp
 		}
 		pr := p.priceOf(ctx, class, sel, capReq)
 		switch {
+		case pr.interrupted:
+			out = append(out, Unpriced{Class: class, Interrupted: true})
 		case !pr.ours || !pr.guessed:
 		case mode == resourceapi.DeviceAllocationModeAll:
 			out = append(out, Unpriced{Class: class, All: true})
@@ -159,11 +178,31 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 	if ok {
 		return pr
 	}
+	select {
+	case shapeSlots <- struct{}{}:
+	case <-ctx.Done():
+		return p.interrupted(class, capReq)
+	}
 	pr = p.compute(ctx, class, sel, capReq)
+	<-shapeSlots
+	if pr.interrupted {
+		// A walk cut short matched fewer devices than there are: kept,
+		// it would price every later claim of the shape too cheap.
+		return pr
+	}
 	p.mu.Lock()
 	p.memo[key] = pr
 	p.mu.Unlock()
 	return pr
+}
+
+// interrupted is the price of a shape that could not be worked out: the
+// most a device of ours can cost, so ClaimCost never undercharges, and
+// marked so that Unpriced refuses it.
+func (p *Pricer) interrupted(class string, capReq *resourceapi.CapacityRequirements) *price {
+	device := p.fallback(class, capReq)
+	return &price{ours: true, interrupted: true, guessed: true, device: device,
+		node: device.Times(max(p.inv.MaxGPUsPerNode(), 1))}
 }
 
 // shapeKey is the memo key of a request shape. Every field is written with
@@ -204,6 +243,9 @@ func (p *Pricer) compute(ctx context.Context, class string, sel []resourceapi.De
 	for _, pool := range p.inv.Pools() {
 		var onNode Charge
 		for _, d := range p.inv.Pool(pool) {
+			if ctx.Err() != nil {
+				return p.interrupted(class, capReq)
+			}
 			c, ok := p.deviceCharge(ctx, d, class, exprs, capReq)
 			if !ok {
 				continue

@@ -357,3 +357,30 @@ func TestClaimCostMemoKeyIsUnambiguous(t *testing.T) {
 		t.Error("a selector's comment keys the same as a capacity request")
 	}
 }
+
+// Issue 26 item 8: a request shape was evaluated against every device with
+// the request's context, and a walk the context cut short was remembered
+// for the shape (CEL evaluation fails once the context ends, so the
+// devices after the cut did not match): the next claim of the shape was
+// priced from what the cut walk saw. Now an interrupted walk is refused as
+// unpriced, charged no less than a device of ours can cost, and forgotten.
+func TestInterruptedPricingIsNotRemembered(t *testing.T) {
+	p := testPricer()
+	req := exact("gpu", "gpu", 1, withSelector(`device.attributes["gpu.gpuaas.io"].type == "gpu"`))
+	spec := &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if got := p.Unpriced(cancelled, spec); len(got) != 1 || !got[0].Interrupted {
+		t.Fatalf("priced with a cancelled context: %+v, want it refused as interrupted", got)
+	}
+	if c := p.ClaimCost(cancelled, spec); c.Units.Cmp(WholeUnits(1)) < 0 {
+		t.Errorf("interrupted price %s, below a whole GPU", c.Units)
+	}
+	fresh := testPricer().ClaimCost(context.Background(), spec)
+	if got := p.ClaimCost(context.Background(), spec); !sameCharge(got, fresh) {
+		t.Errorf("after an interrupted walk the shape costs %+v, a fresh pricer says %+v", got, fresh)
+	}
+	if u := p.Unpriced(context.Background(), spec); len(u) != 0 {
+		t.Errorf("after an interrupted walk: %+v, want priced", u)
+	}
+}
