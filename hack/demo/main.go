@@ -1,15 +1,20 @@
 // Command demo is what `make demo` runs: a real Kubernetes control plane on
 // 127.0.0.1, one GPU node with a mock 8 x H100 NVML, every spec under
-// demo/specs applied in order, and a short account of what each pod got.
+// demo/specs applied in order (or those of --specs), and a short account of
+// what each pod got, once the pods the specs ask for (a Deployment's
+// replicas, a Job's parallelism) run or the timeout passes.
 // The node is real where this machine can run one (root, the node binaries
 // built): containerd, runc and the kubelet, with the Helm chart installed
 // on it, and containers that print what they saw. Otherwise it is
 // simulated: the dra-kubelet-plugin binary and the kubelet simulator, with
-// the dra-controller binary beside them; one line says why. It ends with
-// the queueing scenario of demo/queueing: Kueue's manager in front of the
-// GPU quota, charging GPU units.
+// the dra-controller binary beside them; one line says why. Both nodes run
+// the mock machine of --nvml with the GPU modes of --node-config.
+// With the built-in specs it ends with the built-in scenarios (--scenarios):
+// health (an XID and a drain on the real node, then the posture table) and
+// queueing (demo/queueing: Kueue's manager in front of the GPU quota,
+// charging GPU units); with specs of one's own they run only when asked.
 // Everything is stopped at the end, or on Ctrl-C; with --keep the cluster
-// stays up until Ctrl-C.
+// stays up until Ctrl-C (or SIGTERM), also after a failure.
 package main
 
 import (
@@ -39,6 +44,13 @@ type options struct {
 	nodeConfig   string
 	nodeMode     string
 	timeout      time.Duration
+	// builtinSpecs: --specs is the default demo/specs.
+	builtinSpecs bool
+	// scenarios are the built-in scenarios to run (--scenarios).
+	scenarios scenarios
+	// nodeConfigValue is --node-config as the chart's nodeConfig value,
+	// read (and checked) before anything starts.
+	nodeConfigValue map[string]any
 }
 
 func main() {
@@ -52,11 +64,12 @@ func main() {
 
 func parseFlags() options {
 	var o options
-	flag.BoolVar(&o.keep, "keep", false, "leave the cluster up after the report, until Ctrl-C (prints the kubeconfig path)")
+	flag.BoolVar(&o.keep, "keep", false, "leave the cluster up when the demo ends, also after a failure, until Ctrl-C (prints the kubeconfig path)")
 	flag.StringVar(&o.pluginBinary, "plugin-binary", "", "dra-kubelet-plugin to run; default: build ./cmd/dra-kubelet-plugin")
 	flag.StringVar(&o.specs, "specs", "", "directory of specs to apply; default: <repo>/demo/specs")
+	scenariosFlag := flag.String("scenarios", "", "built-in scenarios to run after the specs: all, none, or a list of health,queueing; default: all with the built-in specs, none with --specs of one's own")
 	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
-	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered)")
+	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered); \"\" offers every GPU whole")
 	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
 	flag.StringVar(&o.nodeMode, "node", "auto", "real (containerd + kubelet + the Helm chart), sim (kubelet simulator), or auto: real where the machine can run one")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the pods")
@@ -65,13 +78,39 @@ func parseFlags() options {
 		fmt.Fprintf(os.Stderr, "--node=%q: want auto, real or sim\n", o.nodeMode)
 		os.Exit(2)
 	}
+	// Wrong values are refused here, in one line, rather than minutes
+	// later by a node that has started.
+	root, err := framework.RepoRoot()
+	if err == nil {
+		o.builtinSpecs = isBuiltinSpecs(o.specs, root)
+		o.scenarios, err = parseScenarios(*scenariosFlag, o.builtinSpecs)
+	}
+	if err == nil {
+		err = checkNVML(o.nvml)
+	}
+	if err == nil {
+		o.nodeConfigValue, err = readNodeConfig(o.nodeConfig)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	return o
 }
 
 // run returns the exit code. On failure the work dir with all logs is kept.
+// With --keep the cluster stays up until ctx ends, whatever happened.
 func run(ctx context.Context, opts options, out printer) int {
 	d := &demo{opts: opts, out: out}
 	err := d.run(ctx)
+	reported := false
+	if keepAfter(opts.keep, err) && d.cp != nil {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+			reported = true
+		}
+		d.hold(ctx, err != nil)
+	}
 	if errors.Is(err, context.Canceled) {
 		out.printf("Interrupted.\n")
 		err = nil
@@ -79,7 +118,9 @@ func run(ctx context.Context, opts options, out printer) int {
 	stopErr := d.stop(ctx)
 	switch {
 	case err != nil || stopErr != nil:
-		fmt.Fprintf(os.Stderr, "demo failed: %v\n", errors.Join(err, stopErr))
+		if failed := errors.Join(err, stopErr); !reported || stopErr != nil {
+			fmt.Fprintf(os.Stderr, "demo failed: %v\n", failed)
+		}
 		if d.cp != nil {
 			fmt.Fprintf(os.Stderr, "logs kept in %s\n", d.cp.LogDir)
 		}
@@ -97,6 +138,21 @@ func run(ctx context.Context, opts options, out printer) int {
 type printer struct{ w io.Writer }
 
 func (p printer) printf(format string, args ...any) { _, _ = fmt.Fprintf(p.w, format, args...) }
+
+// hold keeps the cluster up (--keep) until ctx ends: Ctrl-C, or SIGTERM
+// from another terminal, since the components are this process's children
+// and end with it.
+func (d *demo) hold(ctx context.Context, failed bool) {
+	state := "Cluster left running (--keep)."
+	if failed {
+		state = "The demo failed; cluster left running (--keep) as it was."
+	}
+	d.out.printf("\n%s To reach it:\n  export KUBECONFIG=%s\n  %s get pods -A\n", state,
+		d.cp.Kubeconfig, filepath.Join(d.cp.BinDir, "kubectl"))
+	d.out.printf("Logs are in %s.\nTo stop it and everything the demo started: Ctrl-C here, or `kill %d` from another terminal.\n",
+		d.cp.LogDir, os.Getpid())
+	<-ctx.Done()
+}
 
 // demo holds what was started, so stop can undo it whatever step failed.
 type demo struct {
@@ -119,26 +175,32 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pods := d.waitForPods(ctx, objs, begin)
+	pods, err := d.waitForPods(ctx, objs, begin)
+	if err != nil {
+		return err
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	if err := d.report(ctx, pods); err != nil {
 		return err
 	}
-	if err := d.healthScenario(ctx); err != nil {
+	scen := d.opts.scenarios
+	if scen.health {
+		if err := d.healthScenario(ctx); err != nil {
+			return err
+		}
+	}
+	if err := d.reportPosture(ctx, scen.health && d.real != nil); err != nil {
 		return err
 	}
-	if err := d.reportPosture(ctx); err != nil {
-		return err
+	if scen.queueing {
+		if err := d.queueingScenario(ctx, objs); err != nil {
+			return err
+		}
 	}
-	if err := d.queueingScenario(ctx, objs); err != nil {
-		return err
-	}
-	if d.opts.keep {
-		d.out.printf("\nCluster left running; Ctrl-C to stop it.\n  export KUBECONFIG=%s\n  %s get pods -A\n",
-			d.cp.Kubeconfig, filepath.Join(d.cp.BinDir, "kubectl"))
-		<-ctx.Done()
+	if !scen.health && !scen.queueing {
+		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=health,queueing runs them).\n")
 	}
 	return nil
 }
@@ -219,6 +281,11 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 		}
 		specs = filepath.Join(root, "demo", "specs")
 	}
+	if !d.opts.builtinSpecs {
+		if err := d.applyCatalog(ctx); err != nil {
+			return nil, err
+		}
+	}
 	files, err := framework.YAMLFiles(specs)
 	if err != nil {
 		return nil, err
@@ -261,6 +328,38 @@ func (d *demo) applySpecs(ctx context.Context) ([]*unstructured.Unstructured, er
 	return all, nil
 }
 
+// applyCatalog applies the built-in catalog, demo/specs/00-catalog, before
+// specs of one's own: specs copied from demo/specs name its DeviceClasses
+// (gpu.gpuaas.io, ...), which neither node's controller creates. One's own
+// specs are applied after it, so a class of the same name they define wins.
+func (d *demo) applyCatalog(ctx context.Context) error {
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "demo", "specs", "00-catalog")
+	files, err := framework.YAMLFiles(dir)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, file := range files {
+		objs, err := framework.ReadObjects(file)
+		if err != nil {
+			return err
+		}
+		stored, _, err := d.cp.ApplyObjects(ctx, file, objs, "default")
+		if err != nil {
+			return err
+		}
+		for _, o := range stored {
+			names = append(names, o.GetName())
+		}
+	}
+	d.out.printf("Applied the built-in catalog (demo/specs/00-catalog), which specs copied from demo/specs name: %s\n", strings.Join(names, ", "))
+	return nil
+}
+
 // stop undoes what run started, newest first. It runs after ctx was
 // cancelled (Ctrl-C), hence WithoutCancel.
 func (d *demo) stop(ctx context.Context) error {
@@ -300,14 +399,28 @@ func (d *demo) startController(ctx context.Context) error {
 	return err
 }
 
-// useWorkload makes the specs' pods run the gpuinfo workload on the real
-// node, which prints what each container got.
+// useWorkload makes the specs' pods, bare or a controller's, run the
+// gpuinfo workload on the real node, which prints what each container got
+// (on the host network: the node has no pod network, so a pod of its own
+// would never start).
 func useWorkload(objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
-		if o.GetKind() == "Pod" {
-			if err := framework.UseWorkloadImage(o); err != nil {
-				return err
+		var err error
+		switch o.GetKind() {
+		case "Pod":
+			err = framework.UseWorkloadImage(o)
+		case "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "ReplicationController", "Job":
+			// All of these keep their pod template at spec.template, as a Job does.
+			err = framework.UseWorkloadImageInJob(o)
+		case "CronJob":
+			// The Job template is edited in place: NoCopy shares its maps.
+			tmpl, ok, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "jobTemplate")
+			if m, isMap := tmpl.(map[string]any); ok && isMap {
+				err = framework.UseWorkloadImageInJob(&unstructured.Unstructured{Object: m})
 			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil

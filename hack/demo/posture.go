@@ -35,6 +35,7 @@ const (
 // DeviceTaintRule, as an operator would.
 func (d *demo) healthScenario(ctx context.Context) error {
 	if d.real == nil {
+		d.out.printf("\nHealth: skipped (it injects faults into the real node's simulated GPUs).\n")
 		return nil
 	}
 	d.out.printf("\nHealth: XID 79 on GPU %s (mocknvml xid), DeviceTaintRule draining %s ...\n", demoFaultyGPU, demoDrainedDev)
@@ -56,9 +57,9 @@ func (d *demo) healthScenario(ctx context.Context) error {
 }
 
 // reportPosture prints the node's GpuNode as `kubectl get gpunodes` and
-// `kubectl get gpunode <node> -o yaml` would, once the controller has seen
-// the faults the demo injected.
-func (d *demo) reportPosture(ctx context.Context) error {
+// `kubectl get gpunode <node> -o yaml` would; with faults (the health
+// scenario ran) once the controller has seen the faults the demo injected.
+func (d *demo) reportPosture(ctx context.Context, faults bool) error {
 	crlog.SetLogger(klog.Background().WithName("controller-runtime"))
 	scheme, err := controller.Scheme()
 	if err != nil {
@@ -73,7 +74,7 @@ func (d *demo) reportPosture(ctx context.Context) error {
 		if err := c.Get(ctx, types.NamespacedName{Name: d.opts.nodeName}, &node); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
-		return d.real == nil || node.Status.Summary.Faulty > 0 && node.Status.Summary.Draining > 0, nil
+		return !faults || node.Status.Summary.Faulty > 0 && node.Status.Summary.Draining > 0, nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for the posture of %s: %w", d.opts.nodeName, err)

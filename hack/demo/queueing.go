@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -24,15 +27,28 @@ var queueingNamespaces = []string{"ml-a", "ml-b"}
 
 // queueingScenario runs Kueue's manager with the deviceClassMappings the
 // dra-controller rendered from the catalog, applies demo/queueing in two
-// steps, and prints what Kueue decided after each. The pods of the specs
-// applied before (objs) are deleted first, so that the GPUs Kueue hands
-// out are free. It is skipped, with one line, when Kueue is not built.
+// steps, and prints what Kueue decided after each. With the built-in
+// specs, their pods (objs) are deleted first, so that the GPUs Kueue hands
+// out are free; pods of one's own specs are left alone and keep their
+// GPUs. It is skipped, with one line, when Kueue is not built.
 func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstructured) error {
 	if missing := kueueMissing(d.cp); missing != "" {
 		d.out.printf("\nQueueing: skipped (%s; `make kueue` builds it).\n", missing)
 		return nil
 	}
-	if err := d.deletePods(ctx, objs); err != nil {
+	if d.opts.scenarios.freeSpecPods {
+		if err := d.deletePods(ctx, objs); err != nil {
+			return err
+		}
+	} else {
+		d.out.printf("\nQueueing: the pods of your specs keep their GPUs; Kueue's jobs get what is left.\n")
+	}
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "demo", "queueing")
+	if err := d.ensureProfiles(ctx, root, dir); err != nil {
 		return err
 	}
 	d.out.printf("Queueing: Kueue %s with the deviceClassMappings the dra-controller rendered from the catalog ...\n", kueueVersion())
@@ -45,11 +61,6 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 		return err
 	}
 	defer func() { _ = k.Stop(context.WithoutCancel(ctx)) }()
-	root, err := framework.RepoRoot()
-	if err != nil {
-		return err
-	}
-	dir := filepath.Join(root, "demo", "queueing")
 	for _, step := range []struct{ file, title string }{
 		{"00-queues.yaml", ""},
 		{"10-jobs.yaml", "Team A preprocesses on 4 x 1g and trains on an H100, borrowing; team B evaluates on 2 x 1g:"},
@@ -67,6 +78,75 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 		}
 	}
 	return nil
+}
+
+// ensureProfiles creates the catalog entries (GpuProfiles) that the
+// queueing jobs' claims name and the cluster lacks, from the built-in
+// demo/specs/quota/00-profiles.yaml: specs of one's own may have none, and
+// the dra-controller renders Kueue's mappings from the catalog. Entries
+// that exist are left as they are.
+func (d *demo) ensureProfiles(ctx context.Context, root, queueingDir string) error {
+	var jobs []*unstructured.Unstructured
+	for _, file := range []string{"10-jobs.yaml", "20-urgent.yaml"} {
+		objs, err := framework.ReadObjects(filepath.Join(queueingDir, file))
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, objs...)
+	}
+	catalog, err := framework.ReadObjects(filepath.Join(root, "demo", "specs", "quota", "00-profiles.yaml"))
+	if err != nil {
+		return err
+	}
+	profiles := d.cp.Dynamic.Resource(gpuProfiles)
+	for _, p := range profilesFor(claimClasses(jobs), catalog) {
+		_, err := profiles.Get(ctx, p.GetName(), metav1.GetOptions{})
+		if err == nil {
+			continue
+		}
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("getting GpuProfile %s: %w", p.GetName(), err)
+		}
+		d.out.printf("Queueing: adding GpuProfile %s (demo/specs/quota), which its jobs use.\n", p.GetName())
+		if _, err := d.cp.ApplyObject(ctx, p, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var gpuProfiles = schema.GroupVersionResource{Group: "gpuaas.io", Version: "v1alpha1", Resource: "gpuprofiles"}
+
+// claimClasses are the DeviceClasses that the ResourceClaimTemplates among
+// objs request, in order, each once.
+func claimClasses(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, o := range objs {
+		if o.GetKind() != "ResourceClaimTemplate" {
+			continue
+		}
+		requests, _, _ := unstructured.NestedSlice(o.Object, "spec", "spec", "devices", "requests")
+		for _, r := range requests {
+			req, _ := r.(map[string]any)
+			class, _, _ := unstructured.NestedString(req, "exactly", "deviceClassName")
+			if class != "" && !slices.Contains(out, class) {
+				out = append(out, class)
+			}
+		}
+	}
+	return out
+}
+
+// profilesFor picks the GpuProfiles of catalog that render the classes: a
+// GpuProfile's DeviceClass is named after it.
+func profilesFor(classes []string, catalog []*unstructured.Unstructured) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range catalog {
+		if o.GetKind() == "GpuProfile" && slices.Contains(classes, o.GetName()) {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // deletePods deletes the pods among objs and waits until they are gone.

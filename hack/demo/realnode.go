@@ -49,7 +49,7 @@ func (d *demo) startRealNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.out.printf("Starting real node %s (containerd, runc, kubelet; simulated 8 x H100) ...\n", d.opts.nodeName)
+	d.out.printf("Starting real node %s (containerd, runc, kubelet; plugin with --nvml=%s) ...\n", d.opts.nodeName, d.opts.nvml)
 	begin := time.Now()
 	d.real, err = d.cp.StartRealNode(ctx, framework.RealNodeOptions{Name: d.opts.nodeName, Images: images})
 	if err != nil {
@@ -59,6 +59,12 @@ func (d *demo) startRealNode(ctx context.Context) error {
 	d.out.printf("helm install %s (plugin DaemonSet, controller Deployment, CRDs, RBAC, webhook) ...\n", demoRelease)
 	values, err := d.real.ChartValues(2)
 	if err != nil {
+		return err
+	}
+	// The framework's values describe the 8 x H100 layout of
+	// demo/node-config.yaml; the plugin is to run what --nvml and
+	// --node-config say, as on the simulated node.
+	if values, err = withMachine(values, d.opts.nvml, d.opts.nodeConfigValue); err != nil {
 		return err
 	}
 	if err := d.real.InstallChart(ctx, helmBinary(d.cp), demoRelease, demoNamespace, values); err != nil {

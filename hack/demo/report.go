@@ -15,6 +15,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -70,29 +71,43 @@ func kinds(objs []*unstructured.Unstructured) string {
 	return strings.Join(out, ", ")
 }
 
-// waitForPods waits, within the timeout, for every applied pod to run and
-// returns each pod as last seen: a pod that does not run is reported, not
-// fatal.
-func (d *demo) waitForPods(ctx context.Context, objs []*unstructured.Unstructured, begin time.Time) []*v1.Pod {
+// waitForPods waits, within the timeout, until the pods the specs ask for
+// run: bare Pods, and those their controllers make (a Deployment's
+// replicas, a Job's parallelism), counted from the specs rather than from
+// the pods that exist at the time, which a controller creates a moment
+// after the apply. It returns each pod as last seen: a pod that does not
+// run is reported, not fatal.
+func (d *demo) waitForPods(ctx context.Context, objs []*unstructured.Unstructured, begin time.Time) ([]*v1.Pod, error) {
+	ws, err := workloadsOf(objs)
+	if err != nil {
+		return nil, err
+	}
+	var namespaces []string
+	for _, w := range ws {
+		if !slices.Contains(namespaces, w.namespace) {
+			namespaces = append(namespaces, w.namespace)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.timeout)
 	defer cancel()
-	var pods []*v1.Pod
-	running := 0
-	for _, o := range objs {
-		if o.GetKind() != "Pod" {
-			continue
+	var last podTally
+	_ = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var pods []v1.Pod
+		for _, ns := range namespaces {
+			list, err := d.cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, nil // the timeout decides; the report shows the last state
+			}
+			pods = append(pods, list.Items...)
 		}
-		pod, err := d.cp.WaitForPodRunning(ctx, o.GetNamespace(), o.GetName())
-		if err == nil {
-			running++
-		}
-		if pod == nil {
-			pod = &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName()}}
-		}
-		pods = append(pods, pod)
+		last = tally(ws, pods)
+		return last.done(), nil
+	})
+	d.out.printf("%d of %d pods running %.1fs after the first apply\n", last.running, last.want, time.Since(begin).Seconds())
+	for _, s := range last.short {
+		d.out.printf("  %s\n", s)
 	}
-	d.out.printf("%d of %d pods running %.1fs after the first apply\n", running, len(pods), time.Since(begin).Seconds())
-	return pods
+	return last.pods, nil
 }
 
 // report prints, per pod, its claims, the devices allocated to them, the

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	gpuapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+)
+
+// checkNVML refuses an --nvml the demo's nodes cannot run, before the
+// cluster starts: both simulate their GPUs (the real node has device
+// nodes for 8 GPUs and no kernel driver), so only go-nvml's mock machines
+// work.
+func checkNVML(value string) error {
+	machine, ok := strings.CutPrefix(value, "mock:")
+	if !ok || !slices.Contains(nvdev.MockMachines(), machine) {
+		var want []string
+		for _, m := range nvdev.MockMachines() {
+			want = append(want, "mock:"+m)
+		}
+		return fmt.Errorf("--nvml=%q: the demo's node simulates its GPUs; want one of %s", value, strings.Join(want, ", "))
+	}
+	return nil
+}
+
+// readNodeConfig reads a NodeConfig file as the plugin would (strictly,
+// validated) and returns it as the chart's kubeletPlugin.nodeConfig value:
+// its fields without apiVersion and kind, which the chart writes itself.
+func readNodeConfig(path string) (map[string]any, error) {
+	var data []byte
+	if path != "" { // "": no file, every GPU whole, as the plugin does
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("--node-config: %w", err)
+		}
+	}
+	cfg, err := gpuapi.DecodeNodeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("--node-config %s: %w", path, err)
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--node-config %s: %w", path, err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil, fmt.Errorf("--node-config %s: %w", path, err)
+	}
+	delete(out, "apiVersion")
+	delete(out, "kind")
+	return out, nil
+}
+
+// withMachine sets the plugin's mock machine (--nvml) and node
+// configuration (--node-config) in the real node's chart values, which
+// otherwise always describe the 8 x H100 layout of demo/node-config.yaml.
+// The chart merges nodeConfig into its defaults key by key, so a file
+// without gpus offers every GPU whole, as the plugin does with that file.
+func withMachine(values, nvml string, nodeConfig map[string]any) (string, error) {
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(values), &v); err != nil {
+		return "", fmt.Errorf("reading the chart values: %w", err)
+	}
+	kp, _ := v["kubeletPlugin"].(map[string]any)
+	if kp == nil {
+		kp = map[string]any{}
+		v["kubeletPlugin"] = kp
+	}
+	kp["nvmlBackend"] = nvml
+	kp["nodeConfig"] = nodeConfig
+	out, err := yaml.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("writing the chart values: %w", err)
+	}
+	return string(out), nil
+}
