@@ -2,7 +2,6 @@ package controller
 
 import (
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -194,36 +193,4 @@ func deleteProfileMetrics(name string) {
 	for _, v := range profileGauges {
 		v.DeletePartialMatch(prometheus.Labels{"profile": name})
 	}
-}
-
-// billing integrates each tenant's allocated GPU units over time into the
-// gpu-unit-seconds counter: units are constant between two observations
-// (every change of a tenant's claims triggers one, and the resync bounds
-// the gap).
-type billing struct {
-	mu   sync.Mutex
-	last map[string]billingPoint
-}
-
-type billingPoint struct {
-	units quota.Units
-	at    time.Time
-}
-
-func newBilling() *billing { return &billing{last: map[string]billingPoint{}} }
-
-func (b *billing) observe(tenant string, units quota.Units, now time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if p, ok := b.last[tenant]; ok && now.After(p.at) {
-		unitSeconds.WithLabelValues(tenant).Add(p.units.Float64() * now.Sub(p.at).Seconds())
-	}
-	b.last[tenant] = billingPoint{units: units, at: now}
-}
-
-func (b *billing) forget(tenant string, now time.Time) {
-	b.observe(tenant, quota.Units{}, now)
-	b.mu.Lock()
-	delete(b.last, tenant)
-	b.mu.Unlock()
 }

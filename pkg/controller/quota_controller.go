@@ -35,7 +35,7 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.client.Get(ctx, req.NamespacedName, &q); err != nil {
 		if apierrors.IsNotFound(err) {
 			deleteTenantMetrics(req.Name)
-			r.billing.forget(req.Name, r.now())
+			r.billing.forget(ctx, req.Name, r.now())
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("reading TenantQuota %s: %w", req.Name, err)
@@ -44,7 +44,7 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	r.billing.observe(q.Name, rep.Usage.Used.Units, r.now())
+	r.billing.observe(ctx, q.Name, rep.Usage.Used.Units, r.now())
 	status := quotaStatus(&q, rep)
 	setTenantMetrics(&q, rep, borrowed(rep))
 	if !equality.Semantic.DeepEqual(&q.Status, status) {

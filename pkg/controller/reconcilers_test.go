@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -219,9 +220,9 @@ func TestBilling(t *testing.T) {
 	b := newBilling()
 	t0 := time.Unix(0, 0)
 	before := counterValue(t, "billing-test")
-	b.observe("billing-test", quotaUnits(3, 7), t0)
-	b.observe("billing-test", quotaUnits(1, 1), t0.Add(70*time.Second)) // 3/7 unit for 70 s = 30
-	b.forget("billing-test", t0.Add(80*time.Second))                    // 1 unit for 10 s = 10
+	b.observe(ctx(t), "billing-test", quotaUnits(3, 7), t0)
+	b.observe(ctx(t), "billing-test", quotaUnits(1, 1), t0.Add(70*time.Second)) // 3/7 unit for 70 s = 30
+	b.forget(ctx(t), "billing-test", t0.Add(80*time.Second))                    // 1 unit for 10 s = 10
 	if got := counterValue(t, "billing-test") - before; got < 39.999 || got > 40.001 {
 		t.Fatalf("gpu-unit-seconds = %v, want 40", got)
 	}
@@ -358,5 +359,42 @@ func TestProfileFreeCountHonoursCounters(t *testing.T) {
 	if got.Status.MatchingDevices != 1 || got.Status.AllocatedDevices != 0 || got.Status.FreeDevices != 0 {
 		t.Fatalf("status = matching %d, allocated %d, free %d; want 1, 0, 0 (its MIG partition is taken)",
 			got.Status.MatchingDevices, got.Status.AllocatedDevices, got.Status.FreeDevices)
+	}
+}
+
+// Issue 26 item 8: a new leader started each tenant's integral afresh, so
+// the interval since the old leader's last observation was never billed.
+// It starts from the old leader's checkpoint: 2 units for the 60 s between
+// the checkpoint and its first observation are billed; its own checkpoint,
+// written when it stops, holds its last observation.
+func TestBillingContinuesAcrossLeaders(t *testing.T) {
+	api := newFakeClient(t)
+	store := &billingStore{client: api, key: types.NamespacedName{Namespace: "gpuaas", Name: billingCheckpointName}}
+	t0 := time.Unix(1_000_000, 0)
+	old := newBilling()
+	old.store = store
+	old.observe(ctx(t), "leader-test", quotaUnits(2, 1), t0)
+	if err := store.save(ctx(t), old.snapshot()); err != nil {
+		t.Fatal(err)
+	}
+
+	next := newBilling() // a new process, the new leader
+	next.store = store
+	before := counterValue(t, "leader-test")
+	next.observe(ctx(t), "leader-test", quotaUnits(1, 1), t0.Add(time.Minute))
+	if got := counterValue(t, "leader-test") - before; got < 119.999 || got > 120.001 {
+		t.Fatalf("the new leader billed %v gpu-unit-seconds for the gap, want 120", got)
+	}
+	stop, cancel := context.WithCancel(ctx(t))
+	cancel()
+	if err := (&billingCheckpointer{billing: next, period: time.Hour}).Start(stop); err != nil {
+		t.Fatal(err)
+	}
+	points, err := store.load(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := points["leader-test"]; p.units.Cmp(quotaUnits(1, 1)) != 0 || !p.at.Equal(t0.Add(time.Minute)) {
+		t.Errorf("checkpoint after the new leader stopped: %+v", p)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -172,7 +173,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 			book: &overruleBook{client: direct, namespace: opts.LedgerNamespace}}
 	}
 	registerWebhooks(mgr, acct, nudge, gate, opts.exemptNamespaces())
-	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
+	bill := newBilling()
+	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
+	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {
 		return err
 	}
 	if err := setupPostureController(ctx, mgr); err != nil {
@@ -198,7 +201,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
 	}
 	sweeper := &bookSweeper{client: direct, namespace: opts.LedgerNamespace, now: time.Now}
-	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper}
+	checkpointer := &billingCheckpointer{billing: bill, period: cmp.Or(opts.Resync, defaultResync)}
+	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper, checkpointer}
 	for _, r := range runnables {
 		if err := mgr.Add(r); err != nil {
 			return fmt.Errorf("adding runnable: %w", err)
@@ -248,7 +252,7 @@ func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, gate
 	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
 }
 
-func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchConditionSyncer, opts *Options) error {
+func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchConditionSyncer, bill *billing, opts *Options) error {
 	c := mgr.GetClient()
 	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
 		For(&gpuaas.GpuProfile{}).
@@ -272,7 +276,7 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchCo
 		Watches(&resourceapi.ResourceSlice{}, everyQuota).
 		Watches(&resourceapi.DeviceClass{}, everyQuota).
 		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
-		Complete(&quotaReconciler{client: c, acct: acct, billing: newBilling(), resync: opts.Resync, now: time.Now})
+		Complete(&quotaReconciler{client: c, acct: acct, billing: bill, resync: opts.Resync, now: time.Now})
 	if err != nil {
 		return fmt.Errorf("setting up TenantQuota controller: %w", err)
 	}
