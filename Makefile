@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -109,12 +109,17 @@ bench:
 bench-scale: k8s-bins kwok
 	E2E_REQUIRED=1 $(GO) test ./test/e2e/scale -run '^$$' -bench Scale -benchtime 1x -timeout 3h -v
 
-## generate: deepcopy, CRD manifests (config/crd) and the chart's catalog schema from api/gpuaas
+## generate: deepcopy, CRD manifests (config/crd), the chart's catalog schema from api/gpuaas, and the generated docs
 generate:
 	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) \
 		object paths=./api/gpuaas/... crd paths=./api/gpuaas/... output:crd:artifacts:config=config/crd
 	cp config/crd/*.yaml deployments/helm/gpuaas-dra/crds/
 	$(GO) run ./hack/chartschema
+	$(MAKE) generate-docs
+
+## generate-docs: the chart's README (values reference), docs/reference/crds.md and docs/reference/flags.md (hack/docgen)
+generate-docs:
+	$(GO) run ./hack/docgen
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
