@@ -137,6 +137,26 @@ func setTenantMetrics(q *gpuaas.TenantQuota, r TenantReport, borrowed quota.Char
 	profileSeries.set(tenantDevUsed, name, r.Usage.Used.Devices)
 	profileSeries.set(tenantDevReserved, name, r.Usage.Reserved.Devices)
 	profileSeries.set(tenantDevLimit, name, r.Tenant.Limits.Devices)
+	startDenialSeries(name, r.Tenant.Limits)
+}
+
+// startDenialSeries creates, at 0, the denial and admission series a
+// tenant's limits can produce. A counter's series otherwise appears at its
+// first increment, already at 1, and increase() never sees that first
+// denial: a tenant refused once was never reported at its limit.
+func startDenialSeries(tenant string, l quota.Limits) {
+	for _, result := range []string{"admitted", "denied", "overruled"} {
+		admissions.WithLabelValues(tenant, result).Add(0)
+	}
+	if l.Units != nil {
+		denials.WithLabelValues(tenant, quota.ResourceGpuUnits).Add(0)
+	}
+	if l.Memory != nil {
+		denials.WithLabelValues(tenant, quota.ResourceGpuMemory).Add(0)
+	}
+	for class := range l.Devices {
+		denials.WithLabelValues(tenant, "devices/"+class).Add(0)
+	}
 }
 
 // profileSeries remembers which profiles each tenant has a series of, per
@@ -178,6 +198,11 @@ func (s *tenantProfileSeries) forget(tenant string) {
 // deleteTenantMetrics removes every series of a deleted tenant.
 func deleteTenantMetrics(name string) {
 	for _, v := range tenantGauges {
+		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
+	}
+	// Counters too: a deleted tenant's series would otherwise be exported
+	// for ever (the billing counter is kept: it is what is billed).
+	for _, v := range []*prometheus.CounterVec{admissions, denials, alternativesDropped} {
 		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
 	}
 	profileSeries.forget(name)

@@ -225,7 +225,11 @@ func (r *postureReconciler) writeStatus(ctx context.Context, node string, want g
 	}
 	want.ObservedTime = &metav1.Time{Time: r.now()}
 	gn.Status = want
-	if err := r.client.Status().Update(ctx, &gn); err != nil {
+	err = r.client.Status().Update(ctx, &gn)
+	if apierrors.IsConflict(err) {
+		return nil // the cache was behind; the newer object's event comes back here
+	}
+	if err != nil {
 		return fmt.Errorf("updating status of GpuNode %s: %w", node, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Updated GpuNode status", "posture", want.Posture, "reason", want.Reason)

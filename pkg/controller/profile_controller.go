@@ -288,7 +288,13 @@ func (r *profileReconciler) updateStatus(ctx context.Context, p *gpuaas.GpuProfi
 		return nil
 	}
 	p.Status = *status
-	if err := r.client.Status().Update(ctx, p); err != nil {
+	err := r.client.Status().Update(ctx, p)
+	if apierrors.IsConflict(err) {
+		// The cache was behind; the newer object's event reconciles it
+		// again. Not an error (see the quota reconciler).
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("updating status of GpuProfile %s: %w", p.Name, err)
 	}
 	return nil

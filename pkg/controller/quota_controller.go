@@ -49,7 +49,14 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	setTenantMetrics(&q, rep, borrowed(rep))
 	if !equality.Semantic.DeepEqual(&q.Status, status) {
 		q.Status = *status
-		if err := r.client.Status().Update(ctx, &q); err != nil {
+		err := r.client.Status().Update(ctx, &q)
+		if apierrors.IsConflict(err) {
+			// The cache was behind: an ordinary race, not a failure
+			// (counted as a reconcile error, it raised the alert on
+			// healthy clusters). Decided again on what is new.
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		if err != nil {
 			return reconcile.Result{}, fmt.Errorf("updating status of TenantQuota %s: %w", q.Name, err)
 		}
 	}

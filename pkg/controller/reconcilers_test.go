@@ -2,10 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -13,11 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 func reconcileProfile(t *testing.T, c client.Client, name string) *gpuaas.GpuProfile {
@@ -396,5 +402,54 @@ func TestBillingContinuesAcrossLeaders(t *testing.T) {
 	}
 	if p := points["leader-test"]; p.units.Cmp(quotaUnits(1, 1)) != 0 || !p.at.Equal(t0.Add(time.Minute)) {
 		t.Errorf("checkpoint after the new leader stopped: %+v", p)
+	}
+}
+
+// Issue 27: a status write that lost to a newer version (the cache was
+// behind) was returned as a reconcile error, and on a healthy cluster the
+// GpuaasControllerReconcileErrors alert fired. A conflict requeues the
+// quota and is no error.
+func TestStatusWriteConflictIsNoError(t *testing.T) {
+	api := newFakeClient(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "1"))...)
+	conflicting := interceptor.NewClient(api, interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			return apierrors.NewConflict(gpuaas.GroupVersion.WithResource("tenantquotas").GroupResource(), obj.GetName(), errors.New("the object has been modified"))
+		},
+	})
+	r := &quotaReconciler{client: conflicting, acct: NewAccountant(api, api, NewLedger(api, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
+	res, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: "team-a"}})
+	if err != nil || res.RequeueAfter == 0 {
+		t.Fatalf("reconcile after a conflicting status write: %+v, %v; want a requeue and no error", res, err)
+	}
+}
+
+// Issue 27: a tenant's first denial made its series appear at 1, which
+// increase() cannot see, so the at-limit alert missed it. The series exist
+// at 0 from the quota's first reconcile.
+func TestDenialSeriesStartAtZero(t *testing.T) {
+	c := newFakeClient(t, append(world(t), ns("a", nil),
+		tenantQuota("zero-series", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("1"), Devices: map[string]int64{"mig-1g": 2}}}))...)
+	reconcileQuota(t, c, "zero-series")
+	got := map[string]float64{}
+	ch := make(chan prometheus.Metric, 1024)
+	denials.Collect(ch)
+	close(ch)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]string{}
+		for _, l := range d.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["tenant"] == "zero-series" {
+			got[labels["resource"]] = d.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{quota.ResourceGpuUnits: 0, "devices/mig-1g": 0}
+	if !maps.Equal(got, want) {
+		t.Errorf("denial series before any denial: %v, want %v", got, want)
 	}
 }
