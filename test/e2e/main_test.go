@@ -41,6 +41,11 @@ func setup(c *framework.ControlPlane) error {
 	if err := framework.LogToFile(filepath.Join(c.LogDir, "kubeletsim.log"), 4); err != nil {
 		return err
 	}
+	// TestRealNodePrometheus needs the pinned Prometheus; under `make e2e`
+	// its absence fails the suite rather than skipping the test.
+	if why := framework.PrometheusUnavailable(c.BinDir); why != "" && framework.Required() {
+		return fmt.Errorf("%s (E2E_REQUIRED=1)", why)
+	}
 	if pluginBinary, err = framework.BuildPlugin(ctx, c.Dir); err != nil {
 		return err
 	}
