@@ -94,10 +94,10 @@ image: image-base cdi-hook
 ## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
 e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
-	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 30m ./test/e2e/... -v
+	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
-demo: k8s-bins node-bins helm kueue driver-userspace image-base cdi-hook
+demo: k8s-bins node-bins helm kueue prometheus driver-userspace image-base cdi-hook
 	$(GO) run ./hack/demo $(DEMO_FLAGS)
 
 ## bench: the Go benchmarks reported in BENCHMARKS.md

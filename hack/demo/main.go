@@ -13,6 +13,9 @@
 // health (an XID and a drain on the real node, then the posture table) and
 // queueing (demo/queueing: Kueue's manager in front of the GPU quota,
 // charging GPU units); with specs of one's own they run only when asked.
+// On the real node a Prometheus scrapes the chart throughout (make
+// prometheus); the demo ends with where the chart's dashboards and rules
+// are and a few numbers read back through Prometheus's API (prometheus.go).
 // Everything is stopped at the end, or on Ctrl-C; with --keep the cluster
 // stays up until Ctrl-C (or SIGTERM), also after a failure.
 package main
@@ -164,11 +167,17 @@ type demo struct {
 	sim         *framework.Node
 	real        *framework.RealNode
 	controller  *framework.Process
+	// prom scrapes the chart on the real node; promErr is why it did not start.
+	prom    *framework.Prometheus
+	promErr error
 }
 
 func (d *demo) run(ctx context.Context) error {
 	if err := d.startCluster(ctx); err != nil {
 		return err
+	}
+	if d.real != nil {
+		d.startPrometheus(ctx)
 	}
 	begin := time.Now()
 	objs, err := d.applySpecs(ctx)
@@ -202,6 +211,7 @@ func (d *demo) run(ctx context.Context) error {
 	if !scen.health && !scen.queueing {
 		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=health,queueing runs them).\n")
 	}
+	d.reportMonitoring(ctx)
 	return nil
 }
 
@@ -370,6 +380,9 @@ func (d *demo) stop(ctx context.Context) error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
+	if d.prom != nil {
+		errs = append(errs, d.prom.Stop())
+	}
 	if d.sim != nil {
 		errs = append(errs, d.sim.Stop(ctx))
 	}
