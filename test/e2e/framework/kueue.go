@@ -120,9 +120,27 @@ func (cp *ControlPlane) installKueueCRDs(ctx context.Context, dir string) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	plurals := []string{"workloads", "clusterqueues", "localqueues", "resourceflavors", "cohorts", "workloadpriorityclasses"}
 	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		for _, plural := range []string{"workloads", "clusterqueues", "localqueues", "resourceflavors", "cohorts", "workloadpriorityclasses"} {
+		for _, plural := range plurals {
 			if _, err := cp.Dynamic.Resource(KueueResource(plural)).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return false, nil
+			}
+		}
+		// Kueue's manager maps kinds through discovery, which the API
+		// server updates a moment after it serves the resources: started
+		// in between, it exited with `no matches for kind "Workload"`.
+		gv := KueueResource("").GroupVersion().String()
+		list, err := cp.Client.Discovery().ServerResourcesForGroupVersion(gv)
+		if err != nil {
+			return false, nil
+		}
+		found := map[string]bool{}
+		for _, r := range list.APIResources {
+			found[r.Name] = true
+		}
+		for _, plural := range plurals {
+			if !found[plural] {
 				return false, nil
 			}
 		}
