@@ -48,6 +48,7 @@ type flags struct {
 	mpsDaemons, mpsImage, podName, podNamespace        string
 	priorityClass                                      string
 	mpsShmSize                                         string
+	startTimeout, driverRetry, staticMIGResync         time.Duration
 }
 
 func main() {
@@ -100,6 +101,9 @@ func parseFlags() flags {
 	fs.StringVar(&f.mpsImage, "mps-daemon-image", os.Getenv("MPS_DAEMON_IMAGE"), "Image of the MPS daemon pods (the plugin's own; the daemon binary comes from the driver root). [$MPS_DAEMON_IMAGE]")
 	fs.StringVar(&f.priorityClass, "mps-daemon-priority-class", os.Getenv("MPS_DAEMON_PRIORITY_CLASS"), "Priority class of the MPS daemon pods. [$MPS_DAEMON_PRIORITY_CLASS]")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", cli.Env("MPS_SHM_SIZE", resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI).String()), "With MPS daemons in pods: the size of each MPS GPU's shared memory, a tmpfs the daemon and every client see at /dev/shm (mounted in the plugin's directory, which must propagate to the host). [$MPS_SHM_SIZE]")
+	fs.DurationVar(&f.startTimeout, "start-timeout", envDuration("START_TIMEOUT", plugin.DefaultStartTimeout), "How long one start step (opening NVML, restoring one prepared claim, registering) may take before the liveness check calls the start hung. Waiting for the driver is not a step: it lasts as long as the driver takes. [$START_TIMEOUT]")
+	fs.DurationVar(&f.driverRetry, "driver-retry-interval", nvdev.DriverRetryInterval, "How often to look again for an NVIDIA driver that is not ready yet (no libnvidia-ml under --driver-root, or the kernel module not loaded); meanwhile the plugin is alive and not ready.")
+	fs.DurationVar(&f.staticMIGResync, "static-mig-resync", plugin.DefaultStaticMIGResync, "How often the MIG layouts of GPUs offered as static MIG are read again, so that MIG devices an admin (mig-manager) makes after the start are published; negative: only at start.")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -109,21 +113,41 @@ func run(ctx context.Context, f flags) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
-	nodeCfg, err := readNodeConfig(f.nodeConfig)
-	if err != nil {
-		return err
-	}
 	client, err := kubeClient(f.kubeconfig)
 	if err != nil {
 		return err
 	}
-	lib, err := nvdev.Open(nvdev.Options{
-		Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName, MockStateDir: f.mockStateDir,
-	})
+	return runWith(ctx, f, client)
+}
+
+// runWith starts the plugin and serves until ctx ends. The health and
+// metrics endpoints come first: a start may wait for the driver, or take
+// minutes restoring prepared claims after a reboot, and the probes must
+// see that it is alive (and why it is not ready yet) meanwhile, rather
+// than a closed port that gets the container killed part-way.
+func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
+	nodeCfg, err := readNodeConfig(f.nodeConfig)
 	if err != nil {
-		return fmt.Errorf("opening NVML: %w", err)
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	health := plugin.NewHealth(f.startTimeout)
+	defer health.Stop()
+	if err := serveAuxiliary(ctx, f, reg, health); err != nil {
+		return err
+	}
+	health.Step(ctx, "opening NVML")
+	lib, err := openNVML(ctx, f, health)
+	if err != nil && ctx.Err() != nil {
+		klog.FromContext(ctx).Info("Shutting down while waiting for the NVIDIA driver")
+		return nil
+	}
+	if err != nil {
+		return err
 	}
 	defer func() { _ = lib.Shutdown() }()
+	health.Step(ctx, "setting up CDI")
 	cdiHandler, err := cdi.NewHandler(cdi.Options{
 		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, NVML: lib.NVML(),
 		CDIHookPath: cdiHookPath(ctx, f), Logger: klog.FromContext(ctx),
@@ -131,8 +155,6 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return fmt.Errorf("setting up CDI: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	monitor := healthMonitor(nodeCfg.Health, lib, reg, f)
 	if monitor != nil {
 		go monitor.Run(ctx)
@@ -154,18 +176,45 @@ func run(ctx context.Context, f flags) error {
 		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher, MPSShm: mpsShm,
 		Events:        broadcaster.NewRecorder("gpuaas-dra-kubelet-plugin"),
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
-		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor,
+		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor, Steps: health,
+		StaticMIGResync: f.staticMIGResync,
 	})
 	if err != nil {
 		return err
 	}
 	defer driver.Stop()
-	if err := serveAuxiliary(ctx, f, reg, driver); err != nil {
-		return err
-	}
+	health.Started(driver)
 	<-ctx.Done()
 	klog.FromContext(ctx).Info("Shutting down")
 	return nil
+}
+
+// openNVML opens the NVML session, waiting while the driver is not there
+// yet (the GPU Operator's driver container installs it under
+// /run/nvidia/driver minutes after boot): not ready, and saying what it
+// waits for, instead of exiting into a crash loop whose back-off delays
+// the start long after the driver is ready.
+func openNVML(ctx context.Context, f flags, health *plugin.Health) (nvdev.Interface, error) {
+	logger := klog.FromContext(ctx)
+	var tries int
+	lib, err := nvdev.OpenWhenReady(ctx, nvdev.Options{
+		Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName, MockStateDir: f.mockStateDir,
+	}, f.driverRetry, func(err error) {
+		what := fmt.Sprintf("waiting for the NVIDIA driver under driver root %s", f.driverRoot)
+		health.Wait(ctx, what)
+		// Once, then every minute or so: the wait can last long.
+		if tries%max(1, int(time.Minute/max(f.driverRetry, time.Second))) == 0 {
+			logger.Info("NVIDIA driver not ready; waiting (not ready until it is)", "driverRoot", f.driverRoot, "reason", err.Error())
+		}
+		tries++
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening NVML: %w", err)
+	}
+	if tries > 0 {
+		logger.Info("NVIDIA driver ready", "driverRoot", f.driverRoot, "tries", tries)
+	}
+	return lib, nil
 }
 
 // cdiHookPath is the hook the CDI specs name: the configured one, or the
@@ -187,9 +236,8 @@ func cdiHookPath(ctx context.Context, f flags) string {
 // serveAuxiliary starts the metrics and health endpoints; they stop with
 // the process. On the host network during a rolling update the old pod
 // still holds the ports: they are taken over when it leaves.
-func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, driver *plugin.Driver) error {
+func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, health *plugin.Health) error {
 	if f.healthAddr != "" {
-		health := plugin.NewHealth(driver)
 		if err := listen.WhenFree(ctx, "health", f.healthAddr, func(l net.Listener) { health.Serve(ctx, l) }); err != nil {
 			return err
 		}
@@ -207,6 +255,21 @@ func serveAuxiliary(ctx context.Context, f flags, reg *prometheus.Registry, driv
 			}
 		}()
 	})
+}
+
+// envDuration is a flag's default from the environment; one that does not
+// parse stops the plugin with the reason, never a silent default.
+func envDuration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "$%s=%q is not a duration (e.g. 10m): %v\n", name, v, err)
+		os.Exit(2)
+	}
+	return d
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

@@ -12,6 +12,8 @@
 //	mocknvml clear --state-dir DIR
 //	mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
 //	mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml unknown-generation --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml slow-create --state-dir DIR --delay D
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -22,12 +24,18 @@
 // call (events within their next event wait); a GPU is named by index or
 // UUID. xid reports XID C on the GPU, or on the MIG device of GPU instance
 // --gi and compute instance --ci; ecc reports a double-bit ECC error. lost
-// makes the GPU fall off the bus (its probes fail, and XID 79 is
-// reported), recover brings it back. mig-destroy-fails makes destroying
+// makes the GPU fall off the bus (its probes fail, NVML hands out no new
+// handle of it, so a plugin started after enumerates it as lost, and XID
+// 79 is reported), recover brings it back. mig-destroy-fails makes destroying
 // the GPU's MIG instances fail as if a process still used them, until
 // --off. row-remap makes the GPU report a row remapping pending (what an
-// uncorrectable memory error leaves for the next reset), until --off. clear
-// ends every lost, mig-destroy-fails and row-remap fault.
+// uncorrectable memory error leaves for the next reset), until --off.
+// unknown-generation makes the GPU answer a brand and an architecture newer
+// than go-nvlib knows (a new product on a newer driver), until --off. clear
+// ends every lost, mig-destroy-fails, row-remap and unknown-generation fault.
+// slow-create makes creating a GPU instance take D (e.g. 1s, as on a real
+// GPU; 0 for at once) on every GPU, so that restores take as long as on a
+// real node.
 //
 // mig-layout does what an admin does with mig-parted before offering a GPU
 // as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
@@ -45,6 +53,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
@@ -60,18 +69,22 @@ const usage = `usage:
   mocknvml clear --state-dir DIR
   mocknvml mig-layout --state-dir DIR --gpu N --profiles P[,P...] [--machine M --seed NODE]
   mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
+  mocknvml unknown-generation --state-dir DIR --gpu N|UUID [--off]
+  mocknvml slow-create --state-dir DIR --delay D
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
-	"reboot":            reboot,
-	"xid":               xid,
-	"ecc":               ecc,
-	"lost":              func(args []string) error { return setLost("lost", args, true) },
-	"recover":           func(args []string) error { return setLost("recover", args, false) },
-	"mig-destroy-fails": migDestroyFails,
-	"clear":             clearFaults,
-	"mig-layout":        migLayout,
-	"row-remap":         rowRemap,
+	"reboot":             reboot,
+	"xid":                xid,
+	"ecc":                ecc,
+	"lost":               func(args []string) error { return setLost("lost", args, true) },
+	"recover":            func(args []string) error { return setLost("recover", args, false) },
+	"mig-destroy-fails":  migDestroyFails,
+	"clear":              clearFaults,
+	"mig-layout":         migLayout,
+	"row-remap":          rowRemap,
+	"unknown-generation": unknownGeneration,
+	"slow-create":        slowCreate,
 }
 
 func main() {
@@ -224,4 +237,22 @@ func rowRemap(args []string) error {
 		return err
 	}
 	return nvdev.SetMockRowRemapPending(*c.stateDir, *c.gpu, !*off)
+}
+
+func unknownGeneration(args []string) error {
+	c := newCommand("unknown-generation", true)
+	off := c.fs.Bool("off", false, "the GPU answers its own brand and architecture again")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockUnknownGeneration(*c.stateDir, *c.gpu, !*off)
+}
+
+func slowCreate(args []string) error {
+	c := newCommand("slow-create", false)
+	delay := c.fs.Duration("delay", time.Second, "how long creating a GPU instance takes")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockCreateDelay(*c.stateDir, *delay)
 }

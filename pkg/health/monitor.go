@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -341,6 +342,22 @@ func (m *Monitor) answers(uuid string) error {
 		return fmt.Errorf("memory info: %v", nvml.ErrorString(ret))
 	}
 	return nil
+}
+
+// SetMissing reports GPUs the node is known to have (by UUID, with what
+// is known of why) that the NVML session could not read, so could not
+// watch: each is lost (gpu-lost=not-answering) until a later session reads
+// it again, whose first probe then clears the fault as it clears any
+// saved gpu-lost fault of a GPU that answers. Safe while Run runs.
+func (m *Monitor) SetMissing(ctx context.Context, gpus map[string]string) {
+	uuids := slices.Sorted(maps.Keys(gpus))
+	for _, uuid := range uuids {
+		m.mu.Lock()
+		m.lost[uuid] = true
+		m.mu.Unlock()
+		m.add(ctx, Fault{Kind: KindGPULost, Value: "not-answering", GPU: uuid, Since: m.cfg.Now(),
+			Message: "not enumerated, so not published: " + gpus[uuid]})
+	}
 }
 
 // expire clears transient faults whose quiet period has passed.

@@ -8,3 +8,10 @@ func SetBeforeStateRename(f func()) (restore func()) {
 	beforeStateRename = f
 	return func() { beforeStateRename = nil }
 }
+
+// SetOpen replaces what OpenWhenReady opens with; it returns the function
+// that puts Open back.
+func SetOpen(f func(Options) (Interface, error)) (restore func()) {
+	openFunc = f
+	return func() { openFunc = Open }
+}

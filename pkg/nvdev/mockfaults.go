@@ -28,6 +28,16 @@ import (
 //     event set delivers those logged after its devices registered;
 //   - a lost GPU (fallen off the bus) answers GetMemoryInfo and
 //     GetTemperature with ERROR_GPU_IS_LOST, and losing it logs XID 79;
+//     NVML hands out no new handle of it either (DeviceGetHandleByIndex
+//     and ByUUID answer GPU_IS_LOST, as nvidia-smi's "Unable to determine
+//     the device handle for GPU ...: GPU is lost" shows), so a process
+//     started after the loss meets it while enumerating;
+//   - MIG instance creation may be slow (CreateDelay), as on real GPUs,
+//     where making a GPU instance takes about a second: a restore that
+//     makes dozens again takes minutes;
+//   - a GPU of an unknown generation answers GetBrand and GetArchitecture
+//     with values newer than go-nvlib knows, as a new product does with
+//     a driver newer than the plugin;
 //   - a GPU whose MIG instances cannot be destroyed (a process still holds
 //     them) answers Destroy with ERROR_IN_USE.
 //
@@ -66,6 +76,8 @@ type mockFaultState struct {
 	LastSeq uint64                   `json:"lastSeq"`
 	Events  []mockEvent              `json:"events"`
 	GPUs    map[string]mockGPUFaults `json:"gpus,omitempty"`
+	// CreateDelay is how long making a GPU instance takes, on every GPU.
+	CreateDelay time.Duration `json:"createDelay,omitempty"`
 }
 
 type mockEvent struct {
@@ -86,7 +98,17 @@ type mockGPUFaults struct {
 	// RowRemapPending: an uncorrectable memory error left a row to be
 	// remapped at the next reset (nvmlDeviceGetRemappedRows isPending).
 	RowRemapPending bool `json:"rowRemapPending,omitempty"`
+	// UnknownGeneration: the GPU's brand and architecture are newer than
+	// go-nvlib knows (mockUnknownBrand, mockUnknownArchitecture).
+	UnknownGeneration bool `json:"unknownGeneration,omitempty"`
 }
+
+// What a GPU of an unknown generation answers: values past every one
+// NVML's headers (and so go-nvlib) name today.
+const (
+	mockUnknownBrand        nvml.BrandType          = 99
+	mockUnknownArchitecture nvml.DeviceArchitecture = 99
+)
 
 // MockFaultsPath is the faults file of a mock machine in a state directory.
 func MockFaultsPath(dir, machine string) string {
@@ -153,6 +175,34 @@ func SetMockRowRemapPending(dir, gpu string, pending bool) error {
 	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
 		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.RowRemapPending = pending })
 	})
+}
+
+// SetMockUnknownGeneration makes a GPU of the persistent mock machine in
+// dir answer a brand and an architecture newer than go-nvlib knows, or its
+// own again.
+func SetMockUnknownGeneration(dir, gpu string, unknown bool) error {
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
+		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.UnknownGeneration = unknown })
+	})
+}
+
+// SetMockCreateDelay makes creating a GPU instance on the persistent mock
+// machines in dir take d (zero: at once), in every process using them.
+func SetMockCreateDelay(dir string, d time.Duration) error {
+	states, err := mockMachineStates(dir)
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if err := updateMockFaults(dir, st.Machine, func(f *mockFaultState) { f.CreateDelay = d }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ClearMockFaults ends every standing fault of the persistent mock machines
@@ -438,7 +488,22 @@ func (f *mockFaults) wrapServer(s *server.Server) {
 	byUUID := s.DeviceGetHandleByUUIDFunc
 	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
 		d, ret := byUUID(id)
+		if gpu, ok := d.(*server.Device); ok && ret == nvml.SUCCESS {
+			if ret := f.reachable(gpu.UUID); ret != nvml.SUCCESS {
+				return nil, ret
+			}
+		}
 		return f.guardMigHandle(d), ret
+	}
+	byIndex := s.DeviceGetHandleByIndexFunc
+	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		d, ret := byIndex(i)
+		if gpu, ok := d.(*server.Device); ok && ret == nvml.SUCCESS {
+			if ret := f.reachable(gpu.UUID); ret != nvml.SUCCESS {
+				return nil, ret
+			}
+		}
+		return d, ret
 	}
 	shutdown := s.ShutdownFunc
 	s.ShutdownFunc = func() nvml.Return {
@@ -479,6 +544,28 @@ func (f *mockFaults) wrapDevice(d *server.Device) {
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		m, ret := migByIndex(i)
 		return f.guardMigHandle(m), ret
+	}
+	// The delay is outside the machine's lock (the wrapped function takes
+	// it): a slow create on one GPU does not stall calls on the others.
+	createGI := d.CreateGpuInstanceWithPlacementFunc
+	d.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+		if st, err := f.current(); err == nil && st.CreateDelay > 0 {
+			time.Sleep(st.CreateDelay)
+		}
+		return createGI(info, pl)
+	}
+	getBrand, getArch := d.GetBrandFunc, d.GetArchitectureFunc
+	d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) {
+		if g, _ := f.gpuFaults(d.UUID); g.UnknownGeneration {
+			return mockUnknownBrand, nvml.SUCCESS
+		}
+		return getBrand()
+	}
+	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) {
+		if g, _ := f.gpuFaults(d.UUID); g.UnknownGeneration {
+			return mockUnknownArchitecture, nvml.SUCCESS
+		}
+		return getArch()
 	}
 }
 

@@ -47,6 +47,11 @@ type Interface interface {
 	System() SystemInfo
 	// GPUs returns the GPUs found when the session was opened, by index.
 	GPUs() []GPU
+	// Problems returns the GPUs that could not be read completely when the
+	// session was opened: one bad GPU (fallen off the bus, of a brand or
+	// architecture go-nvlib does not know) must not hide the others, so
+	// enumeration goes on past it and the plugin reports it instead.
+	Problems() []Problem
 	// DeviceByUUID returns the cached NVML handle of a GPU.
 	DeviceByUUID(uuid string) (nvml.Device, error)
 	// NVML returns the underlying library, for NVIDIA packages (nvcdi, MIG)
@@ -63,13 +68,53 @@ type Topology interface {
 	NUMANode(pciBusID string) (int, error)
 }
 
+// Problem is a GPU that enumeration could not read completely.
+type Problem struct {
+	Index int
+	// UUID is "" when NVML could not tell it (a GPU that fell off the bus
+	// answers no handle at all).
+	UUID string
+	// PCIBusID is "" when NVML could not tell it.
+	PCIBusID string
+	// Lost: NVML answered GPU_IS_LOST, the GPU fell off the bus (XID 79).
+	Lost bool
+	// Published: the GPU is among GPUs() nonetheless, with what could not
+	// be read left at "Unknown" (a brand or architecture newer than
+	// go-nvlib). Otherwise the GPU is left out of GPUs().
+	Published bool
+	Err       error
+}
+
+// Reason is a short machine-readable cause, for metrics and events.
+func (p Problem) Reason() string {
+	switch {
+	case p.Lost:
+		return "gpu-lost"
+	case p.Published:
+		return "unknown-attribute"
+	}
+	return "unreadable"
+}
+
+func (p Problem) String() string {
+	id := fmt.Sprintf("GPU %d", p.Index)
+	if p.UUID != "" {
+		id += " (" + p.UUID + ")"
+	}
+	if p.Published {
+		return fmt.Sprintf("%s is published with attributes unknown: %v", id, p.Err)
+	}
+	return fmt.Sprintf("%s cannot be read and is not published: %v", id, p.Err)
+}
+
 // session implements Interface over any nvml.Interface.
 type session struct {
-	lib     nvml.Interface
-	system  SystemInfo
-	gpus    []GPU
-	mu      sync.Mutex
-	handles map[string]nvml.Device
+	lib      nvml.Interface
+	system   SystemInfo
+	gpus     []GPU
+	problems []Problem
+	mu       sync.Mutex
+	handles  map[string]nvml.Device
 }
 
 // initHint says what an operator can do about NVML's most common answers
@@ -102,26 +147,66 @@ func open(lib nvml.Interface, topo Topology) (*session, error) {
 	return s, nil
 }
 
+// skippedNames are the devices NVML lists that are no GPUs to offer, as
+// go-nvlib's VisitDevices skips them.
+var skippedNames = map[string]bool{"DGX Display": true, "NVIDIA DGX Display": true}
+
+// enumerate reads every GPU. Only a failure of the driver as a whole (no
+// system information, no device count) fails the session; a GPU that cannot
+// be read is recorded as a Problem and the others are read on (go-nvlib's
+// VisitDevices stops at the first bad GPU, which took the node down).
 func (s *session) enumerate(topo Topology) error {
 	sys, err := readSystem(s.lib)
 	if err != nil {
 		return err
 	}
 	s.system = sys
+	count, ret := s.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("getting GPU count: %w", ret)
+	}
 	devlib := device.New(s.lib)
-	return devlib.VisitDevices(func(i int, d device.Device) error {
-		gpu, err := readGPU(d, topo)
+	for i := range count {
+		h, ret := s.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			s.problems = append(s.problems, Problem{Index: i, Lost: ret == nvml.ERROR_GPU_IS_LOST,
+				Err: fmt.Errorf("getting handle: %w", ret)})
+			continue
+		}
+		if name, ret := h.GetName(); ret == nvml.SUCCESS && skippedNames[name] {
+			continue
+		}
+		d, err := devlib.NewDevice(h)
 		if err != nil {
-			return fmt.Errorf("reading GPU %d: %w", i, err)
+			s.problems = append(s.problems, Problem{Index: i, Err: err})
+			continue
+		}
+		gpu, unknown, err := readGPU(d, topo)
+		if err != nil {
+			s.problems = append(s.problems, problemOf(i, gpu, err))
+			continue
+		}
+		if unknown != nil {
+			s.problems = append(s.problems, Problem{Index: gpu.Index, UUID: gpu.UUID, PCIBusID: gpu.PCIBusID,
+				Published: true, Err: unknown})
 		}
 		s.gpus = append(s.gpus, gpu)
 		s.handles[gpu.UUID] = d
-		return nil
-	})
+	}
+	return nil
+}
+
+// problemOf describes a GPU whose reading failed, with what was read of it.
+func problemOf(i int, g GPU, err error) Problem {
+	p := Problem{Index: i, UUID: g.UUID, PCIBusID: g.PCIBusID, Err: err}
+	var ret nvml.Return
+	p.Lost = errors.As(err, &ret) && ret == nvml.ERROR_GPU_IS_LOST
+	return p
 }
 
 func (s *session) System() SystemInfo   { return s.system }
 func (s *session) GPUs() []GPU          { return s.gpus }
+func (s *session) Problems() []Problem  { return s.problems }
 func (s *session) NVML() nvml.Interface { return s.lib }
 
 func (s *session) DeviceByUUID(uuid string) (nvml.Device, error) {

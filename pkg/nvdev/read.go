@@ -1,6 +1,7 @@
 package nvdev
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -24,52 +25,72 @@ func readSystem(lib nvml.Interface) (SystemInfo, error) {
 	}, nil
 }
 
+// unknownValue is what a brand or architecture newer than go-nvlib reads
+// as (go-nvlib's own word for BRAND_UNKNOWN).
+const unknownValue = "Unknown"
+
 // readGPU collects one GPU's attributes. Calls that only some GPUs or
 // drivers support (multiprocessor count, NUMA node) degrade to "unknown"
-// rather than failing the whole node.
-func readGPU(d device.Device, topo Topology) (GPU, error) {
-	var g GPU
+// rather than failing the whole node, and so do a brand or architecture
+// newer than go-nvlib (unknown says which): the GPU works, only the
+// attribute cannot be named. The UUID is read first so that a GPU failing
+// later is still named.
+func readGPU(d device.Device, topo Topology) (g GPU, unknown, err error) {
 	var ret nvml.Return
+	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return g, nil, fmt.Errorf("getting UUID: %w", ret)
+	}
+	if busID, err := d.GetPCIBusID(); err == nil {
+		g.PCIBusID = normalizeBusID(busID)
+	}
 	if g.Index, ret = d.GetIndex(); ret != nvml.SUCCESS {
-		return g, fmt.Errorf("getting index: %w", ret)
+		return g, nil, fmt.Errorf("getting index: %w", ret)
 	}
 	if g.Minor, ret = d.GetMinorNumber(); ret != nvml.SUCCESS {
-		return g, fmt.Errorf("getting minor number: %w", ret)
-	}
-	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
-		return g, fmt.Errorf("getting UUID: %w", ret)
+		return g, nil, fmt.Errorf("getting minor number: %w", ret)
 	}
 	if g.ProductName, ret = d.GetName(); ret != nvml.SUCCESS {
-		return g, fmt.Errorf("getting name: %w", ret)
+		return g, nil, fmt.Errorf("getting name: %w", ret)
 	}
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return g, fmt.Errorf("getting memory info: %w", ret)
+		return g, nil, fmt.Errorf("getting memory info: %w", ret)
 	}
 	g.MemoryBytes = mem.Total
-	if err := readStrings(d, &g); err != nil {
-		return g, err
+	if unknown, err = readStrings(d, &g); err != nil {
+		return g, nil, err
 	}
 	if err := readMig(d, &g); err != nil {
-		return g, err
+		return g, nil, err
 	}
 	g.Multiprocessors = readMultiprocessors(d)
-	return g, readTopology(d, topo, &g)
+	return g, unknown, readTopology(d, topo, &g)
 }
 
-// readStrings reads the attributes go-nvlib already turns into strings.
-func readStrings(d device.Device, g *GPU) error {
-	var err error
+// readStrings reads the attributes go-nvlib turns into strings. A brand or
+// architecture NVML answers but go-nvlib cannot name is Unknown, and said
+// so in unknown; a call NVML refuses is an error.
+func readStrings(d device.Device, g *GPU) (unknown, err error) {
+	brand, ret := d.GetBrand()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("getting brand: %w", ret)
+	}
 	if g.Brand, err = d.GetBrandAsString(); err != nil {
-		return fmt.Errorf("getting brand: %w", err)
+		g.Brand = unknownValue
+		unknown = errors.Join(unknown, fmt.Errorf("brand %d is unknown to go-nvlib", brand))
+	}
+	arch, ret := d.GetArchitecture()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("getting architecture: %w", ret)
 	}
 	if g.Architecture, err = d.GetArchitectureAsString(); err != nil {
-		return fmt.Errorf("getting architecture: %w", err)
+		g.Architecture = unknownValue
+		unknown = errors.Join(unknown, fmt.Errorf("architecture %d is unknown to go-nvlib", arch))
 	}
 	if g.CUDAComputeCapability, err = d.GetCudaComputeCapabilityAsString(); err != nil {
-		return fmt.Errorf("getting compute capability: %w", err)
+		return nil, fmt.Errorf("getting compute capability: %w", err)
 	}
-	return nil
+	return unknown, nil
 }
 
 func readMig(d device.Device, g *GPU) error {
@@ -97,11 +118,13 @@ func readMultiprocessors(d device.Device) int {
 }
 
 func readTopology(d device.Device, topo Topology, g *GPU) error {
-	busID, err := d.GetPCIBusID()
-	if err != nil {
-		return fmt.Errorf("getting PCI bus ID: %w", err)
+	if g.PCIBusID == "" {
+		busID, err := d.GetPCIBusID()
+		if err != nil {
+			return fmt.Errorf("getting PCI bus ID: %w", err)
+		}
+		g.PCIBusID = normalizeBusID(busID)
 	}
-	g.PCIBusID = normalizeBusID(busID)
 	g.NUMANode = -1
 	if node, ret := d.GetNumaNodeId(); ret == nvml.SUCCESS {
 		g.NUMANode = node

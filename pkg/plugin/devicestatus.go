@@ -12,6 +12,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
@@ -71,7 +72,7 @@ type statusWriter struct {
 	client  kubernetes.Interface
 	node    string
 	store   *checkpoint.Store
-	devices map[string]*AllocatableDevice
+	devices func() map[string]*AllocatableDevice
 	faults  func() []health.Fault
 	queue   workqueue.TypedRateLimitingInterface[types.UID]
 
@@ -82,7 +83,7 @@ type statusWriter struct {
 	since map[string]metav1.Time
 }
 
-func newStatusWriter(client kubernetes.Interface, node string, store *checkpoint.Store, devices map[string]*AllocatableDevice, faults func() []health.Fault) *statusWriter {
+func newStatusWriter(client kubernetes.Interface, node string, store *checkpoint.Store, devices func() map[string]*AllocatableDevice, faults func() []health.Fault) *statusWriter {
 	return &statusWriter{client: client, node: node, store: store, devices: devices, faults: faults,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](), workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "device-status"}),
 		failures: map[types.UID]failedPrepare{}, since: map[string]metav1.Time{}}
@@ -193,11 +194,15 @@ func (w *statusWriter) preparedEntry(rec *checkpoint.Claim, d *checkpoint.Device
 	key := rec.UID + "/" + d.Device + "/" + d.ShareID
 	entry.WithConditions(w.condition(key, condReady, metav1.ConditionTrue, "Prepared", "prepared for containers (CDI devices "+strings.Join(d.CDIDeviceIDs, ", ")+")"))
 	var msgs []string
-	if dev := w.devices[d.Device]; dev != nil {
-		for _, f := range faultsOf(dev, faults) {
-			if f.Unhealthy() {
-				msgs = append(msgs, f.String())
-			}
+	dev := w.devices()[d.Device]
+	if dev == nil {
+		// A device of a GPU not enumerated (lost before this start) is not
+		// published, but its GPU's faults still concern the claim.
+		dev = &AllocatableDevice{GPU: nvdev.GPU{UUID: d.GPUUUID}}
+	}
+	for _, f := range faultsOf(dev, faults) {
+		if f.Unhealthy() {
+			msgs = append(msgs, f.String())
 		}
 	}
 	if len(msgs) == 0 {

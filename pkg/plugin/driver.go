@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
@@ -60,6 +61,13 @@ type Options struct {
 	// kubelet's device health. Nil: no health monitoring (the kubelet is
 	// told so).
 	Health *health.Monitor
+	// Steps follows the start (the health endpoint's answers while it
+	// runs); nil tells nobody.
+	Steps StepRecorder
+	// StaticMIGResync is how often static-MIG GPUs' layouts are read
+	// again (MIG devices an admin makes after the start); zero is
+	// DefaultStaticMIGResync, negative never.
+	StaticMIGResync time.Duration
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -82,6 +90,9 @@ type Driver struct {
 	withdrawn bool
 
 	health *health.Monitor
+	// orphans are prepared devices on GPUs not enumerated (lost before
+	// this start): not published, but their health is still reported.
+	orphans []AllocatableDevice
 	// status writes the prepared claims' device status; nil without a
 	// client (tests).
 	status *statusWriter
@@ -102,6 +113,8 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // publishes the node's devices.
 func Start(ctx context.Context, opts Options) (*Driver, error) {
 	logger := klog.FromContext(ctx)
+	steps := cmp.Or[StepRecorder](opts.Steps, noSteps{})
+	steps.Step(ctx, "loading the checkpoint of prepared claims")
 	store, err := checkpoint.NewStore(filepath.Join(opts.PluginDataDir, "claims"))
 	if err != nil {
 		return nil, err
@@ -111,23 +124,34 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
+	steps.Step(ctx, "discovering devices")
 	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
+	events := newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
 	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
-		BootIDPath: opts.BootIDPath, Events: newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)}
+		BootIDPath: opts.BootIDPath, Events: events, Steps: steps}
+	var missing MissingGPUs
 	if opts.Health != nil {
 		stateCfg.Faults = opts.Health
+		missing = opts.Health
 	}
 	d.state = NewState(stateCfg)
+	// One bad GPU is reported, not fatal: the others are published, and
+	// claims prepared on it are still unprepared (and told of its loss).
+	problems := findGPUProblems(opts.NVML, records)
+	problems.report(ctx, events, opts.Metrics, missing)
+	d.orphans = problems.orphans
+	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
 	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
 	// Placements held by MIG devices that no claim owns are not offered.
 	d.inv = d.state.withhold(d.inv)
+	steps.Step(ctx, "starting the kubelet plugin")
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
@@ -136,15 +160,17 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
 	d.pub = d.helper
 	if opts.KubeClient != nil {
-		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.devices, d.faults)
+		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.deviceMap, d.faults)
 		go d.status.run(ctx)
 		d.status.all(ctx) // after a restart or an upgrade
 	}
+	steps.Step(ctx, "publishing devices")
 	d.watchHealth(ctx, opts.Health)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
 		return nil, err
 	}
+	d.watchStaticMIG(ctx, opts.NVML, cfg, opts.StaticMIGResync)
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
 }

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
@@ -60,7 +61,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	defer ticker.Stop()
 	for {
 		d.mu.Lock()
-		report := healthReport(d.nodeName, d.inv.Devices, d.health.Faults(), time.Now())
+		report := healthReport(d.nodeName, append(slices.Clip(d.inv.Devices), d.orphans...), d.health.Faults(), time.Now())
 		changed := d.healthChanged
 		d.mu.Unlock()
 		select {

@@ -16,6 +16,7 @@ type Metrics struct {
 	publishedDevices *prometheus.GaugeVec
 	unownedMIG       *prometheus.GaugeVec
 	withdrawnMIG     prometheus.Gauge
+	gpuProblems      *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -57,9 +58,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: metricsNamespace, Name: "dynamic_mig_withdrawn_gpus",
 			Help: "Dynamic-MIG GPUs no longer offered because the cluster drops the counters of partitionable devices (feature gate DRAPartitionableDevices off in the API server); 0 when dynamic MIG is offered as configured.",
 		}),
+		gpuProblems: newGPUProblemsMetric(),
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
-		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG)
+		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems)
 	return m
 }
 

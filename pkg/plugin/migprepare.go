@@ -120,19 +120,31 @@ func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
 // created or, where the prepare was cut short before recording that one,
 // whatever is at the placement it meant to create one at (the scheduler
 // gave that placement to this claim alone).
+//
+// On a GPU that fell off the bus there is nothing to destroy: its MIG
+// devices do not outlive the reset or re-attach that brings it back (and
+// one that did would be found unowned at the next start, unowned.go).
+// Refusing would leave the claim prepared for ever and its pod stuck
+// Terminating, as it did when a lost GPU took the plugin down.
 func (s *State) destroyMIG(d *checkpoint.Device) error {
 	dev, err := s.nvml.DeviceByUUID(d.GPUUUID)
+	if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("destroying MIG device of %s: %w", d.Device, err)
 	}
 	if d.CreatedMIG != nil {
 		err := mig.Destroy(dev, *d.CreatedMIG)
+		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+			return nil
+		}
 		if err != nil && !errors.Is(err, mig.ErrReplaced) {
 			return fmt.Errorf("destroying MIG device %s of %s: %w", d.CreatedMIG.UUID, d.Device, err)
 		}
 		return nil
 	}
-	if err := mig.DestroyAt(dev, *d.MIGIntent); err != nil {
+	if err := mig.DestroyAt(dev, *d.MIGIntent); err != nil && !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
 		return fmt.Errorf("destroying what an interrupted prepare of %s left: %w", d.Device, err)
 	}
 	return nil

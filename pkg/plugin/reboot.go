@@ -112,7 +112,8 @@ func (s *State) reestablishAll(ctx context.Context, records []*checkpoint.Claim)
 	slices.SortStableFunc(ready, func(a, b *checkpoint.Claim) int {
 		return cmp.Compare(adminCount(a), adminCount(b))
 	})
-	for _, rec := range ready {
+	for i, rec := range ready {
+		s.steps.Step(ctx, fmt.Sprintf("re-establishing prepared claim %d of %d after a reboot", i+1, len(ready)))
 		if err := s.reestablish(ctx, rec); err != nil {
 			s.dropPromise(ctx, rec, err)
 		}
@@ -162,7 +163,7 @@ func (s *State) reestablish(ctx context.Context, rec *checkpoint.Claim) error {
 func (s *State) planFromRecord(rec *checkpoint.Claim) ([]plannedDevice, error) {
 	plan := make([]plannedDevice, 0, len(rec.Devices))
 	for _, d := range rec.Devices {
-		dev, ok := s.devices[d.Device]
+		dev, ok := s.deviceMap()[d.Device]
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer offered by this node", d.Device)
 		}

@@ -101,7 +101,7 @@ func (s *State) lockAll() (*heldGPUs, error) {
 		return nil, err
 	}
 	var gpus []string
-	for _, d := range s.devices {
+	for _, d := range s.deviceMap() {
 		gpus = append(gpus, d.GPU.UUID)
 	}
 	for _, rec := range records {

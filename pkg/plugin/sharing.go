@@ -22,8 +22,17 @@ import (
 )
 
 // mpsReady bounds the wait for a new MPS daemon: a daemon pod is created,
-// scheduled to this node by name and started by the kubelet.
-const mpsReady = 60 * time.Second
+// scheduled to this node by name and started by the kubelet. The wait runs
+// inside the kubelet's NodePrepareResources call, which the kubelet gives
+// up on after kubeletDRATimeout: a longer wait (it was 60 s) outlived the
+// call, so the kubelet retried a prepare still running and the claim's
+// error was never the daemon's. What is left of the call is for the rest
+// of the prepare (MIG create, CDI write, checkpoint).
+const mpsReady = 30 * time.Second
+
+// kubeletDRATimeout is how long the kubelet waits for one DRA call
+// (NodePrepareResources, NodeUnprepareResources) before it cancels it.
+const kubeletDRATimeout = 45 * time.Second
 
 // SharingOptions wire the GPU sharing settings.
 type SharingOptions struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
@@ -54,7 +55,22 @@ type StateConfig struct {
 	Faults FaultRecorder
 	// Events records warnings on the Node; zero records none.
 	Events nodeEvents
+	// Steps is told how far Restore is (the health probes' view of a long
+	// start); nil tells nobody.
+	Steps StepRecorder
 }
+
+// StepRecorder follows a start: each step restarts its hang timer, so a
+// restore of many claims is timed claim by claim, not as a whole (see
+// Health).
+type StepRecorder interface {
+	Step(ctx context.Context, step string)
+}
+
+// noSteps records nothing.
+type noSteps struct{}
+
+func (noSteps) Step(context.Context, string) {}
 
 // State owns the node's prepared claims. Prepare and Unprepare of claims on
 // different GPUs run in parallel; the index below is only held for map
@@ -68,6 +84,10 @@ type StateConfig struct {
 // other process changed its claims (see gpuLocks).
 type State struct {
 	nodeName string
+	// devices are the published devices by name. The map is never changed
+	// once serving: a new layout (static MIG re-read) replaces it whole
+	// under devMu, so a reader holds a consistent map (deviceMap).
+	devMu    sync.RWMutex
 	devices  map[string]*AllocatableDevice
 	nvml     nvdev.Interface
 	migCaps  string
@@ -80,6 +100,7 @@ type State struct {
 	sharing  *Sharing
 	faults   FaultRecorder
 	events   nodeEvents
+	steps    StepRecorder
 	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
 	// owned at Restore, by GPU UUID; withhold reads them before serving.
 	unowned map[string][]mig.GPUInstance
@@ -88,6 +109,32 @@ type State struct {
 	// (bootIDErr), and then reboots go unnoticed.
 	bootID    string
 	bootIDErr error
+}
+
+// deviceMap returns the published devices by name; the map must not be
+// changed.
+func (s *State) deviceMap() map[string]*AllocatableDevice {
+	s.devMu.RLock()
+	defer s.devMu.RUnlock()
+	return s.devices
+}
+
+// replaceGPUDevices makes devs the devices of GPU uuid, in place of those
+// it had (a static MIG layout changed). Claims already prepared keep the
+// devices they planned with; unprepare needs none.
+func (s *State) replaceGPUDevices(uuid string, devs []AllocatableDevice) {
+	s.devMu.Lock()
+	defer s.devMu.Unlock()
+	next := make(map[string]*AllocatableDevice, len(s.devices)+len(devs))
+	for name, d := range s.devices {
+		if d.GPU.UUID != uuid {
+			next[name] = d
+		}
+	}
+	for i := range devs {
+		next[devs[i].Name()] = &devs[i]
+	}
+	s.devices = next
 }
 
 // NewState builds an empty state; Restore loads what a previous run left.
@@ -114,6 +161,7 @@ func NewState(cfg StateConfig) *State {
 	if s.faults == nil {
 		s.faults = noFaults{}
 	}
+	s.steps = cmp.Or[StepRecorder](cfg.Steps, noSteps{})
 	s.bootID, s.bootIDErr = readBootID(cmp.Or(cfg.BootIDPath, DefaultBootIDPath))
 	return s
 }
@@ -322,7 +370,7 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	if r.Pool != s.nodeName {
 		return plannedDevice{}, fmt.Errorf("device %s/%s is allocated from pool %q, not this node's (%q)", r.Pool, r.Device, r.Pool, s.nodeName)
 	}
-	dev, ok := s.devices[r.Device]
+	dev, ok := s.deviceMap()[r.Device]
 	if !ok {
 		return plannedDevice{}, fmt.Errorf("device %q is not published by this node", r.Device)
 	}

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
@@ -78,7 +79,7 @@ func ownedMIG(records []*checkpoint.Claim) map[migKey]bool {
 // dynamicGPUs are the GPUs offered in dynamic MIG mode, sorted.
 func (s *State) dynamicGPUs() []string {
 	var out []string
-	for _, d := range s.devices {
+	for _, d := range s.deviceMap() {
 		if d.Mode == configapi.MigDynamic {
 			out = append(out, d.GPU.UUID)
 		}
@@ -118,9 +119,16 @@ func logUnowned(ctx context.Context, gpu string, gis []mig.GPUInstance) {
 // runs once, after Restore and before the plugin serves the kubelet.
 func (s *State) withhold(inv Inventory) Inventory {
 	out, dropped := inv.withhold(s.unowned)
-	for _, name := range dropped {
-		delete(s.devices, name)
+	if len(dropped) == 0 {
+		return out
 	}
+	s.devMu.Lock()
+	defer s.devMu.Unlock()
+	next := maps.Clone(s.devices)
+	for _, name := range dropped {
+		delete(next, name)
+	}
+	s.devices = next
 	return out
 }
 
