@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -41,18 +42,7 @@ func testDemoSpecsOnRealNode(t *testing.T, n *realNode) {
 // file declares are deleted when parent ends.
 func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod {
 	ctx := framework.Context(t, 3*time.Minute)
-	objs, err := framework.ReadObjects(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if o.GetKind() == "Pod" {
-			if err := framework.UseWorkloadImage(o); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	applied := applySpec(t, parent, file, objs, "real-spec")
+	applied := applySpec(t, parent, file, readWorkloadSpec(t, file), "real-spec")
 	var pods []*v1.Pod
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {
@@ -65,6 +55,24 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod
 		pods = append(pods, pod)
 	}
 	return pods
+}
+
+// readWorkloadSpec reads a spec file's objects, with each pod's image
+// replaced by the gpuinfo workload.
+func readWorkloadSpec(t *testing.T, file string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := framework.ReadObjects(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Pod" {
+			if err := framework.UseWorkloadImage(o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return objs
 }
 
 // testUpgradeRollsPlugin prepares a claim with the installed plugin pod,

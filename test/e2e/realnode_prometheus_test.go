@@ -12,7 +12,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,22 +23,19 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	"github.com/gpuaas/gpu-dra-driver/test/monitoring/mixin"
 )
 
 const (
-	mixinDir      = "deployments/helm/gpuaas-dra/monitoring"
-	mixinRuleFile = "rules/gpuaas-dra.rules.yaml"
 	// The jobs the chart's ServiceMonitor and PodMonitor set
 	// (templates/monitoring-servicemonitors.yaml), and kube-prometheus's
 	// job of the API server.
@@ -105,7 +101,7 @@ func TestRealNodePrometheus(t *testing.T) {
 	prom := startChartPrometheus(t, ctx, n)
 	runMonitoringScenario(t, n, prom)
 
-	rules := loadMixinRules(t, filepath.Join(repoRoot, mixinDir, mixinRuleFile))
+	rules := loadMixinRules(t, filepath.Join(repoRoot, mixin.Dir, mixin.RuleFile))
 	queries := append(loadDashboardQueries(t), ruleQueries(rules)...)
 	results := evaluateAll(t, ctx, prom, queries)
 	var b strings.Builder
@@ -127,7 +123,7 @@ func TestRealNodePrometheus(t *testing.T) {
 	// a copy of the rule file with a metric renamed, as a refactoring that
 	// forgot the mixin would leave it, must fail it.
 	t.Run("RenamedMetricFails", func(t *testing.T) {
-		data, err := os.ReadFile(filepath.Join(repoRoot, mixinDir, mixinRuleFile))
+		data, err := os.ReadFile(filepath.Join(repoRoot, mixin.Dir, mixin.RuleFile))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +234,7 @@ func startChartPrometheus(t *testing.T, ctx context.Context, n *realNode) *frame
 	if err := os.WriteFile(tokenFile, []byte(serviceAccountToken(t, ctx, scraperAccount, metricsReaderRole)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rules := filepath.Join(repoRoot, mixinDir, mixinRuleFile)
+	rules := filepath.Join(repoRoot, mixin.Dir, mixin.RuleFile)
 	prom, err := cp.StartPrometheus(ctx, dir, framework.PrometheusOptions{
 		RuleFiles: []string{rules, immediateAlerts(t, rules, dir)},
 		Interval:  time.Second,
@@ -360,18 +356,7 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 	dir := filepath.Join(repoRoot, "demo", "specs", "quota")
 	for _, f := range []string{"00-profiles.yaml", "10-tenants.yaml", "20-claims.yaml"} {
 		file := filepath.Join(dir, f)
-		objs, err := framework.ReadObjects(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range objs {
-			if o.GetKind() == "Pod" {
-				if err := framework.UseWorkloadImage(o); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		for _, o := range applySpec(t, t, file, objs, "prom-quota") {
+		for _, o := range applySpec(t, t, file, readWorkloadSpec(t, file), "prom-quota") {
 			if o.GetKind() == "Pod" {
 				runningPod(t, ctx, o.GetNamespace(), o.GetName())
 			}
@@ -390,19 +375,8 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 	t.Logf("team-a at its limit, denied again: %v", err)
 
 	ns := cp.CreateNamespace(t, "prom-whole")
-	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: ns},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
-		}}},
-	}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := workloadPod(ns, "prepared-then-unprepared")
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
-	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-	pod = createAndRun(t, ctx, pod)
+	createOneGPUTemplate(t, ctx, ns)
+	pod := createAndRun(t, ctx, templateWorkloadPod(ns, "prepared-then-unprepared", "one-gpu"))
 	deletePodAndWait(t, ctx, pod)
 	waitForSeries(t, ctx, prom, `gpuaas_dra_plugin_claim_operations_total{operation=~"(?i)unprepare.*"}`)
 
@@ -495,41 +469,22 @@ func (q mixinQuery) quietAlert() bool {
 	return q.kind == "alert" && !fires
 }
 
-type mixinRules struct {
-	Groups []struct {
-		Name  string `json:"name"`
-		Rules []struct {
-			Record string            `json:"record"`
-			Alert  string            `json:"alert"`
-			Expr   string            `json:"expr"`
-			For    string            `json:"for"`
-			Labels map[string]string `json:"labels"`
-		} `json:"rules"`
-	} `json:"groups"`
-}
-
-func loadMixinRules(t *testing.T, path string) mixinRules {
+func loadMixinRules(t *testing.T, path string) mixin.Rules {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	r, err := mixin.LoadRules(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var r mixinRules
-	if err := yaml.Unmarshal(data, &r); err != nil {
-		t.Fatalf("%s: %v", path, err)
 	}
 	return r
 }
 
-func ruleQueries(r mixinRules) []mixinQuery {
+func ruleQueries(r mixin.Rules) []mixinQuery {
 	var out []mixinQuery
-	for _, g := range r.Groups {
-		for _, rule := range g.Rules {
-			if rule.Record != "" {
-				out = append(out, mixinQuery{kind: "record", where: "record " + rule.Record, expr: rule.Expr, record: rule.Record})
-			} else {
-				out = append(out, mixinQuery{kind: "alert", where: "alert " + rule.Alert, expr: rule.Expr, alert: rule.Alert})
-			}
+	for _, rule := range r.All() {
+		if rule.Record != "" {
+			out = append(out, mixinQuery{kind: "record", where: "record " + rule.Record, expr: rule.Expr, record: rule.Record})
+		} else {
+			out = append(out, mixinQuery{kind: "alert", where: "alert " + rule.Alert, expr: rule.Expr, alert: rule.Alert})
 		}
 	}
 	return out
@@ -556,77 +511,39 @@ func grafanaToPromQL(expr string) string {
 // labelValues is Grafana's variable query label_values(<selector>, <label>).
 var labelValues = regexp.MustCompile(`^\s*label_values\((.*),\s*(\w+)\s*\)\s*$`)
 
-type grafanaPanel struct {
-	Title   string                  `json:"title"`
-	Type    string                  `json:"type"`
-	Targets []struct{ Expr string } `json:"targets"`
-	Panels  []grafanaPanel          `json:"panels"`
-}
-
 // loadDashboardQueries reads every query of every dashboard: each panel
 // target's, rows' nested panels included, and each query variable's (a
 // dropdown with no values is a dashboard with no data too).
 func loadDashboardQueries(t *testing.T) []mixinQuery {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(repoRoot, mixinDir, "dashboards", "*.json"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no dashboards (%v)", err)
+	dashboards, err := mixin.LoadDashboards(filepath.Join(repoRoot, mixin.Dir, "dashboards"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	var out []mixinQuery
-	for _, f := range files {
-		data, err := os.ReadFile(f)
+	for _, d := range dashboards {
+		vars, err := d.VariableQueries()
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", d.File, err)
 		}
-		var d struct {
-			Title      string         `json:"title"`
-			Panels     []grafanaPanel `json:"panels"`
-			Templating struct {
-				List []struct {
-					Name  string          `json:"name"`
-					Type  string          `json:"type"`
-					Query json.RawMessage `json:"query"`
-				} `json:"list"`
-			} `json:"templating"`
-		}
-		if err := json.Unmarshal(data, &d); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		for _, v := range d.Templating.List {
-			if v.Type != "query" {
-				continue
-			}
-			var q struct {
-				Query string `json:"query"`
-			}
-			var s string
-			if json.Unmarshal(v.Query, &s) == nil {
-				q.Query = s
-			} else if err := json.Unmarshal(v.Query, &q); err != nil {
-				t.Fatalf("%s: variable %s: %v", f, v.Name, err)
-			}
-			m := labelValues.FindStringSubmatch(q.Query)
+		for _, v := range vars {
+			m := labelValues.FindStringSubmatch(v.Expr)
 			if m == nil {
-				t.Fatalf("%s: variable %s: query %q is not label_values(<selector>, <label>)", f, v.Name, q.Query)
+				t.Fatalf("%s: variable %s: query %q is not label_values(<selector>, <label>)", d.File, v.Name, v.Expr)
 			}
 			// The values Grafana offers are those of the label on the
 			// selector's series.
 			out = append(out, mixinQuery{kind: "variable", where: d.Title + " / $" + v.Name,
 				expr: fmt.Sprintf("count by (%s) (%s)", m[2], grafanaToPromQL(m[1]))})
 		}
-		var walk func(ps []grafanaPanel)
-		walk = func(ps []grafanaPanel) {
-			for _, p := range ps {
-				for i, tg := range p.Targets {
-					if tg.Expr == "" {
-						continue
-					}
-					out = append(out, mixinQuery{kind: "panel", where: fmt.Sprintf("%s / %s #%d", d.Title, p.Title, i+1), expr: grafanaToPromQL(tg.Expr)})
+		for _, p := range d.AllPanels() {
+			for i, tg := range p.Targets {
+				if tg.Expr == "" {
+					continue
 				}
-				walk(p.Panels)
+				out = append(out, mixinQuery{kind: "panel", where: fmt.Sprintf("%s / %s #%d", d.Title, p.Title, i+1), expr: grafanaToPromQL(tg.Expr)})
 			}
 		}
-		walk(d.Panels)
 	}
 	return out
 }
@@ -725,13 +642,13 @@ func checkRuleHealth(t *testing.T, ctx context.Context, prom *framework.Promethe
 			t.Errorf("rule %s (%s): health %q, last error %q", r.Name, r.Type, r.Health, r.LastError)
 		}
 	}
-	t.Logf("Prometheus evaluates %d rules (%s and its alerts without for), all healthy", len(rules), mixinRuleFile)
+	t.Logf("Prometheus evaluates %d rules (%s and its alerts without for), all healthy", len(rules), mixin.RuleFile)
 }
 
 // checkAlerts: the alerts the scenario sets off are pending as the chart
 // ships them and firing in the copy without `for`, with the expected
 // labels; no other alert is active in either.
-func checkAlerts(t *testing.T, ctx context.Context, prom *framework.Prometheus, rules mixinRules) {
+func checkAlerts(t *testing.T, ctx context.Context, prom *framework.Prometheus, rules mixin.Rules) {
 	t.Helper()
 	known := map[string]bool{}
 	for _, q := range ruleQueries(rules) {

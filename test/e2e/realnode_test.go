@@ -201,26 +201,33 @@ func workloadPod(namespace, name string) *v1.Pod {
 func testTemplateClaimContainer(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 3*time.Minute)
 	ns := cp.CreateNamespace(t, "real-template")
-	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: ns},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
-		}}},
-	}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+	createOneGPUTemplate(t, ctx, ns)
+	runTemplatePod(t, ctx, n, ns, "template", "one-gpu")
+}
+
+// createOneGPUTemplate creates the claim template one-gpu in ns: one whole
+// GPU.
+func createOneGPUTemplate(t *testing.T, ctx context.Context, ns string) {
+	t.Helper()
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, templateFor("one-gpu", ns, "gpu.gpuaas.io"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	runTemplatePod(t, ctx, n, ns, "template", "one-gpu")
+}
+
+// templateWorkloadPod is the gpuinfo workload with one claim from a
+// template.
+func templateWorkloadPod(ns, name, template string) *v1.Pod {
+	pod := workloadPod(ns, name)
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	return pod
 }
 
 // runTemplatePod runs the gpuinfo workload with one claim from a template
 // and checks what its container saw.
 func runTemplatePod(t *testing.T, ctx context.Context, n *realNode, ns, name, template string) *v1.Pod {
 	t.Helper()
-	pod := workloadPod(ns, name)
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}}
-	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-	pod = createAndRun(t, ctx, pod)
+	pod := createAndRun(t, ctx, templateWorkloadPod(ns, name, template))
 	checkContainerSawClaims(t, ctx, n, pod, "ctr")
 	return pod
 }

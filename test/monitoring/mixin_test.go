@@ -1,7 +1,6 @@
 package monitoring
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,26 +11,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/test/monitoring/mixin"
 )
-
-const mixinDir = "deployments/helm/gpuaas-dra/monitoring"
-
-// ruleFile is a Prometheus rule file.
-type ruleFile struct {
-	Groups []struct {
-		Name  string `json:"name"`
-		Rules []rule `json:"rules"`
-	} `json:"groups"`
-}
-
-type rule struct {
-	Record      string            `json:"record"`
-	Alert       string            `json:"alert"`
-	Expr        string            `json:"expr"`
-	For         string            `json:"for"`
-	Labels      map[string]string `json:"labels"`
-	Annotations map[string]string `json:"annotations"`
-}
 
 // query is one PromQL expression of the mixin and where it is.
 type query struct {
@@ -40,93 +21,42 @@ type query struct {
 }
 
 func mixinPath(t *testing.T, parts ...string) string {
-	return filepath.Join(append([]string{repoRoot(t), mixinDir}, parts...)...)
+	return filepath.Join(append([]string{repoRoot(t), mixin.Dir}, parts...)...)
 }
 
-func loadRules(t *testing.T) (map[string]ruleFile, []rule) {
+// loadRules reads every rule file: each by its file name, and all their
+// rules in file order.
+func loadRules(t *testing.T) (map[string]mixin.Rules, []mixin.Rule) {
 	t.Helper()
 	paths, err := filepath.Glob(mixinPath(t, "rules", "*.yaml"))
 	if err != nil || len(paths) == 0 {
 		t.Fatalf("no rule files under %s (%v)", mixinPath(t, "rules"), err)
 	}
-	files := map[string]ruleFile{}
-	var all []rule
+	files := map[string]mixin.Rules{}
+	var all []mixin.Rule
 	for _, p := range paths {
-		data, err := os.ReadFile(p)
+		f, err := mixin.LoadRules(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var f ruleFile
-		if err := yaml.UnmarshalStrict(data, &f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
 		files[filepath.Base(p)] = f
-		for _, g := range f.Groups {
-			all = append(all, g.Rules...)
-		}
+		all = append(all, f.All()...)
 	}
 	return files, all
 }
 
-// dashboard is the part of a Grafana dashboard the tests read.
-type dashboard struct {
-	UID        string  `json:"uid"`
-	Title      string  `json:"title"`
-	Panels     []panel `json:"panels"`
-	Templating struct {
-		List []struct {
-			Name  string          `json:"name"`
-			Type  string          `json:"type"`
-			Query json.RawMessage `json:"query"`
-		} `json:"list"`
-	} `json:"templating"`
-}
-
-type panel struct {
-	ID         int            `json:"id"`
-	Title      string         `json:"title"`
-	Type       string         `json:"type"`
-	Datasource map[string]any `json:"datasource"`
-	Targets    []struct {
-		Expr  string `json:"expr"`
-		RefID string `json:"refId"`
-	} `json:"targets"`
-	Panels []panel `json:"panels"` // a row's
-}
-
-func loadDashboards(t *testing.T) map[string]dashboard {
+func loadDashboards(t *testing.T) []mixin.Dashboard {
 	t.Helper()
-	paths, err := filepath.Glob(mixinPath(t, "dashboards", "*.json"))
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no dashboards under %s (%v)", mixinPath(t, "dashboards"), err)
-	}
-	out := map[string]dashboard{}
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var d dashboard
-		if err := json.Unmarshal(data, &d); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		out[filepath.Base(p)] = d
-	}
-	return out
-}
-
-func flatPanels(ps []panel) []panel {
-	var out []panel
-	for _, p := range ps {
-		out = append(out, p)
-		out = append(out, flatPanels(p.Panels)...)
+	out, err := mixin.LoadDashboards(mixinPath(t, "dashboards"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
 
 // mixinQueries is every expression of the mixin: rules, dashboard panels
 // and dashboard variables.
-func mixinQueries(t *testing.T, rules []rule, dashboards map[string]dashboard) []query {
+func mixinQueries(t *testing.T, rules []mixin.Rule, dashboards []mixin.Dashboard) []query {
 	var qs []query
 	for _, r := range rules {
 		name := r.Record
@@ -135,27 +65,18 @@ func mixinQueries(t *testing.T, rules []rule, dashboards map[string]dashboard) [
 		}
 		qs = append(qs, query{where: "rule " + name, expr: r.Expr})
 	}
-	for file, d := range dashboards {
-		for _, p := range flatPanels(d.Panels) {
+	for _, d := range dashboards {
+		for _, p := range d.AllPanels() {
 			for _, tg := range p.Targets {
-				qs = append(qs, query{where: fmt.Sprintf("%s panel %q (%s)", file, p.Title, tg.RefID), expr: tg.Expr})
+				qs = append(qs, query{where: fmt.Sprintf("%s panel %q (%s)", d.File, p.Title, tg.RefID), expr: tg.Expr})
 			}
 		}
-		for _, v := range d.Templating.List {
-			if v.Type != "query" {
-				continue
-			}
-			var q struct {
-				Query string `json:"query"`
-			}
-			if err := json.Unmarshal(v.Query, &q); err != nil {
-				var s string
-				if err := json.Unmarshal(v.Query, &s); err != nil {
-					t.Fatalf("%s variable %s: query is neither an object nor a string", file, v.Name)
-				}
-				q.Query = s
-			}
-			qs = append(qs, query{where: fmt.Sprintf("%s variable $%s", file, v.Name), expr: q.Query})
+		vars, err := d.VariableQueries()
+		if err != nil {
+			t.Fatalf("%s: %v", d.File, err)
+		}
+		for _, v := range vars {
+			qs = append(qs, query{where: fmt.Sprintf("%s variable $%s", d.File, v.Name), expr: v.Expr})
 		}
 	}
 	return qs
@@ -174,7 +95,7 @@ func postureValues() map[string]bool {
 // checkQueries returns one message per name an expression uses that no
 // binary registers: metrics, matcher labels, grouping labels, posture
 // values. records are the recording rules' names and their labels.
-func checkQueries(inv inventory, rules []rule, qs []query) []string {
+func checkQueries(inv inventory, rules []mixin.Rule, qs []query) []string {
 	var problems []string
 	// Recording rules' series: their labels are those their expression
 	// can carry (a superset: the labels of what it selects, plus target
@@ -318,7 +239,7 @@ func TestMixinCheckCatchesRenamedMetric(t *testing.T) {
 		{"by (tenant, resource)", "by (tenant, reason)", "grouping label reason"},
 		{`{result="error"}`, `{outcome="error"}`, "has no label outcome"},
 	} {
-		var mutated []rule
+		var mutated []mixin.Rule
 		hit := false
 		for _, r := range rules {
 			if strings.Contains(r.Expr, tc.from) {
@@ -350,7 +271,8 @@ func TestMixinCheckCatchesRenamedMetric(t *testing.T) {
 // dashboards work on any Grafana, whatever its Prometheus is called).
 func TestDashboardsWellFormed(t *testing.T) {
 	uids := map[string]string{}
-	for file, d := range loadDashboards(t) {
+	for _, d := range loadDashboards(t) {
+		file := d.File
 		if d.UID == "" || d.Title == "" {
 			t.Errorf("%s: no uid or title", file)
 		}
@@ -359,7 +281,7 @@ func TestDashboardsWellFormed(t *testing.T) {
 		}
 		uids[d.UID] = file
 		ids := map[int]bool{}
-		for _, p := range flatPanels(d.Panels) {
+		for _, p := range d.AllPanels() {
 			if p.Type == "row" {
 				continue
 			}
@@ -435,7 +357,7 @@ func TestAlertsHaveTestsAndRunbooks(t *testing.T) {
 		}
 		n++
 		if !fires[r.Alert] {
-			t.Errorf("alert %s: no promtool unit test under %s/tests makes it fire", r.Alert, mixinDir)
+			t.Errorf("alert %s: no promtool unit test under %s/tests makes it fire", r.Alert, mixin.Dir)
 		}
 		anchor := strings.ToLower(r.Alert)
 		if want := "https://github.com/gpuaas/gpu-dra-driver/blob/main/docs/monitoring.md#" + anchor; r.Annotations["runbook_url"] != want {

@@ -184,9 +184,9 @@ func checkDashboardConfigMaps(t *testing.T, objs []*unstructured.Unstructured) {
 			seen[file] = true
 		}
 	}
-	for file := range files {
-		if !seen[file] {
-			t.Errorf("no dashboard ConfigMap holds %s", file)
+	for _, d := range files {
+		if !seen[d.File] {
+			t.Errorf("no dashboard ConfigMap holds %s", d.File)
 		}
 	}
 }
@@ -242,17 +242,7 @@ func checkMonitors(t *testing.T, objs []*unstructured.Unstructured, hostNetwork 
 	// The controller: a ServiceMonitor selecting the metrics Service by its
 	// labels, through a port the Service names, over HTTPS (metricsSecure
 	// is on by default).
-	sms := byKind(objs, "ServiceMonitor")
-	if len(sms) != 1 {
-		t.Fatalf("want one ServiceMonitor, got %d", len(sms))
-	}
-	sm := sms[0]
-	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
-	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
-	if len(endpoints) != 1 {
-		t.Fatalf("ServiceMonitor: want one endpoint, got %d", len(endpoints))
-	}
-	ep := endpoints[0].(map[string]any)
+	sel, ep := onlyMonitor(t, objs, "ServiceMonitor", "endpoints")
 	var ports []string
 	for _, svc := range byKind(objs, "Service") {
 		if matches(sel, svc.GetLabels()) {
@@ -284,17 +274,7 @@ func checkMonitors(t *testing.T, objs []*unstructured.Unstructured, hostNetwork 
 
 func checkPodMonitor(t *testing.T, objs []*unstructured.Unstructured, hostNetwork bool, jobs map[string]bool) {
 	t.Helper()
-	pms := byKind(objs, "PodMonitor")
-	if len(pms) != 1 {
-		t.Fatalf("want one PodMonitor, got %d", len(pms))
-	}
-	pm := pms[0]
-	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
-	endpoints, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
-	if len(endpoints) != 1 {
-		t.Fatalf("PodMonitor: want one endpoint, got %d", len(endpoints))
-	}
-	ep := endpoints[0].(map[string]any)
+	sel, ep := onlyMonitor(t, objs, "PodMonitor", "podMetricsEndpoints")
 	found := false
 	for _, ds := range byKind(objs, "DaemonSet") {
 		labels, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels")
@@ -325,6 +305,24 @@ func checkPodMonitor(t *testing.T, objs []*unstructured.Unstructured, hostNetwor
 	if !contains(relabel, "node") {
 		t.Errorf("the PodMonitor does not set the node label the rules group plugins by")
 	}
+}
+
+// onlyMonitor is the selector and the endpoint of the one monitor of kind
+// (ServiceMonitor, PodMonitor) the chart renders, whose endpoints are
+// under spec.<endpoints>; more than one of either fails the test.
+func onlyMonitor(t *testing.T, objs []*unstructured.Unstructured, kind, endpoints string) (map[string]string, map[string]any) {
+	t.Helper()
+	monitors := byKind(objs, kind)
+	if len(monitors) != 1 {
+		t.Fatalf("want one %s, got %d", kind, len(monitors))
+	}
+	m := monitors[0]
+	sel, _, _ := unstructured.NestedStringMap(m.Object, "spec", "selector", "matchLabels")
+	eps, _, _ := unstructured.NestedSlice(m.Object, "spec", endpoints)
+	if len(eps) != 1 {
+		t.Fatalf("%s: want one endpoint, got %d", kind, len(eps))
+	}
+	return sel, eps[0].(map[string]any)
 }
 
 // collectJobs records the job labels an endpoint's relabelings set and
