@@ -17,6 +17,7 @@ type Metrics struct {
 	unownedMIG       *prometheus.GaugeVec
 	withdrawnMIG     prometheus.Gauge
 	gpuProblems      *prometheus.GaugeVec
+	deviceInfo       *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -59,9 +60,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Dynamic-MIG GPUs no longer offered because the cluster drops the counters of partitionable devices (feature gate DRAPartitionableDevices off in the API server); 0 when dynamic MIG is offered as configured.",
 		}),
 		gpuProblems: newGPUProblemsMetric(),
+		deviceInfo:  newPreparedDeviceInfo(),
+	}
+	// Every series an alert takes increase() of exists from the start, at
+	// 0: one that appears at its first increment, already at 1, hides it.
+	for _, op := range []string{"prepare", "unprepare"} {
+		for _, result := range []string{"success", "error"} {
+			m.operations.WithLabelValues(op, result)
+		}
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
-		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems)
+		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems, m.deviceInfo)
 	return m
 }
 
@@ -75,14 +84,6 @@ func (m *Metrics) observe(op string, seconds float64, err error) {
 	}
 	m.operations.WithLabelValues(op, result).Inc()
 	m.duration.WithLabelValues(op).Observe(seconds)
-}
-
-func (m *Metrics) setPrepared(claims, devices int) {
-	if m == nil {
-		return
-	}
-	m.preparedClaims.Set(float64(claims))
-	m.preparedDevices.Set(float64(devices))
 }
 
 func (m *Metrics) addDamaged(n int) {

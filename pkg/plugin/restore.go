@@ -51,7 +51,7 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error 
 	if err := s.deleteOrphanSpecs(ctx); err != nil {
 		logger.Error(err, "Deleting orphaned CDI specs")
 	}
-	s.metrics.setPrepared(s.index.counts())
+	s.metrics.setPreparedClaims(s.index.list())
 	claims, devices := s.index.counts()
 	logger.Info("Restored prepared claims", "claims", claims, "devices", devices, "damaged", len(damaged))
 	if err := s.findUnownedMIG(ctx); err != nil {

@@ -284,7 +284,7 @@ func (s *State) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 	s.index.add(rec)
-	s.metrics.setPrepared(s.index.counts())
+	s.metrics.setPreparedClaims(s.index.list())
 	logger.V(2).Info("Prepared claim", "devices", deviceNames(rec))
 	return kubeletDevices(rec), nil
 }
@@ -332,7 +332,7 @@ func (s *State) refresh(ctx context.Context, held *heldGPUs) error {
 		}
 	}
 	held.markSeen()
-	s.metrics.setPrepared(s.index.counts())
+	s.metrics.setPreparedClaims(s.index.list())
 	return nil
 }
 
@@ -547,7 +547,7 @@ func (s *State) undo(ctx context.Context, rec *checkpoint.Claim) error {
 		return err
 	}
 	s.index.remove(rec)
-	s.metrics.setPrepared(s.index.counts())
+	s.metrics.setPreparedClaims(s.index.list())
 	return nil
 }
 
