@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	"github.com/gpuaas/gpu-dra-driver/test/fleet"
 )
@@ -196,33 +195,7 @@ func blindChance(names []string, cut map[string]map[int]bool) float64 {
 // device through a claim allocated through the API, as the scheduler would
 // have written it.
 func (c *cutFirst) prefill1g(ctx context.Context, ns, node string) error {
-	name := "cut-" + node
-	claim := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
-			exactly("mig-1g.10gb.gpuaas.io")}}},
-	}
-	claim, err := c.client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, createOpts)
-	if err != nil {
-		return fmt.Errorf("creating claim %s: %w", name, err)
-	}
-	pod := podFor(ns, name, "", 0, 0)
-	pod.Spec.NodeName = node
-	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
-	if pod, err = c.client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
-		return fmt.Errorf("creating pod %s: %w", name, err)
-	}
-	claim.Status.Allocation = &resourceapi.AllocationResult{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-	}}}}
-	claim.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{
-		Request: "gpu", Driver: configapi.DriverName, Pool: node, Device: c.first1g}}
-	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
-	if _, err := c.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("allocating claim %s: %w", name, err)
-	}
-	return nil
+	return createAllocatedPod(ctx, c.client, ns, "cut-"+node, node, exactly("mig-1g.10gb.gpuaas.io"), []string{c.first1g})
 }
 
 // waitPlaced waits until the pod is bound and returns its node and the GPU

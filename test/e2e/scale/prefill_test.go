@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -34,34 +35,44 @@ func (r *runner) prefillWholeGPUs(tb testing.TB, ns string, gpus int) {
 }
 
 func prefillNode(ctx context.Context, r *runner, ns, node string, gpus int) error {
-	name := "prefill-" + node
+	req := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io",
+		AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(gpus)}}
+	devices := make([]string, 0, gpus)
+	for g := range gpus {
+		devices = append(devices, fmt.Sprintf("gpu-%d", g))
+	}
+	return createAllocatedPod(ctx, r.client, ns, "prefill-"+node, node, req, devices)
+}
+
+// createAllocatedPod makes a pod bound to node whose claim (one request,
+// req) holds devices of the node's pool, allocated through the API as the
+// scheduler would have written it: a node already in use, without
+// scheduling anything.
+func createAllocatedPod(ctx context.Context, client kubernetes.Interface, ns, name, node string, req resourceapi.DeviceRequest, devices []string) error {
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io",
-				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(gpus)},
-		}}}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
 	}
-	claim, err := r.client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, createOpts)
+	claim, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, createOpts)
 	if err != nil {
 		return fmt.Errorf("creating claim %s: %w", name, err)
 	}
 	pod := podFor(ns, name, "", 0, 0)
 	pod.Spec.NodeName = node
-	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
-	if pod, err = r.client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: req.Name}}
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: req.Name, ResourceClaimName: &claim.Name}}
+	if pod, err = client.CoreV1().Pods(ns).Create(ctx, pod, createOpts); err != nil {
 		return fmt.Errorf("creating pod %s: %w", name, err)
 	}
 	claim.Status.Allocation = &resourceapi.AllocationResult{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
 	}}}}
-	for g := range gpus {
+	for _, d := range devices {
 		claim.Status.Allocation.Devices.Results = append(claim.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
-			Request: "gpu", Driver: configapi.DriverName, Pool: node, Device: fmt.Sprintf("gpu-%d", g)})
+			Request: req.Name, Driver: configapi.DriverName, Pool: node, Device: d})
 	}
 	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
-	if _, err := r.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+	if _, err := client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("allocating claim %s: %w", name, err)
 	}
 	return nil
