@@ -82,7 +82,8 @@ func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
 	done := make(chan struct{})
 	go func() { monitor.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	d.watchHealth(ctx, monitor)
+	d.health = monitor
+	d.watchHealth(ctx)
 
 	records, _, err := e.state.store.List()
 	if err != nil {

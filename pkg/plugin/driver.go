@@ -159,13 +159,15 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	// Counted before publishing: from then on HandleError may change d.inv.
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
 	d.pub = d.helper
+	// Before the status writer starts reading the faults through it.
+	d.health = opts.Health
 	if opts.KubeClient != nil {
 		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.deviceMap, d.faults)
 		go d.status.run(ctx)
 		d.status.all(ctx) // after a restart or an upgrade
 	}
 	steps.Step(ctx, "publishing devices")
-	d.watchHealth(ctx, opts.Health)
+	d.watchHealth(ctx)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
 		return nil, err

@@ -39,7 +39,8 @@ func newHealthEnv(t *testing.T, cfg health.Config) *healthEnv {
 	done := make(chan struct{})
 	go func() { monitor.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	d.watchHealth(ctx, monitor)
+	d.health = monitor
+	d.watchHealth(ctx)
 	return &healthEnv{testEnv: e, driver: d, pub: pub, monitor: monitor, dir: dir}
 }
 

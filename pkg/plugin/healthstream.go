@@ -16,11 +16,13 @@ const watchingTimeout = 10 * time.Second
 
 // watchHealth subscribes the driver to the monitor's changes: each one
 // republishes the slices (taints) and wakes the kubelet's health streams.
-func (d *Driver) watchHealth(ctx context.Context, monitor *health.Monitor) {
+// d.health is set before anything that reads it starts (the status writer
+// reads the faults from another goroutine).
+func (d *Driver) watchHealth(ctx context.Context) {
+	monitor := d.health
 	if monitor == nil {
 		return
 	}
-	d.health = monitor
 	select {
 	case <-monitor.Watching():
 	case <-ctx.Done():
