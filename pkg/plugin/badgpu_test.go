@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -78,12 +77,7 @@ func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
 	e.state = restartWith(t, e, claim)
 	monitor := health.New(e.lib, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
 	d, pub := testDriver(t, e, dynamicAll())
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() { monitor.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	d.health = monitor
-	d.watchHealth(ctx)
+	ctx := watchWithMonitor(t, e, d, monitor)
 
 	records, _, err := e.state.store.List()
 	if err != nil {

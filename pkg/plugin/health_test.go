@@ -35,12 +35,7 @@ func newHealthEnv(t *testing.T, cfg health.Config) *healthEnv {
 	monitor := health.New(e.lib, cfg, nil)
 	e.state.faults = monitor
 	d, pub := testDriver(t, e, everyMode())
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() { monitor.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	d.health = monitor
-	d.watchHealth(ctx)
+	watchWithMonitor(t, e, d, monitor)
 	return &healthEnv{testEnv: e, driver: d, pub: pub, monitor: monitor, dir: dir}
 }
 
@@ -198,4 +193,17 @@ func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the applied remapping to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
+}
+
+// watchWithMonitor runs monitor until the test ends and subscribes the
+// driver to it, as Start does; the context is the monitor's.
+func watchWithMonitor(t *testing.T, e *testEnv, d *Driver, monitor *health.Monitor) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() { monitor.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	d.health = monitor
+	d.watchHealth(ctx)
+	return ctx
 }
