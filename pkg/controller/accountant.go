@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -30,6 +31,11 @@ type Accountant struct {
 	ledger    *Ledger
 	// DenyUnassigned: see Options.
 	DenyUnassigned bool
+	// ReclaimAfter: see Options.ReclaimUnallocatedAfter; zero: lenders wait.
+	ReclaimAfter time.Duration
+	// ReclaimEvents, when set, records on each claim deleted to give a
+	// lender its quota back why it went.
+	ReclaimEvents events.EventRecorder
 
 	catalogGen, tenancyGen atomic.Int64
 

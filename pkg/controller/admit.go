@@ -3,14 +3,14 @@ package controller
 import (
 	"context"
 	"fmt"
-
-	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -105,13 +105,14 @@ func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingA
 			answerAll(group, err)
 			return
 		}
-		results, next, reserved := a.decideGroup(ctx, held, group)
+		results, next, reserved, plans := a.decideGroup(ctx, held, group)
 		if !reserved {
 			answer(group, results)
 			return
 		}
 		err := b.write(ctx, a.ledger.client, next)
 		if err == nil {
+			a.reclaim(ctx, plans) // only once the reclaim entries are in the book
 			answer(group, results)
 			return
 		}
@@ -130,23 +131,34 @@ func (a *Accountant) commitGroup(ctx context.Context, b *book, group []*pendingA
 }
 
 // decideGroup decides each admission against the book plus the group's
-// earlier reservations; reserved tells whether the book changed.
-func (a *Accountant) decideGroup(ctx context.Context, held bookState, group []*pendingAdmission) ([]admitResult, bookState, bool) {
+// earlier reservations; reserved tells whether the book changed, plans
+// what to reclaim for lenders refused (reclaim.go) once it is written.
+func (a *Accountant) decideGroup(ctx context.Context, held bookState, group []*pendingAdmission) ([]admitResult, bookState, bool, []*reclaimPlan) {
 	results := make([]admitResult, len(group))
 	reserved := false
+	var plans []*reclaimPlan
 	for i, req := range group {
 		adm, err := a.decideOverruled(ctx, req.claim, held.entries, req.overrule)
-		if err == nil && adm.Allowed && !adm.Cost.IsZero() {
+		switch {
+		case err != nil:
+		case adm.Allowed && !adm.Cost.IsZero():
 			next, full := a.reserve(held, req.claim, adm.Cost, adm.Tenant)
 			if full != "" {
 				adm.Decision = quota.Decision{Resource: resourceLedger, Reason: full}
 			} else {
 				held, reserved = next, true
 			}
+		case !adm.Allowed:
+			plan, why := a.planReclaim(ctx, held, req.claim, adm)
+			adm.Reason += why
+			if plan != nil {
+				held.entries = append(slices.Clip(held.entries), plan.entry)
+				reserved, plans = true, append(plans, plan)
+			}
 		}
 		results[i] = admitResult{adm: adm, err: err}
 	}
-	return results, held, reserved
+	return results, held, reserved, plans
 }
 
 // resourceTenant is the Decision.Resource of a claim refused for its

@@ -229,8 +229,8 @@ func (a *Accountant) holdLocked(ctx context.Context, g *cohortUsage, held []rese
 	now := a.now()
 	for _, r := range held {
 		m := g.owner[r.Namespace]
-		if m == nil || !a.countsIn(g, r, now) {
-			continue
+		if m == nil || !a.countsIn(g, r, now) || (r.Reclaim && m.tenant.Name == tenant) {
+			continue // a reclaim entry holds quota for its tenant, against the others
 		}
 		if e := g.hold(ctx, r, m); e != nil && m.tenant.Name == tenant {
 			tally.Add(e.charge, false)

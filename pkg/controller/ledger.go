@@ -89,6 +89,10 @@ type reservation struct {
 	Memory    int64            `json:"memory,omitempty"`
 	Devices   map[string]int64 `json:"devices,omitempty"`
 	At        time.Time        `json:"at"`
+	// Reclaim marks quota reclaimed from borrowers for the tenant of
+	// Namespace (reclaim.go): no claim of that name; it counts for every
+	// other tenant's decisions, not for that tenant's own.
+	Reclaim bool `json:"reclaim,omitempty"`
 }
 
 func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, at time.Time) reservation {
@@ -101,7 +105,7 @@ func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, a
 // names and units need no escaping (the API server validated them), an
 // int64 has at most 20 characters and a time in RFC 3339 at most 35.
 func (r reservation) sizeBound() int {
-	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"at":""},`) + 20 + 35
+	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"at":"","reclaim":true},`) + 20 + 35
 	n := fixed + len(r.UID) + len(r.Namespace) + len(r.Name) + len(r.Units)
 	for class := range r.Devices {
 		n += len(`"":,`) + len(class) + 20

@@ -47,6 +47,10 @@ var (
 		Name: "gpuaas_claim_alternatives_dropped_total",
 		Help: "firstAvailable alternatives the alternatives webhook dropped from new ResourceClaims because the tenant's quota did not admit them, by tenant.",
 	}, []string{"tenant"})
+	reclaimedClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpuaas_quota_reclaimed_claims_total",
+		Help: "Unallocated ResourceClaims of a borrowing tenant deleted to give a cohort lender its own quota back (reclaim.go), by the borrowing tenant.",
+	}, []string{"tenant"})
 	// A quota check that fails answers the webhook with an error, which
 	// the API server turns into a refused claim (failurePolicy Fail) and
 	// controller-runtime counts as a 200: these say so.
@@ -79,7 +83,7 @@ func registerMetrics() {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
 		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped,
-			admissionErrors, ledgerErrors, webhookCertExpiry)
+			reclaimedClaims, admissionErrors, ledgerErrors, webhookCertExpiry)
 	})
 }
 

@@ -16,6 +16,10 @@ const (
 	DefaultLeaderElectionID  = "gpuaas-dra-controller"
 	DefaultWebhookPort       = 9443
 	defaultResync            = 30 * time.Second
+	// DefaultReclaimUnallocatedAfter is long enough for a pod's claim to
+	// be scheduled on a busy cluster, short enough that a lender is not
+	// locked out for long by claims no pod uses.
+	DefaultReclaimUnallocatedAfter = 10 * time.Minute
 )
 
 // DefaultKueueClaimCreators are the identities the kube-controller-manager
@@ -94,6 +98,12 @@ type Options struct {
 	// limits too, whatever the webhook does (backstop.go). With Kueue,
 	// tenants Kueue admits for (spec.kueue) get none.
 	QuotaBackstop bool
+
+	// ReclaimUnallocatedAfter: a cohort lender refused within its own
+	// limit because its quota is lent out gets it back from the borrowers'
+	// claims that have stayed unallocated for longer than this: they are
+	// deleted (reclaim.go). Zero: lenders wait until borrowers give back.
+	ReclaimUnallocatedAfter time.Duration
 
 	// Resync is how often quota status (and the gpu-unit-seconds billing
 	// counter) is refreshed without any change; default 30s.

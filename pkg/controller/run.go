@@ -159,6 +159,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	}
 	acct := NewAccountant(mgr.GetCache(), mgr.GetAPIReader(), NewLedger(direct, opts.LedgerNamespace))
 	acct.DenyUnassigned = opts.DenyUnassigned
+	acct.ReclaimAfter, acct.ReclaimEvents = opts.ReclaimUnallocatedAfter, mgr.GetEventRecorder("gpuaas-dra-controller")
 	nudge := newNudger(mgr.GetClient(), opts.NudgeWaitingPods)
 	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {
 		return err

@@ -102,6 +102,12 @@ type Decision struct {
 	// Borrows is true when the claim fits only with quota borrowed from
 	// the cohort.
 	Borrows bool
+	// Lent, for a claim refused only because its tenant's own quota is
+	// out on loan in its cohort (the claim is within the tenant's own
+	// limits), is what the cohort lacks of each borrowable resource
+	// (Units, Memory): what its borrowers would have to give back for the
+	// claim to fit. Zero for any other refusal.
+	Lent Charge
 }
 
 // Decide admits a claim costing req for tenant t, which holds usage, in a
@@ -161,17 +167,44 @@ func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 				class, used, reserved, req.Devices[class], limit))
 		}
 	}
-	for _, dim := range dimensions {
+	onlyLent := d.Allowed // no device limit refused it
+	var lent [2]Units
+	for i, dim := range dimensions {
 		ok, borrows, reason := dim.check(t, usage, req, dim.idle(peers))
 		d.Borrows = d.Borrows || (ok && borrows)
 		if !ok {
 			fail(dim.name, reason)
+			lent[i] = dim.lentShortfall(t, usage, req, dim.idle(peers))
+			onlyLent = onlyLent && lent[i].Sign() > 0
 		}
 	}
 	if !d.Allowed {
 		d.Reason = fmt.Sprintf("TenantQuota %q exceeded: %s", t.Name, strings.Join(violations, "; "))
+		if onlyLent {
+			d.Lent = Charge{Units: lent[0], Memory: ceilInt(lent[1])}
+		}
 	}
 	return d
+}
+
+// lentShortfall is, for a claim within t's own limit on this resource that
+// the cohort refused (see withinCohort), how much the cohort lacks; zero
+// when the claim is over t's own limit, where nothing is owed back.
+func (dim dimension) lentShortfall(t Tenant, usage Usage, req Charge, peersIdle Units) Units {
+	limit, want := dim.limit(t.Limits), dim.get(req)
+	if limit == nil || t.Cohort == "" || dim.get(usage.Total()).Add(want).Cmp(*limit) > 0 {
+		return Units{}
+	}
+	return MaxUnits(want.Sub(dim.cohortIdle(t, usage, peersIdle)), Units{})
+}
+
+// ceilInt rounds u up to a whole number.
+func ceilInt(u Units) int64 {
+	n := unitsInt(u)
+	if NewUnits(n, 1).Cmp(u) < 0 {
+		n++
+	}
+	return n
 }
 
 // dimension is gpuUnits or gpuMemory, the two resources that can be

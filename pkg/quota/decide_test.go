@@ -34,6 +34,9 @@ func TestDecide(t *testing.T) {
 		borrows bool
 		// parts the denial reason must contain
 		reason []string
+		// lent is the Decision's Lent units: what the borrowers owe a
+		// lender refused within its own limit; zero elsewhere.
+		lent Units
 	}{
 		{
 			name: "under the limit", tenant: tenant("team-a", "", units(2, 1), nil),
@@ -128,6 +131,21 @@ func TestDecide(t *testing.T) {
 			usage: used(WholeUnits(1)), req: gpu(1),
 			peers:  []Peer{{Tenant: tenant("team-a", "research", units(1, 1), nil), Total: Charge{Units: WholeUnits(2)}}},
 			reason: []string{"limit 2", `within its own limit, but cohort "research" has lent it out: 0 idle`},
+			lent:   WholeUnits(1),
+		},
+		{
+			name: "a lender short of part of a claim is owed that part", tenant: tenant("team-b", "research", units(2, 1), nil),
+			usage: used(WholeUnits(0)), req: gpu(2),
+			peers:  []Peer{{Tenant: tenant("team-a", "research", units(1, 1), nil), Total: Charge{Units: NewUnits(3, 2)}}},
+			reason: []string{"has lent it out: 1.5 idle"},
+			lent:   NewUnits(1, 2),
+		},
+		{
+			name: "a lender also over a device limit is owed nothing", tenant: Tenant{Name: "team-b", Cohort: "research",
+				Limits: Limits{Units: units(2, 1), Devices: map[string]int64{"h100": 0}}},
+			usage: used(WholeUnits(1)), req: gpu(1),
+			peers:  []Peer{{Tenant: tenant("team-a", "research", units(1, 1), nil), Total: Charge{Units: WholeUnits(2)}}},
+			reason: []string{"has lent it out", `devices of profile "h100"`},
 		},
 		{
 			name: "a lender takes back what the borrowers gave back", tenant: tenant("team-b", "research", units(2, 1), nil),
@@ -170,6 +188,9 @@ func TestDecide(t *testing.T) {
 			}
 			if !d.Allowed && d.Resource == "" {
 				t.Error("denial names no resource")
+			}
+			if d.Lent.Units.Cmp(tt.lent) != 0 {
+				t.Errorf("Lent = %s units, want %s", d.Lent.Units, tt.lent)
 			}
 		})
 	}

@@ -372,7 +372,7 @@ func (kq *kueueHelper) poll(ctx context.Context, what string, cond wait.Conditio
 // test ends, its log shown if it failed) and the dra-controller as the
 // chart's controller.kueue runs it, which keeps the ResourceFlavor and
 // judges every claim of the test, and waits for that flavor.
-func startKueueWithController(t *testing.T, opts framework.KueueOptions) {
+func startKueueWithController(t *testing.T, opts framework.KueueOptions, more ...func(*controller.Options)) {
 	t.Helper()
 	k, err := cp.StartKueue(framework.Context(t, 5*time.Minute), opts)
 	if err != nil {
@@ -386,6 +386,11 @@ func startKueueWithController(t *testing.T, opts framework.KueueOptions) {
 			t.Errorf("stopping Kueue: %v", err)
 		}
 	})
-	startControllerWith(t, func(o *controller.Options) { o.Kueue = true })
+	startControllerWith(t, func(o *controller.Options) {
+		o.Kueue = true
+		for _, set := range more {
+			set(o)
+		}
+	})
 	waitForFlavor(t)
 }

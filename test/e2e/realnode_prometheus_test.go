@@ -192,6 +192,10 @@ func requirePrometheus(t *testing.T) {
 // installChartForTest installs the chart on the test's own real node and
 // uninstalls it when the test ends (after what the test created later),
 // so that the next real-node test installs it afresh.
+// reclaimAfterForTest is the chart's controller.reclaimUnallocatedAfter in
+// the tests that install it with installChartForTest.
+const reclaimAfterForTest = "5s"
+
 func installChartForTest(t *testing.T, n *realNode) {
 	t.Helper()
 	ctx := framework.Context(t, 6*time.Minute)
@@ -199,6 +203,8 @@ func installChartForTest(t *testing.T, n *realNode) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Short, so the monitoring scenario can show a lender reclaiming.
+	values = strings.Replace(values, "\ncontroller:\n", "\ncontroller:\n  reclaimUnallocatedAfter: "+reclaimAfterForTest+"\n", 1)
 	n.values = values
 	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
 		t.Fatal(err)
@@ -377,6 +383,7 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 		t.Fatalf("team-a's second claim over its limit: got %v, want a quota denial", err)
 	}
 	t.Logf("team-a at its limit, denied again: %v", err)
+	lenderReclaims(t, ctx, prom)
 
 	ns := cp.CreateNamespace(t, "prom-whole")
 	createOneGPUTemplate(t, ctx, ns)
@@ -401,6 +408,36 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 	}
 	waitForSeries(t, ctx, prom, fmt.Sprintf(`gpuaas_gpu_posture{posture="Unhealthy", gpu="%d"}`, xidGPU))
 	t.Logf("XID 48 on GPU %d (%s): Prometheus sees it Unhealthy", xidGPU, uuid)
+}
+
+// lenderReclaims: team-b, within its own limit, asks for a slice of the
+// quota team-a borrows with claims no pod uses (queued, burst): refused at
+// first, the newest of them (burst) is deleted by the controller, through
+// the chart's RBAC, and team-b's claim is admitted on a retry (issue 26
+// item 6; the chart here reclaims after reclaimAfterForTest).
+func lenderReclaims(t *testing.T, ctx context.Context, prom *framework.Prometheus) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		c := &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "needs-its-own", Namespace: "team-b"},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "mig-1g"}}}}},
+		}
+		_, last = cp.Client.ResourceV1().ResourceClaims("team-b").Create(ctx, c, metav1.CreateOptions{})
+		if last != nil && !strings.Contains(last.Error(), "has lent it out") {
+			return false, last
+		}
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("team-b's claim within its own limit: %v (last: %v)", err, last)
+	}
+	if _, err := cp.Client.ResourceV1().ResourceClaims("team-a").Get(ctx, "burst", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("team-a's burst claim, the newest it borrows with: got %v, want it reclaimed (deleted)", err)
+	}
+	waitForSeries(t, ctx, prom, `gpuaas_quota_reclaimed_claims_total{tenant="team-a"}`)
+	t.Logf("team-b took its own quota back from team-a's unallocated claim burst")
 }
 
 // publishedDevicesOf lists the real node's published devices.

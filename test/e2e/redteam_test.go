@@ -13,12 +13,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -77,7 +79,15 @@ var redTeamRoutes = []redTeamRoute{
 	// What decides the quota, out of the tenant's reach: the exemption
 	// label on its namespace, the catalog, the TenantQuota itself.
 	{name: "ClusterScopedLevers", attack: attackClusterScoped},
+	// Issue 26 item 6: a tenant allowed to borrow takes its peer's idle
+	// quota with bare claims no pod ever uses, locking the peer out of
+	// its own quota for as long as they exist.
+	{name: "BorrowerLocksLenderOut", attack: attackLockLenderOut},
 }
+
+// redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:
+// short, so BorrowerLocksLenderOut need not wait the default 10 minutes.
+const redTeamReclaimAfter = 3 * time.Second
 
 // redTeamEnv is one route's world.
 type redTeamEnv struct {
@@ -100,7 +110,8 @@ func TestRedTeam(t *testing.T) {
 	startNode(t)
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
-	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges)})
+	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges)},
+		func(o *controller.Options) { o.ReclaimUnallocatedAfter = redTeamReclaimAfter })
 	spanning := spanningClass(t)
 	for _, route := range redTeamRoutes {
 		t.Run(route.name, func(t *testing.T) {
@@ -356,6 +367,57 @@ func attackClusterScoped(t *testing.T, ctx context.Context, env *redTeamEnv) {
 
 // templatePod is a pod of the attacker's asking for two whole GPUs from a
 // template of its own, controlled by owner (if any).
+func attackLockLenderOut(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	// The platform lets this tenant borrow (the admin's change, not the
+	// attacker's).
+	var q gpuaas.TenantQuota
+	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: env.tenant}, &q); err != nil {
+		t.Fatal(err)
+	}
+	q.Spec.BorrowingLimit = nil
+	if err := ctrlClient.Update(ctx, &q); err != nil {
+		t.Fatal(err)
+	}
+	// Its own second unit, then the peer's idle one, then more: bare
+	// claims no pod uses.
+	var hogs []string
+	for i := range 4 {
+		c, err := env.claims().Create(ctx, gpuClaim(env.ns, fmt.Sprintf("hog-%d", i), "gpu.gpuaas.io", 1), metav1.CreateOptions{})
+		if err == nil {
+			hogs = append(hogs, c.Name)
+		}
+	}
+	if len(hogs) != 2 {
+		t.Fatalf("the tenant got %v; want its own unit and the peer's idle one", hogs)
+	}
+	// The peer asks for its own unit: lent out at first, reclaimed from
+	// the hogs once they have stayed unallocated past the grace.
+	peerClaim := gpuClaim(env.peerNS, uniqueName("lender"), "gpu.gpuaas.io", 1)
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		last = createClaim(ctx, peerClaim)
+		if last != nil && !strings.Contains(last.Error(), "has lent it out") {
+			return false, last
+		}
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the peer stayed locked out of its own quota: %v (last: %v)", err, last)
+	}
+	// The newest hog went, the other stays: no more was taken than owed.
+	if _, err := env.claims().Get(ctx, hogs[1], metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claim %s, the newest borrowing one: got %v, want it reclaimed", hogs[1], err)
+	}
+	if _, err := env.claims().Get(ctx, hogs[0], metav1.GetOptions{}); err != nil {
+		t.Errorf("claim %s, within the tenant's own limit, was taken: %v", hogs[0], err)
+	}
+	// The peer's unit is back in use: give it back, so the containment
+	// check's peer claim (within the peer's limit of 1) can be admitted.
+	if err := cp.Client.ResourceV1().ResourceClaims(env.peerNS).Delete(ctx, peerClaim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (env *redTeamEnv) templatePod(t *testing.T, ctx context.Context, name string, owner *metav1.OwnerReference) *v1.Pod {
 	t.Helper()
 	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: env.ns},
