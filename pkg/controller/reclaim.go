@@ -171,7 +171,7 @@ func beyondLimits(l quota.Limits, total quota.Charge) dimVals {
 }
 
 // pickVictims takes the newest claims first (those that have waited
-// least), from a borrower only while it still borrows a resource the lender
+// least; creation time, then resourceVersion), from a borrower only while it still borrows a resource the lender
 // lacks, until they cover need; ok is false when they cannot.
 func pickVictims(borrowers []*borrower, need quota.Charge) ([]reclaimVictim, bool) {
 	type candidate struct {
@@ -185,7 +185,20 @@ func pickVictims(borrowers []*borrower, need quota.Charge) ([]reclaimVictim, boo
 			all = append(all, candidate{b: b, v: v, created: b.created[v.uid]})
 		}
 	}
-	slices.SortStableFunc(all, func(x, y candidate) int { return y.created.Compare(x.created) })
+	slices.SortStableFunc(all, func(x, y candidate) int {
+		if c := y.created.Compare(x.created); c != 0 {
+			return c
+		}
+		// Creation times have seconds only; of two unchanged claims the
+		// later resourceVersion is the later create.
+		switch {
+		case newer(x.v.resourceVersion, y.v.resourceVersion):
+			return -1
+		case newer(y.v.resourceVersion, x.v.resourceVersion):
+			return 1
+		}
+		return 0
+	})
 	want := dimsOf(need)
 	var got dimVals
 	var victims []reclaimVictim

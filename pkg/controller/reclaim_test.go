@@ -27,6 +27,9 @@ func reclaimWorld(t *testing.T, age, newest time.Duration) []client.Object {
 	idle1, idle2 := claim("a", "idle-1", "h100", 1), claim("a", "idle-2", "h100", 1)
 	own.CreationTimestamp, idle1.CreationTimestamp = created, created
 	idle2.CreationTimestamp = metav1.NewTime(time.Now().Add(-newest))
+	if age == newest { // same second: the later create is told by its resourceVersion
+		idle2.CreationTimestamp = created
+	}
 	return append(world(t), ns("a", nil), ns("b", nil),
 		tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
 			Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}}),
@@ -42,7 +45,7 @@ func reclaimWorld(t *testing.T, age, newest time.Duration) []client.Object {
 // enough, and the quota is kept for the lender against the borrower's next
 // claim.
 func TestLenderReclaimsFromUnallocatedBorrowers(t *testing.T) {
-	acct, c := newAccountant(t, reclaimWorld(t, 20*time.Minute, 19*time.Minute)...)
+	acct, c := newAccountant(t, reclaimWorld(t, 20*time.Minute, 20*time.Minute)...)
 	acct.ReclaimAfter = 10 * time.Minute
 	reclaimedBefore := testutil.ToFloat64(reclaimedClaims.WithLabelValues("team-a"))
 
