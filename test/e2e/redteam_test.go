@@ -83,6 +83,11 @@ var redTeamRoutes = []redTeamRoute{
 	// quota with bare claims no pod ever uses, locking the peer out of
 	// its own quota for as long as they exist.
 	{name: "BorrowerLocksLenderOut", attack: attackLockLenderOut},
+	// Issue 26 item 5: the webhook runs before the create, so re-running
+	// a create of a name that exists is admitted (here, by borrowing the
+	// peer's idle unit), then fails AlreadyExists; each reservation held
+	// the peer's unit for 35 s with nothing in the API.
+	{name: "RerunCreateHoldsQuota", attack: attackRerunCreate},
 }
 
 // redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:
@@ -368,16 +373,7 @@ func attackClusterScoped(t *testing.T, ctx context.Context, env *redTeamEnv) {
 // templatePod is a pod of the attacker's asking for two whole GPUs from a
 // template of its own, controlled by owner (if any).
 func attackLockLenderOut(t *testing.T, ctx context.Context, env *redTeamEnv) {
-	// The platform lets this tenant borrow (the admin's change, not the
-	// attacker's).
-	var q gpuaas.TenantQuota
-	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: env.tenant}, &q); err != nil {
-		t.Fatal(err)
-	}
-	q.Spec.BorrowingLimit = nil
-	if err := ctrlClient.Update(ctx, &q); err != nil {
-		t.Fatal(err)
-	}
+	env.allowBorrowing(t, ctx)
 	// Its own second unit, then the peer's idle one, then more: bare
 	// claims no pod uses.
 	var hogs []string
@@ -395,11 +391,14 @@ func attackLockLenderOut(t *testing.T, ctx context.Context, env *redTeamEnv) {
 	peerClaim := gpuClaim(env.peerNS, uniqueName("lender"), "gpu.gpuaas.io", 1)
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
-		last = createClaim(ctx, peerClaim)
-		if last != nil && !strings.Contains(last.Error(), "has lent it out") {
-			return false, last
+		err := createClaim(ctx, peerClaim)
+		if err != nil && ctx.Err() == nil {
+			last = err // the API's answer, not the poll's deadline
 		}
-		return last == nil, nil
+		if err != nil && !strings.Contains(err.Error(), "has lent it out") {
+			return false, err
+		}
+		return err == nil, nil
 	})
 	if err != nil {
 		t.Fatalf("the peer stayed locked out of its own quota: %v (last: %v)", err, last)
@@ -416,6 +415,39 @@ func attackLockLenderOut(t *testing.T, ctx context.Context, env *redTeamEnv) {
 	if err := cp.Client.ResourceV1().ResourceClaims(env.peerNS).Delete(ctx, peerClaim.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func attackRerunCreate(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	env.allowBorrowing(t, ctx)
+	dup := gpuClaim(env.ns, "dup", "gpu.gpuaas.io", 1)
+	if _, err := env.claims().Create(ctx, dup, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the tenant's own second unit: %v", err)
+	}
+	for range 20 {
+		_, err := env.claims().Create(ctx, gpuClaim(env.ns, "dup", "gpu.gpuaas.io", 1), metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) && !apierrors.IsForbidden(err) {
+			t.Fatalf("re-running the create: got %v, want AlreadyExists (or a quota refusal)", err)
+		}
+	}
+	// checkContained's peer claim, right away, within 35 s of the re-runs.
+}
+
+// allowBorrowing is the platform letting the tenant borrow from its
+// cohort (the admin's change, not the attacker's).
+func (env *redTeamEnv) allowBorrowing(t *testing.T, ctx context.Context) {
+	t.Helper()
+	var q gpuaas.TenantQuota
+	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: env.tenant}, &q); err != nil {
+		t.Fatal(err)
+	}
+	q.Spec.BorrowingLimit = nil
+	if err := ctrlClient.Update(ctx, &q); err != nil {
+		t.Fatal(err)
+	}
+	// The controller has read the change once its status describes it.
+	waitForQuota(t, env.tenant, "borrowing allowed", func(got *gpuaas.TenantQuota) bool {
+		return got.Status.ObservedGeneration >= q.Generation
+	})
 }
 
 func (env *redTeamEnv) templatePod(t *testing.T, ctx context.Context, name string, owner *metav1.OwnerReference) *v1.Pod {
