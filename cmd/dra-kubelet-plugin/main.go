@@ -45,6 +45,7 @@ type flags struct {
 	cdiHookSource                                      string
 	mockStateDir                                       string
 	clearFaults                                        string
+	releaseGPUs, reacquireGPUs                         bool
 	mpsDaemons, mpsImage, podName, podNamespace        string
 	priorityClass                                      string
 	mpsShmSize                                         string
@@ -67,14 +68,38 @@ func main() {
 		fmt.Printf("asked the plugin to clear the faults of %s at its next probe\n", f.clearFaults)
 		return
 	}
+	if f.releaseGPUs || f.reacquireGPUs {
+		// An operator's request to the running plugin (kubectl exec).
+		os.Exit(requestMaintenance(f))
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	logger := klog.Background().WithName("dra-kubelet-plugin")
 	ctx = klog.NewContext(ctx, logger)
-	if err := run(ctx, f); err != nil {
+	err := run(ctx, f)
+	if errors.Is(err, nvdev.ErrNewProcessNeeded) && ctx.Err() == nil {
+		cancel()
+		reexec(logger, err)
+	}
+	if err != nil {
 		logger.Error(err, "Plugin failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
+}
+
+// reexec replaces the process by a new run of the plugin, for a new
+// driver whose NVML library this process cannot load (see
+// nvdev.ErrNewProcessNeeded): the container goes on, without the restart
+// and the back-off an exit would cost. Only if that fails does it exit.
+func reexec(logger klog.Logger, reason error) {
+	logger.Info("Executing the plugin again to load the new NVIDIA driver", "reason", reason.Error())
+	klog.Flush()
+	exe, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(exe, os.Args, os.Environ())
+	}
+	logger.Error(err, "Executing the plugin again failed; exiting so that the kubelet restarts it")
+	klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 }
 
 func parseFlags() flags {
@@ -96,13 +121,15 @@ func parseFlags() flags {
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
 	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", plugin.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
 	fs.StringVar(&f.clearFaults, "clear-faults", "", "Do not run: ask the plugin running on this node (same --plugin-data-dir) to clear the faults, and so the taints, of a GPU (its UUID, or \"all\") after an operator reset it; run with kubectl exec in the plugin pod.")
+	fs.BoolVar(&f.releaseGPUs, "release-gpus", false, "Do not run: ask the plugin running on this node (same --plugin-data-dir) to let go of the GPUs for a GPU reset (nvidia-smi -r) or a driver upgrade (rmmod nvidia), and wait until it has: it shuts NVML down, taints its devices gpu.gpuaas.io/maintenance, refuses new claims and reports not ready, until --reacquire-gpus or a new driver version under --driver-root; run with kubectl exec in the plugin pod.")
+	fs.BoolVar(&f.reacquireGPUs, "reacquire-gpus", false, "Do not run: ask the plugin running on this node to take the GPUs back after --release-gpus (it waits for the driver if it is not loaded yet), and wait until it has; run with kubectl exec in the plugin pod.")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; when set, enables rolling updates (two plugin pods on a node). [$POD_UID]")
 	fs.StringVar(&f.mpsDaemons, "mps-daemons", cli.Env("MPS_DAEMONS", mpsInPods), fmt.Sprintf("Where MPS control daemons run: %q, a pod per GPU on this node (survives plugin restarts and rolling updates; needs --mps-daemon-image, $POD_NAME and $POD_NAMESPACE), or %q, background processes of the plugin (only where the plugin runs as a host process: in a container they die with it). [$MPS_DAEMONS]", mpsInPods, mpsInProcesses))
 	fs.StringVar(&f.mpsImage, "mps-daemon-image", os.Getenv("MPS_DAEMON_IMAGE"), "Image of the MPS daemon pods (the plugin's own; the daemon binary comes from the driver root). [$MPS_DAEMON_IMAGE]")
 	fs.StringVar(&f.priorityClass, "mps-daemon-priority-class", os.Getenv("MPS_DAEMON_PRIORITY_CLASS"), "Priority class of the MPS daemon pods. [$MPS_DAEMON_PRIORITY_CLASS]")
 	fs.StringVar(&f.mpsShmSize, "mps-shm-size", cli.Env("MPS_SHM_SIZE", resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI).String()), "With MPS daemons in pods: the size of each MPS GPU's shared memory, a tmpfs the daemon and every client see at /dev/shm (mounted in the plugin's directory, which must propagate to the host). [$MPS_SHM_SIZE]")
 	fs.DurationVar(&f.startTimeout, "start-timeout", envDuration("START_TIMEOUT", plugin.DefaultStartTimeout), "How long one start step (opening NVML, restoring one prepared claim, registering) may take before the liveness check calls the start hung. Waiting for the driver is not a step: it lasts as long as the driver takes. [$START_TIMEOUT]")
-	fs.DurationVar(&f.driverRetry, "driver-retry-interval", nvdev.DriverRetryInterval, "How often to look again for an NVIDIA driver that is not ready yet (no libnvidia-ml under --driver-root, or the kernel module not loaded); meanwhile the plugin is alive and not ready.")
+	fs.DurationVar(&f.driverRetry, "driver-retry-interval", nvdev.DriverRetryInterval, "How often to look again for an NVIDIA driver that is not ready yet (no libnvidia-ml under --driver-root, or the kernel module not loaded); meanwhile the plugin is alive and not ready. Also how often the installed driver's version (libnvidia-ml.so.<version> under --driver-root) is read, so that a driver upgrade is taken up, and operators' --release-gpus requests.")
 	fs.DurationVar(&f.staticMIGResync, "static-mig-resync", plugin.DefaultStaticMIGResync, "How often the MIG layouts of GPUs offered as static MIG are read again, so that MIG devices an admin (mig-manager) makes after the start are published; negative: only at start.")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
@@ -138,7 +165,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		return err
 	}
 	health.Step(ctx, "opening NVML")
-	lib, err := openNVML(ctx, f, health)
+	opened, err := openNVML(ctx, f, health)
 	if err != nil && ctx.Err() != nil {
 		klog.FromContext(ctx).Info("Shutting down while waiting for the NVIDIA driver")
 		return nil
@@ -146,7 +173,14 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	if err != nil {
 		return err
 	}
+	// Releasable: an operator lets go of the GPUs for a reset or an
+	// upgrade without stopping the plugin (--release-gpus).
+	lib := nvdev.NewReleasable(opened, nvmlOptions(f))
 	defer func() { _ = lib.Shutdown() }()
+	// A driver upgrade that needs a new process ends the run with its
+	// reason (main executes the plugin again).
+	ctx, restart := context.WithCancelCause(ctx)
+	defer restart(nil)
 	health.Step(ctx, "setting up CDI")
 	cdiHandler, err := cdi.NewHandler(cdi.Options{
 		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, NVML: lib.NVML(),
@@ -155,10 +189,9 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	if err != nil {
 		return fmt.Errorf("setting up CDI: %w", err)
 	}
+	// The plugin runs the monitor: it stops it while the GPUs are
+	// released (its event set holds the driver).
 	monitor := healthMonitor(nodeCfg.Health, lib, reg, f)
-	if monitor != nil {
-		go monitor.Run(ctx)
-	}
 	// Warnings an operator must act on go to the Node's events.
 	broadcaster := events.NewEventBroadcasterAdapterWithContext(ctx, client)
 	broadcaster.StartRecordingToSink(ctx.Done())
@@ -178,6 +211,8 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor, Steps: health,
 		StaticMIGResync: f.staticMIGResync,
+		Maintenance: plugin.MaintenanceOptions{Session: lib, Files: cdiHandler, Dir: plugin.MaintenanceDir(f.pluginDataDir),
+			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart},
 	})
 	if err != nil {
 		return err
@@ -185,8 +220,17 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	defer driver.Stop()
 	health.Started(driver)
 	<-ctx.Done()
+	if cause := context.Cause(ctx); errors.Is(cause, nvdev.ErrNewProcessNeeded) {
+		klog.FromContext(ctx).Info("Stopping to start again in a new process", "reason", cause.Error())
+		return cause
+	}
 	klog.FromContext(ctx).Info("Shutting down")
 	return nil
+}
+
+// nvmlOptions open the NVML session of the flags' backend.
+func nvmlOptions(f flags) nvdev.Options {
+	return nvdev.Options{Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName, MockStateDir: f.mockStateDir}
 }
 
 // openNVML opens the NVML session, waiting while the driver is not there
@@ -197,9 +241,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 func openNVML(ctx context.Context, f flags, health *plugin.Health) (nvdev.Interface, error) {
 	logger := klog.FromContext(ctx)
 	var tries int
-	lib, err := nvdev.OpenWhenReady(ctx, nvdev.Options{
-		Backend: f.nvml, DriverRoot: f.driverRoot, MockSeed: f.nodeName, MockStateDir: f.mockStateDir,
-	}, f.driverRetry, func(err error) {
+	lib, err := nvdev.OpenWhenReady(ctx, nvmlOptions(f), f.driverRetry, func(err error) {
 		what := fmt.Sprintf("waiting for the NVIDIA driver under driver root %s", f.driverRoot)
 		health.Wait(ctx, what)
 		// Once, then every minute or so: the wait can last long.

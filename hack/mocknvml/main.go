@@ -14,6 +14,8 @@
 //	mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml unknown-generation --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml slow-create --state-dir DIR --delay D
+//	mocknvml driver-unload --state-dir DIR
+//	mocknvml driver-load --state-dir DIR
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -43,6 +45,13 @@
 // state directory no plugin has used yet, --machine and --seed (the
 // plugin's --nvml=mock:<machine> and its node name) create the machine.
 //
+// driver-unload unloads the mock machines' driver module, as rmmod nvidia
+// does: it fails, naming them, while processes hold NVML sessions (a
+// plugin that has not released the GPUs: dra-kubelet-plugin
+// --release-gpus); while unloaded, opening NVML fails with "Driver Not
+// Loaded". driver-load loads it again. A driver upgrade between the two
+// is a new libnvidia-ml.so.<version> under the plugin's driver root.
+//
 // --state-dir defaults to $MOCK_NVML_STATE_DIR.
 package main
 
@@ -71,6 +80,8 @@ const usage = `usage:
   mocknvml row-remap --state-dir DIR --gpu N|UUID [--off]
   mocknvml unknown-generation --state-dir DIR --gpu N|UUID [--off]
   mocknvml slow-create --state-dir DIR --delay D
+  mocknvml driver-unload --state-dir DIR
+  mocknvml driver-load --state-dir DIR
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
@@ -85,6 +96,17 @@ var commands = map[string]func(args []string) error{
 	"row-remap":          rowRemap,
 	"unknown-generation": unknownGeneration,
 	"slow-create":        slowCreate,
+	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvdev.UnloadMockDriver) },
+	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvdev.LoadMockDriver) },
+}
+
+// driverModule unloads or loads the mock driver module.
+func driverModule(name string, args []string, do func(stateDir string) error) error {
+	c := newCommand(name, false)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return do(*c.stateDir)
 }
 
 func main() {

@@ -4,7 +4,8 @@
 // UID, so that preparing or unpreparing a claim touches exactly one file and
 // never grows with the number of claims already prepared. The edits every GPU
 // container needs (driver libraries and binaries, control device nodes) are
-// computed once in NewHandler and reused for every claim.
+// computed in NewHandler and reused for every claim, until Refresh computes
+// them again for another driver version (after a driver upgrade).
 package cdi
 
 import (
@@ -15,6 +16,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
@@ -104,16 +107,29 @@ type Mount struct {
 }
 
 // Handler writes and deletes per-claim CDI specs. It is safe for concurrent
-// use: the cached common edits are never modified after NewHandler.
+// use: the cached common edits are never modified, only replaced whole by
+// Refresh.
 type Handler struct {
 	cdiRoot string
-	nodes   nodeChecker
-	common  specs.ContainerEdits
-	log     klog.Logger
+	driver  atomic.Pointer[driverFiles]
+	// refreshMu orders Refreshes; opts is theirs.
+	refreshMu sync.Mutex
+	opts      Options
+	log       klog.Logger
 }
 
-// NewHandler computes the edits common to all claims once and prepares the
-// CDI root.
+// driverFiles is what a spec takes from the installed driver, computed
+// for one driver version.
+type driverFiles struct {
+	// version is the driver whose files common names; "" when none are
+	// (no driver installed under the driver root).
+	version string
+	nodes   nodeChecker
+	common  specs.ContainerEdits
+}
+
+// NewHandler computes the edits common to all claims and prepares the CDI
+// root.
 func NewHandler(opts Options) (*Handler, error) {
 	if opts.CDIRoot == "" {
 		return nil, fmt.Errorf("CDI root must be set")
@@ -127,6 +143,41 @@ func NewHandler(opts Options) (*Handler, error) {
 		return nil, fmt.Errorf("create CDI root %q: %w", opts.CDIRoot, err)
 	}
 	removeStaleTempFiles(log, opts.CDIRoot)
+	df, err := discoverDriverFiles(log, opts)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{cdiRoot: opts.CDIRoot, opts: opts, log: log}
+	h.driver.Store(df)
+	return h, nil
+}
+
+// Refresh discovers the driver's files again through lib (a new NVML
+// session, after a driver upgrade): specs written from then on name the
+// driver NVML reports now; those already written are left alone (their
+// containers run on the driver they started with until restarted). It
+// returns the driver version the specs now name ("" for none). On an
+// error the previous edits are kept.
+func (h *Handler) Refresh(lib nvml.Interface) (string, error) {
+	h.refreshMu.Lock()
+	defer h.refreshMu.Unlock()
+	opts := h.opts
+	opts.NVML = lib
+	df, err := discoverDriverFiles(h.log, opts)
+	if err != nil {
+		return h.DriverVersion(), err
+	}
+	h.opts = opts
+	h.driver.Store(df)
+	return df.version, nil
+}
+
+// DriverVersion is the driver whose files the specs name, "" for none.
+func (h *Handler) DriverVersion() string { return h.driver.Load().version }
+
+// discoverDriverFiles computes the common edits of the driver installed
+// now (nvcdi's discovery), moved to the host's driver root.
+func discoverDriverFiles(log klog.Logger, opts Options) (*driverFiles, error) {
 	version, why := installedDriver(log, opts)
 	common, err := commonEdits(log, opts, version, why)
 	if err != nil {
@@ -135,12 +186,7 @@ func NewHandler(opts Options) (*Handler, error) {
 	if common, err = toHostRoot(opts, common); err != nil {
 		return nil, err
 	}
-	return &Handler{
-		cdiRoot: opts.CDIRoot,
-		nodes:   newNodeChecker(opts, why == ""),
-		common:  common,
-		log:     log,
-	}, nil
+	return &driverFiles{version: version, nodes: newNodeChecker(opts, why == ""), common: common}, nil
 }
 
 // SpecPath is the file holding the CDI spec of one claim.

@@ -371,7 +371,7 @@ func TestNoDriverYieldsNodesAndEnvOnly(t *testing.T) {
 			var logged []string
 			log := funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{Verbosity: 1})
 			h, cdiRoot := newHandler(t, "", func(o *Options) { setup(t, o); o.Logger = log })
-			if name == "host root (no GPU)" && len(h.common.Mounts) > 0 {
+			if name == "host root (no GPU)" && len(h.driver.Load().common.Mounts) > 0 {
 				t.Skip("this host has an NVIDIA driver")
 			}
 			write(t, h, claimUID, twoGPUs())
@@ -387,7 +387,7 @@ func TestNoDriverYieldsNodesAndEnvOnly(t *testing.T) {
 			// nodes it has are named and the others left out.
 			var want []string
 			for _, p := range controlNodePaths() {
-				if h.nodes.localRoot == "" || fileExists(filepath.Join(h.nodes.localRoot, p)) {
+				if h.driver.Load().nodes.localRoot == "" || fileExists(filepath.Join(h.driver.Load().nodes.localRoot, p)) {
 					want = append(want, p)
 				}
 			}

@@ -32,22 +32,24 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 		return nil, fmt.Errorf("no devices")
 	}
 	log := h.log.WithValues("claimUID", claimUID)
-	control, err := h.nodes.controlNodes(log, h.common.DeviceNodes)
+	// One snapshot: a driver upgrade (Refresh) never mixes into a spec.
+	df := h.driver.Load()
+	control, err := df.nodes.controlNodes(log, df.common.DeviceNodes)
 	if err != nil {
 		return nil, err
 	}
-	capsMajor, err := h.nodes.capsMajor(devices)
+	capsMajor, err := df.nodes.capsMajor(devices)
 	if err != nil {
 		return nil, err
 	}
 	spec := &specs.Spec{
 		Kind:           Kind,
 		Devices:        make([]specs.Device, 0, len(devices)),
-		ContainerEdits: h.common,
+		ContainerEdits: df.common,
 	}
 	// Clipping makes append copy: concurrent writes never share the
 	// backing array of the cached common edits.
-	spec.ContainerEdits.DeviceNodes = append(slices.Clip(h.common.DeviceNodes), control...)
+	spec.ContainerEdits.DeviceNodes = append(slices.Clip(df.common.DeviceNodes), control...)
 	seen := make(map[string]bool, len(devices))
 	for _, d := range devices {
 		if err := validateDevice(d); err != nil {
@@ -57,7 +59,7 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 			return nil, fmt.Errorf("duplicate device %q", d.Name)
 		}
 		seen[d.Name] = true
-		dev, err := h.deviceSpec(log, claimUID, d, capsMajor)
+		dev, err := deviceSpec(log, df.nodes, claimUID, d, capsMajor)
 		if err != nil {
 			return nil, fmt.Errorf("device %q: %w", d.Name, err)
 		}
@@ -114,12 +116,12 @@ func deviceEnvName(deviceName string) string {
 	return deviceEnvPrefix + name
 }
 
-func (h *Handler) deviceSpec(log klog.Logger, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
-	if err := h.nodes.migWithoutCaps(log, d); err != nil {
+func deviceSpec(log klog.Logger, checker nodeChecker, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
+	if err := checker.migWithoutCaps(log, d); err != nil {
 		return specs.Device{}, err
 	}
 	nodes := make([]*specs.DeviceNode, 0, 1+len(d.ExtraNodes))
-	gpu, err := h.nodes.gpuNode(log, d.Minor)
+	gpu, err := checker.gpuNode(log, d.Minor)
 	if err != nil {
 		return specs.Device{}, err
 	}
@@ -127,7 +129,7 @@ func (h *Handler) deviceSpec(log klog.Logger, claimUID string, d Device, capsMaj
 		nodes = append(nodes, gpu)
 	}
 	for _, n := range d.ExtraNodes {
-		nodes = append(nodes, h.nodes.capNode(capsMajor, n))
+		nodes = append(nodes, checker.capNode(capsMajor, n))
 	}
 	env := maps.Clone(d.Env)
 	if env == nil {

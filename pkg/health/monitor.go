@@ -73,8 +73,11 @@ type Monitor struct {
 	metrics *Metrics
 
 	// watching is closed once every GPU is registered for events (or
-	// known not to be), so that nothing is published before it.
-	watching chan struct{}
+	// known not to be), so that nothing is published before it; by the
+	// first Run (the plugin runs the monitor again after the GPUs were
+	// released for maintenance).
+	watching     chan struct{}
+	watchingOnce sync.Once
 
 	// saveMu orders the saves of the faults (persist.go).
 	saveMu sync.Mutex
@@ -121,7 +124,8 @@ func (m *Monitor) Faults() []Fault {
 func (m *Monitor) Watching() <-chan struct{} { return m.watching }
 
 // Run watches the GPUs until ctx ends: NVML events as they come, a probe
-// of every GPU each ProbeInterval, and expiry of transient faults.
+// of every GPU each ProbeInterval, and expiry of transient faults. Its
+// event set is freed when it returns, and it may be run again after.
 func (m *Monitor) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("health")
 	ctx = klog.NewContext(ctx, logger)
@@ -132,7 +136,7 @@ func (m *Monitor) Run(ctx context.Context) {
 		defer func() { _ = set.Free() }()
 	}
 	m.probe(ctx)
-	close(m.watching)
+	m.watchingOnce.Do(func() { close(m.watching) })
 	// Probes are paced by the real clock; Now only dates and expires faults.
 	nextProbe := time.Now().Add(m.cfg.ProbeInterval)
 	for ctx.Err() == nil {

@@ -53,12 +53,26 @@ func openMock(machine string, opts Options) (Interface, error) {
 		return nil, err
 	}
 	pairWithDriverRoot(lib, opts.DriverRoot)
-	if opts.MockStateDir != "" {
-		if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
-			return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
-		}
+	if opts.MockStateDir == "" {
+		return open(lib, mockTopology{})
 	}
-	return open(lib, mockTopology{})
+	// The session holds the mock driver module, as a real one holds
+	// /dev/nvidiactl, until Shutdown (see UnloadMockDriver).
+	release, err := holdMockDriver(opts.MockStateDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
+		release()
+		return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
+	}
+	s, err := open(lib, mockTopology{})
+	if err != nil {
+		release()
+		return nil, err
+	}
+	s.closed = release
+	return s, nil
 }
 
 // libraryCandidates are the places libnvidia-ml.so.1 lives in the common

@@ -115,6 +115,9 @@ type session struct {
 	problems []Problem
 	mu       sync.Mutex
 	handles  map[string]nvml.Device
+	// closed, when set, runs once NVML is shut down (the mock drops its
+	// hold on the mock driver module).
+	closed func()
 }
 
 // initHint says what an operator can do about NVML's most common answers
@@ -225,7 +228,12 @@ func (s *session) DeviceByUUID(uuid string) (nvml.Device, error) {
 }
 
 func (s *session) Shutdown() error {
-	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
+	ret := s.lib.Shutdown()
+	if s.closed != nil {
+		s.closed()
+		s.closed = nil
+	}
+	if ret != nvml.SUCCESS {
 		return fmt.Errorf("shutting down NVML: %w", ret)
 	}
 	return nil

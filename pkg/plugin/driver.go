@@ -68,6 +68,10 @@ type Options struct {
 	// again (MIG devices an admin makes after the start); zero is
 	// DefaultStaticMIGResync, negative never.
 	StaticMIGResync time.Duration
+	// Maintenance lets an operator take the GPUs from the running plugin
+	// for a reset or a driver upgrade, and the plugin follow the driver's
+	// version (maintenance.go, driverwatch.go).
+	Maintenance MaintenanceOptions
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -99,6 +103,9 @@ type Driver struct {
 	// healthChanged is closed (and replaced) when the faults change, which
 	// wakes every health stream at once.
 	healthChanged chan struct{}
+	// maint: the GPUs released for maintenance, or not; nil: never.
+	maint  *maintenance
+	events nodeEvents
 }
 
 // publisher is what Driver needs of the kubelet plugin helper to publish
@@ -131,6 +138,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
+	d.startMaintenance(ctx, opts, events)
 	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
 		BootIDPath: opts.BootIDPath, Events: events, Steps: steps}
@@ -173,6 +181,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, err
 	}
 	d.watchStaticMIG(ctx, opts.NVML, cfg, opts.StaticMIGResync)
+	d.watchDriver(ctx)
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
 }
@@ -252,10 +261,15 @@ func (d *Driver) SocketPath() string { return d.socket }
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	defer d.maint.hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
 		// State adds the claim to the logger itself.
-		devices, err := d.state.Prepare(ctx, claim)
+		var devices []kubeletplugin.Device
+		err := d.maint.refusal()
+		if err == nil {
+			devices, err = d.state.Prepare(ctx, claim)
+		}
 		if err != nil {
 			logger.Error(err, "Preparing claim failed")
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
@@ -269,6 +283,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	results := make(map[types.UID]error, len(claims))
+	// While released, teardowns that need no NVML go on; the others fail
+	// saying the GPUs are released.
+	defer d.maint.hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
 		err := d.state.Unprepare(klog.NewContext(ctx, logger), claim.UID)

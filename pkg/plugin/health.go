@@ -31,7 +31,8 @@ import (
 //     is slow is not killed, and a waiting one does not crash-loop.
 //   - HealthServiceReadiness: registered with the kubelet and serving DRA
 //     calls. A rolling update's surge pod becomes ready only then, before
-//     the old pod is deleted.
+//     the old pod is deleted. Not while the GPUs are released for
+//     maintenance (maintenance.go), which liveness does not mind.
 const (
 	HealthServiceLiveness  = "liveness"
 	HealthServiceStartup   = "startup"
@@ -135,10 +136,15 @@ func (h *Health) Check(ctx context.Context, req *grpc_health_v1.HealthCheckReque
 // answer is nil when service is serving, else why not.
 func (h *Health) answer(ctx context.Context, service string) error {
 	h.mu.Lock()
-	started := h.driver != nil
+	driver := h.driver
 	step, since, waiting := h.step, h.stepSince, h.waiting
 	h.mu.Unlock()
-	if started {
+	if driver != nil {
+		// Released for maintenance: alive (a restart would take the
+		// GPUs back from the reset or upgrade), but not ready.
+		if err := driver.NotReady(); err != nil && service == HealthServiceReadiness {
+			return err
+		}
 		return h.check(ctx)
 	}
 	switch service {

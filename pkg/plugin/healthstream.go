@@ -43,12 +43,13 @@ func (d *Driver) watchHealth(ctx context.Context) {
 	})
 }
 
-// faults are the monitor's current faults, none without a monitor.
+// faults are the monitor's current faults (none without a monitor), and
+// the maintenance taints while the GPUs are released.
 func (d *Driver) faults() []health.Fault {
 	if d.health == nil {
-		return nil
+		return d.maintenanceFaults()
 	}
-	return d.health.Faults()
+	return append(d.health.Faults(), d.maintenanceFaults()...)
 }
 
 // WatchHealthStatus implements kubeletplugin.DRAPlugin: a report of every

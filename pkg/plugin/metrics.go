@@ -18,6 +18,8 @@ type Metrics struct {
 	withdrawnMIG     prometheus.Gauge
 	gpuProblems      *prometheus.GaugeVec
 	deviceInfo       *prometheus.GaugeVec
+	driverInfo       *prometheus.GaugeVec
+	gpusReleased     prometheus.Gauge
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -59,8 +61,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: metricsNamespace, Name: "dynamic_mig_withdrawn_gpus",
 			Help: "Dynamic-MIG GPUs no longer offered because the cluster drops the counters of partitionable devices (feature gate DRAPartitionableDevices off in the API server); 0 when dynamic MIG is offered as configured.",
 		}),
-		gpuProblems: newGPUProblemsMetric(),
-		deviceInfo:  newPreparedDeviceInfo(),
+		gpuProblems:  newGPUProblemsMetric(),
+		deviceInfo:   newPreparedDeviceInfo(),
+		driverInfo:   newDriverInfo(),
+		gpusReleased: newGPUsReleased(),
 	}
 	// Every series an alert takes increase() of exists from the start, at
 	// 0: one that appears at its first increment, already at 1, hides it.
@@ -70,7 +74,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
-		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems, m.deviceInfo)
+		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems, m.deviceInfo,
+		m.driverInfo, m.gpusReleased)
 	return m
 }
 

@@ -94,3 +94,24 @@ func (r *DriverRoot) symlink(t testing.TB, target, link string) {
 func soname(lib string) string {
 	return lib + ".1"
 }
+
+// Upgrade replaces the driver's libraries by those of version, as a
+// driver upgrade does: the versioned files of the old version are gone,
+// the soname links point at the new ones.
+func (r *DriverRoot) Upgrade(t testing.TB, version string) {
+	t.Helper()
+	old := r.Version
+	for _, lib := range libraries {
+		from := r.HostPath(filepath.Join(LibDir, lib+"."+old))
+		to := r.HostPath(filepath.Join(LibDir, lib+"."+version))
+		if err := os.Rename(from, to); err != nil {
+			t.Fatalf("fake driver upgrade: %v", err)
+		}
+		link := filepath.Join(r.Root, LibDir, soname(lib))
+		if err := os.Remove(link); err != nil {
+			t.Fatalf("fake driver upgrade: %v", err)
+		}
+		r.symlink(t, lib+"."+version, link)
+	}
+	r.Version = version
+}

@@ -1,0 +1,374 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// Driver versions of the maintenance tests: the one installed at start and
+// the one an upgrade installs.
+const (
+	startDriver    = "535.261.03"
+	upgradedDriver = "550.54.15"
+)
+
+const maintenanceTaint = health.TaintKeyPrefix + KindMaintenance
+
+// maintEnv is a started plugin whose NVML session can be released, on a
+// persistent mock machine (whose driver refuses to unload while a session
+// is open) paired with a driver root holding the driver's files.
+type maintEnv struct {
+	*testEnv
+	driver   *Driver
+	pub      *capturePublisher
+	session  *nvdev.Releasable
+	opts     nvdev.Options
+	root     *cditest.DriverRoot
+	restarts chan error
+}
+
+func newMaintEnv(t *testing.T) *maintEnv {
+	t.Helper()
+	dir := t.TempDir()
+	e := newTestEnvIn(t, "dgxh100", everyMode(), dir)
+	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The env's session knows no driver root: one that does replaces it.
+	if err := e.lib.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	m := &maintEnv{testEnv: e, root: cditest.NewDriverRoot(t, startDriver), restarts: make(chan error, 10)}
+	m.opts = nvdev.Options{Backend: "mock:dgxh100", MockSeed: testNode, MockStateDir: dir, DriverRoot: m.root.Root}
+	m.session = m.open(t)
+	m.start(t)
+	return m
+}
+
+// open opens a session as a plugin process does at start.
+func (m *maintEnv) open(t *testing.T) *nvdev.Releasable {
+	t.Helper()
+	lib, err := nvdev.Open(m.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := nvdev.NewReleasable(lib, m.opts)
+	t.Cleanup(func() { _ = s.Shutdown() })
+	return s
+}
+
+// start plays the plugin's start on the env's directories and m.session:
+// the CDI handler's driver files, the state, the health monitor the
+// plugin runs, the maintenance.
+func (m *maintEnv) start(t *testing.T) {
+	t.Helper()
+	m.lib, m.driverRoot, m.cdiHook = m.session, m.root.Root, cdi.HooksDisabled
+	m.state = m.newState(t)
+	monitor := health.New(m.session, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
+	m.state.faults = monitor
+	m.driver, m.pub = testDriver(t, m.testEnv, everyMode())
+	m.driver.health = monitor
+	m.driver.startMaintenance(m.ctx, Options{NVML: m.session, Health: monitor, Maintenance: MaintenanceOptions{
+		Session: m.session, Files: m.state.cdi.(*cdi.Handler), Dir: filepath.Join(t.TempDir(), "maintenance"),
+		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true,
+		Restart: func(err error) { m.restarts <- err },
+	}}, nodeEvents{recorder: m.events, node: &v1.ObjectReference{Kind: "Node", Name: testNode}})
+	t.Cleanup(func() {
+		if stop := m.driver.maint.stopHealth; stop != nil {
+			stop()
+		}
+	})
+	m.driver.watchHealth(m.ctx)
+	if err := m.driver.publish(m.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// prepare prepares a claim of one device through the kubelet's call.
+func (m *maintEnv) prepare(t *testing.T, uid, device string) error {
+	t.Helper()
+	res, err := m.driver.PrepareResourceClaims(m.ctx, []*resourceapi.ResourceClaim{newClaim(uid).device("r", device).build()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[types.UID(uid)].Err
+}
+
+func (m *maintEnv) unprepare(t *testing.T, uid string) error {
+	t.Helper()
+	res, err := m.driver.UnprepareResourceClaims(m.ctx, []kubeletplugin.NamespacedObject{{UID: types.UID(uid)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[types.UID(uid)]
+}
+
+// taintedMaintenance counts the last published devices with the
+// maintenance taint, and all of them.
+func (m *maintEnv) taintedMaintenance(t *testing.T) (tainted, all int) {
+	t.Helper()
+	for _, s := range m.pub.last(t).Slices {
+		for _, d := range s.Devices {
+			all++
+			for _, taint := range d.Taints {
+				if taint.Key == maintenanceTaint && taint.Effect == resourceapi.DeviceTaintEffectNoSchedule {
+					tainted++
+				}
+			}
+		}
+	}
+	return tainted, all
+}
+
+// libraryOf is the host path the claim's spec mounts NVML's library from.
+func (m *maintEnv) libraryOf(t *testing.T, uid string) string {
+	t.Helper()
+	data, err := os.ReadFile(cdi.SpecPath(m.cdiRoot, uid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, mount := range spec.ContainerEdits.Mounts {
+		if strings.Contains(filepath.Base(mount.HostPath), "libnvidia-ml.so.") {
+			return mount.HostPath
+		}
+	}
+	t.Fatalf("the spec of %s mounts no libnvidia-ml: %+v", uid, spec.ContainerEdits.Mounts)
+	return ""
+}
+
+// Issue 25 item 4: the plugin held its NVML session (and the health
+// monitor's event set) for its whole life, so `rmmod nvidia` and
+// `nvidia-smi -r` could not proceed while it ran. Released, it shuts NVML
+// down (the mock driver then unloads), taints every device so that the
+// scheduler places nothing there, is not ready, refuses new claims with a
+// clear error, and still unprepares claims whose teardown needs no NVML;
+// one that needs NVML (a dynamic MIG device to destroy) fails saying why
+// and succeeds once the GPUs are reacquired.
+func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
+	m := newMaintEnv(t)
+	migDevice := m.partition(t, 0, "1g.10gb")
+	if err := m.prepare(t, "mig", migDevice); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.prepare(t, "whole", "gpu-3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvdev.UnloadMockDriver(m.mockStateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
+		t.Fatalf("unload while the plugin holds NVML: %v, want %v", err, nvdev.ErrMockDriverInUse)
+	}
+
+	if err := m.driver.Release(m.ctx, "a GPU reset"); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+		t.Fatalf("unload after the release: %v", err)
+	}
+	if m.driver.maint.stopHealth != nil {
+		t.Error("the health monitor (and its event set) still runs while released")
+	}
+	if err := m.driver.NotReady(); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
+		t.Errorf("NotReady while released = %v", err)
+	}
+	if tainted, all := m.taintedMaintenance(t); tainted != all || all == 0 {
+		t.Errorf("%d of %d published devices tainted %s while released, want all", tainted, all, maintenanceTaint)
+	}
+	if err := m.prepare(t, "new", "gpu-4"); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
+		t.Errorf("prepare while released: %v, want the claim refused as GPUs released for maintenance", err)
+	}
+	if m.cdiSpecExists("new") || m.recordExists("new") {
+		t.Error("a refused claim left a spec or a record")
+	}
+	if err := m.unprepare(t, "whole"); err != nil {
+		t.Errorf("unprepare of a whole GPU while released: %v", err)
+	}
+	if m.cdiSpecExists("whole") || m.recordExists("whole") {
+		t.Error("the whole GPU's claim is not unprepared")
+	}
+	if err := m.unprepare(t, "mig"); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
+		t.Errorf("unprepare of a dynamic MIG device while released: %v, want it to fail as GPUs released", err)
+	}
+	if !m.recordExists("mig") {
+		t.Error("the MIG claim's record is gone though its device was not destroyed")
+	}
+
+	if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.driver.Reacquire(m.ctx, "reset done", func(error) {}); err != nil {
+		t.Fatalf("Reacquire: %v", err)
+	}
+	if err := m.driver.NotReady(); err != nil {
+		t.Errorf("NotReady after reacquiring: %v", err)
+	}
+	if m.driver.maint.stopHealth == nil {
+		t.Error("the health monitor does not run again after reacquiring")
+	}
+	if tainted, _ := m.taintedMaintenance(t); tainted != 0 {
+		t.Errorf("%d devices still tainted %s after reacquiring", tainted, maintenanceTaint)
+	}
+	if err := m.prepare(t, "new", "gpu-4"); err != nil {
+		t.Errorf("prepare after reacquiring: %v", err)
+	}
+	if err := m.unprepare(t, "mig"); err != nil {
+		t.Errorf("unprepare of the MIG claim after reacquiring: %v", err)
+	}
+	if left := m.migDevices(t, 0); len(left) != 0 {
+		t.Errorf("MIG devices left after the unprepare: %+v", left)
+	}
+	if err := nvdev.UnloadMockDriver(m.mockStateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
+		t.Errorf("unload after reacquiring: %v, want the new session to hold the driver", err)
+	}
+}
+
+// Issue 25 item 4: the driver files of the CDI specs were found once, at
+// start; after a driver upgrade every claim prepared from then on named
+// libnvidia-ml.so.<old>, a file the upgrade removed, and its containers
+// could not load CUDA. The plugin now watches the version installed under
+// the driver root: released for the upgrade, it takes the new version up
+// by itself (a new process, which alone can load the new library), and
+// prepares nothing with the old files meanwhile; the new process's claims
+// name the new library, while the claims prepared before keep their specs
+// (their containers run on the driver they started with).
+func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
+	m := newMaintEnv(t)
+	if err := m.prepare(t, "before", "gpu-3"); err != nil {
+		t.Fatal(err)
+	}
+	oldLib := m.libraryOf(t, "before")
+	if !strings.HasSuffix(oldLib, ".so."+startDriver) {
+		t.Fatalf("the spec at start mounts %s, want version %s", oldLib, startDriver)
+	}
+
+	// The GPU Operator's flow: released, the driver unloaded, the new one
+	// installed and loaded.
+	if err := m.driver.Release(m.ctx, "driver upgrade"); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+		t.Fatal(err)
+	}
+	m.root.Upgrade(t, upgradedDriver)
+	if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+		t.Fatal(err)
+	}
+	m.driver.driverTick(m.ctx)
+	m.waitRestart(t)
+	if !m.sawEvent(v1.EventTypeNormal, ReasonDriverVersionChanged) {
+		t.Errorf("no %s event; events: %v", ReasonDriverVersionChanged, m.events.events)
+	}
+	if err := m.prepare(t, "stale", "gpu-4"); err == nil {
+		t.Errorf("the old process prepared a claim after the upgrade, with the old driver's files: %s", m.libraryOf(t, "stale"))
+	}
+
+	// The new process.
+	m.session = m.open(t)
+	m.start(t)
+	if v := m.driver.state.cdi.(*cdi.Handler).DriverVersion(); v != upgradedDriver {
+		t.Errorf("the new process's specs name driver %q, want %q", v, upgradedDriver)
+	}
+	if err := m.prepare(t, "after", "gpu-4"); err != nil {
+		t.Fatal(err)
+	}
+	if lib := m.libraryOf(t, "after"); lib != m.root.HostPath(m.root.LibPath("libnvidia-ml.so")) {
+		t.Errorf("a claim prepared after the upgrade mounts %s, want the new %s", lib, m.root.LibPath("libnvidia-ml.so"))
+	}
+	if lib := m.libraryOf(t, "before"); lib != oldLib {
+		t.Errorf("the spec of a claim prepared before the upgrade changed to %s", lib)
+	}
+}
+
+// A driver upgraded under a session the plugin still holds (a package
+// upgrade on the host, which swaps the files while the old module runs):
+// the watch lets go of the GPUs itself and starts again for the new
+// library, rather than handing out files that are gone.
+func TestDriverUpgradedUnderALiveSessionIsTakenUp(t *testing.T) {
+	m := newMaintEnv(t)
+	m.root.Upgrade(t, upgradedDriver)
+	m.driver.driverTick(m.ctx)
+	m.waitRestart(t)
+	if err := m.driver.NotReady(); err == nil {
+		t.Error("ready after the upgrade, with the old driver's files")
+	}
+	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+		t.Errorf("unload after the watch took the upgrade up: %v (the old session still holds the driver)", err)
+	}
+}
+
+func (m *maintEnv) waitRestart(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-m.restarts:
+		if !errors.Is(err, nvdev.ErrNewProcessNeeded) {
+			t.Fatalf("restarted for %v, want %v", err, nvdev.ErrNewProcessNeeded)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin did not start again for the new driver")
+	}
+}
+
+func (m *maintEnv) sawEvent(eventType, reason string) bool {
+	m.events.mu.Lock()
+	defer m.events.mu.Unlock()
+	for _, e := range m.events.events {
+		if strings.HasPrefix(e, eventType+" "+reason+" ") {
+			return true
+		}
+	}
+	return false
+}
+
+// An operator's --release-gpus and --reacquire-gpus reach the plugin
+// through its data directory and are answered there.
+func TestMaintenanceRequestsAreAnswered(t *testing.T) {
+	m := newMaintEnv(t)
+	dir := m.driver.maint.opts.Dir
+	ctx, cancel := context.WithCancel(m.ctx)
+	defer cancel()
+	m.driver.watchDriver(ctx)
+	for _, step := range []struct{ action, want string }{
+		{ActionRelease, StateReleased},
+		{ActionReacquire, StateServing},
+	} {
+		if step.action == ActionReacquire {
+			if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+				t.Fatalf("unload while released: %v", err)
+			}
+			if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+				t.Fatal(err)
+			}
+		}
+		id, err := RequestMaintenance(dir, step.action)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := WaitMaintenance(wctx, dir, id, step.want)
+		wcancel()
+		if err != nil {
+			t.Fatalf("%s: %v (status %+v)", step.action, err, st)
+		}
+		if st.DriverVersion != startDriver {
+			t.Errorf("%s: status names driver %q, want %q", step.action, st.DriverVersion, startDriver)
+		}
+	}
+}
