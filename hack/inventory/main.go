@@ -1,9 +1,12 @@
 // Command inventory prints the devices dra-kubelet-plugin would publish on
 // this machine, without a cluster: NVML discovery (the real library, or a
 // mock machine) and the plugin's own inventory and slice building, rendered
-// as the ResourceSlices' device lists. hack/compare-real-gpu.sh prints it
-// beside nvidia-smi on a machine with a GPU. It changes nothing on the
-// GPUs: no MIG mode change, no instance created.
+// as the ResourceSlices' device lists. With --checks it also prints what
+// the plugin would meet on this machine's GPUs (checks.go): GPUs it cannot
+// read, MIG modes and what holds each GPU, driver versions.
+// hack/compare-real-gpu.sh prints both beside nvidia-smi on a machine with
+// a GPU. It changes nothing on the GPUs: no MIG mode change, no reset, no
+// instance created.
 package main
 
 import (
@@ -24,15 +27,18 @@ func main() {
 	driverRoot := flag.String("driver-root", "/", "root of the NVIDIA driver installation")
 	nodeConfig := flag.String("node-config", "", "node configuration file (kind NodeConfig); empty offers every GPU whole")
 	nodeName := flag.String("node-name", "this-node", "node (and pool) name")
+	checks := flag.Bool("checks", false, "also print, as a second YAML document, what the plugin would meet on the GPUs (unreadable GPUs, MIG modes, processes on each GPU, driver versions)")
+	mockStateDir := flag.String("mock-state-dir", "", "with --nvml mock:<machine>, the plugin's --mock-nvml-state-dir (a mock machine with its injected faults)")
 	klog.InitFlags(nil)
 	flag.Parse()
-	if err := run(*backend, *driverRoot, *nodeConfig, *nodeName); err != nil {
+	opts := nvdev.Options{Backend: *backend, DriverRoot: *driverRoot, MockSeed: *nodeName, MockStateDir: *mockStateDir}
+	if err := run(opts, *nodeConfig, *nodeName, *checks); err != nil {
 		fmt.Fprintln(os.Stderr, "inventory:", err)
 		os.Exit(1)
 	}
 }
 
-func run(backend, driverRoot, nodeConfig, nodeName string) error {
+func run(opts nvdev.Options, nodeConfig, nodeName string, checks bool) error {
 	cfg := &configapi.NodeConfig{}
 	if nodeConfig != "" {
 		data, err := os.ReadFile(nodeConfig)
@@ -43,7 +49,7 @@ func run(backend, driverRoot, nodeConfig, nodeName string) error {
 			return fmt.Errorf("%s: %w", nodeConfig, err)
 		}
 	}
-	lib, err := nvdev.Open(nvdev.Options{Backend: backend, DriverRoot: driverRoot, MockSeed: nodeName})
+	lib, err := nvdev.Open(opts)
 	if err != nil {
 		return fmt.Errorf("opening NVML: %w", err)
 	}
@@ -54,5 +60,12 @@ func run(backend, driverRoot, nodeConfig, nodeName string) error {
 		return fmt.Errorf("rendering the devices: %w", err)
 	}
 	fmt.Printf("# %d devices, %d counter sets\n%s", len(inv.Devices), len(inv.CounterSets), out)
+	if !checks {
+		return nil
+	}
+	if out, err = yaml.Marshal(runChecks(lib, opts.DriverRoot)); err != nil {
+		return fmt.Errorf("rendering the checks: %w", err)
+	}
+	fmt.Printf("---\n# what the plugin would meet on these GPUs (issue 25 items 1, 2, 4)\n%s", out)
 	return nil
 }

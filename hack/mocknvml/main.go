@@ -16,6 +16,11 @@
 //	mocknvml slow-create --state-dir DIR --delay D
 //	mocknvml driver-unload --state-dir DIR
 //	mocknvml driver-load --state-dir DIR
+//	mocknvml mig-mode-in-use --state-dir DIR --gpu N|UUID --times K
+//	mocknvml hold --state-dir DIR --gpu N|UUID --pid P [--name NAME] [--off]
+//	mocknvml mig-mode-pending --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml reset --state-dir DIR --gpu N|UUID
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -34,10 +39,22 @@
 // uncorrectable memory error leaves for the next reset), until --off.
 // unknown-generation makes the GPU answer a brand and an architecture newer
 // than go-nvlib knows (a new product on a newer driver), until --off. clear
-// ends every lost, mig-destroy-fails, row-remap and unknown-generation fault.
+// ends every standing fault of every GPU (those above and the MIG mode
+// faults below).
 // slow-create makes creating a GPU instance take D (e.g. 1s, as on a real
 // GPU; 0 for at once) on every GPU, so that restores take as long as on a
 // real node.
+//
+// MIG mode changes fail as on real GPUs (issue 25 item 2): mig-mode-in-use
+// makes the GPU's next K changes answer ERROR_IN_USE (0: none); hold makes
+// process P (named NAME, e.g. dcgm-exporter) use the GPU until --off, so
+// that every change answers ERROR_IN_USE and NVML lists P on the GPU;
+// mig-mode-pending leaves changes pending until a reset (activation status
+// RESET_REQUIRED), until --off; rebind-on-mig-mode gives the GPU a new
+// minor number at each change that takes effect, until --off. reset
+// resets the GPU as nvidia-smi -r does: a pending MIG mode becomes current,
+// MIG devices and the compute mode are lost; it refuses while a process
+// holds the GPU.
 //
 // mig-layout does what an admin does with mig-parted before offering a GPU
 // as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
@@ -59,6 +76,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -82,6 +100,11 @@ const usage = `usage:
   mocknvml slow-create --state-dir DIR --delay D
   mocknvml driver-unload --state-dir DIR
   mocknvml driver-load --state-dir DIR
+  mocknvml mig-mode-in-use --state-dir DIR --gpu N|UUID --times K
+  mocknvml hold --state-dir DIR --gpu N|UUID --pid P [--name NAME] [--off]
+  mocknvml mig-mode-pending --state-dir DIR --gpu N|UUID [--off]
+  mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
+  mocknvml reset --state-dir DIR --gpu N|UUID
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
@@ -96,6 +119,11 @@ var commands = map[string]func(args []string) error{
 	"row-remap":          rowRemap,
 	"unknown-generation": unknownGeneration,
 	"slow-create":        slowCreate,
+	"mig-mode-in-use":    migModeInUse,
+	"hold":               hold,
+	"mig-mode-pending":   migModePending,
+	"rebind-on-mig-mode": rebindOnMigMode,
+	"reset":              reset,
 	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvdev.UnloadMockDriver) },
 	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvdev.LoadMockDriver) },
 }
@@ -277,4 +305,53 @@ func slowCreate(args []string) error {
 		return err
 	}
 	return nvdev.SetMockCreateDelay(*c.stateDir, *delay)
+}
+
+func migModeInUse(args []string) error {
+	c := newCommand("mig-mode-in-use", true)
+	times := c.fs.Int("times", 1, "how many of the GPU's next MIG mode changes answer ERROR_IN_USE; 0 for none")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockMigModeInUse(*c.stateDir, *c.gpu, *times)
+}
+
+func hold(args []string) error {
+	c := newCommand("hold", true)
+	pid := c.fs.Uint("pid", 0, "the process ID NVML lists on the GPU")
+	name := c.fs.String("name", "", "the process's name, e.g. dcgm-exporter")
+	off := c.fs.Bool("off", false, "the process lets go of the GPU")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if *pid == 0 || *pid > math.MaxUint32 {
+		return fmt.Errorf("hold needs --pid, a process ID\n%s", usage)
+	}
+	return nvdev.SetMockHolder(*c.stateDir, *c.gpu, nvdev.MockProcess{PID: uint32(*pid), Name: *name}, !*off)
+}
+
+func migModePending(args []string) error {
+	c := newCommand("mig-mode-pending", true)
+	off := c.fs.Bool("off", false, "MIG mode changes take effect at once again")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockMigModePending(*c.stateDir, *c.gpu, !*off)
+}
+
+func rebindOnMigMode(args []string) error {
+	c := newCommand("rebind-on-mig-mode", true)
+	off := c.fs.Bool("off", false, "MIG mode changes keep the GPU's minor number again")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.SetMockRebindOnMigMode(*c.stateDir, *c.gpu, !*off)
+}
+
+func reset(args []string) error {
+	c := newCommand("reset", true)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvdev.ResetMockGPU(*c.stateDir, *c.gpu)
 }

@@ -13,6 +13,12 @@ import (
 // offers the GPU.
 var ErrNeedsAdmin = errors.New("changing MIG mode of this GPU needs a GPU reset")
 
+// ErrPendingReset is returned when the driver accepted a MIG mode change
+// but left it pending a GPU reset (NVML's activation status, or GetMigMode's
+// pending differing from current), as in pass-through VMs. The change is
+// undone before the error is returned: the GPU keeps its mode.
+var ErrPendingReset = errors.New("the MIG mode change was left pending a GPU reset, which the plugin never does; the previous mode was put back")
+
 // togglesWithoutReset are the architectures that switch MIG mode at once.
 // Unknown future ones are refused until checked: a GPU left waiting for a
 // reset is lost to every claim.
@@ -63,12 +69,18 @@ func setMigMode(dev nvml.Device, want int) error {
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("getting MIG mode: %w", ret)
 	}
-	if current == want {
-		return nil // usable now; a pending change is the admin's
-	}
 	arch, ret := dev.GetArchitecture()
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("getting architecture: %w", ret)
+	}
+	if current == want {
+		if pending != want && togglesWithoutReset[arch] {
+			// Where the plugin switches the mode, a change left pending is
+			// its own, from a process killed before putting it back: were it
+			// left, the next reset would switch the GPU under this claim.
+			return restore(dev, want)
+		}
+		return nil // usable now; on Ampere a pending change is the admin's
 	}
 	if !togglesWithoutReset[arch] {
 		return fmt.Errorf("%w: MIG mode is %s (pending %s) and this architecture cannot switch it to %s without one; the admin must set it",
@@ -78,28 +90,63 @@ func setMigMode(dev nvml.Device, want int) error {
 }
 
 // apply switches the mode and checks that it took effect now; otherwise it
-// puts the previous mode back so nothing waits for a reset.
+// puts the previous mode back so nothing waits for a reset. A GPU another
+// process holds refuses the switch (ERROR_IN_USE): an *InUseError, which
+// RetryInUse waits out.
 func apply(dev nvml.Device, previous, want int) error {
 	activation, ret := dev.SetMigMode(want)
+	if ret == nvml.ERROR_IN_USE {
+		return &InUseError{GPU: uuidOf(dev), Mode: modeName(want)}
+	}
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("setting MIG mode %s: %w", modeName(want), ret)
 	}
-	current, _, ret := dev.GetMigMode()
+	current, pending, ret := dev.GetMigMode()
 	var err error
 	switch {
 	case activation != nvml.SUCCESS:
-		err = fmt.Errorf("MIG mode %s did not take effect: %w", modeName(want), activation)
+		err = fmt.Errorf("%w: MIG mode %s did not take effect (%w)", ErrPendingReset, modeName(want), activation)
 	case ret != nvml.SUCCESS:
 		err = fmt.Errorf("checking MIG mode %s: %w", modeName(want), ret)
 	case current != want:
-		err = fmt.Errorf("MIG mode %s did not take effect", modeName(want))
+		err = fmt.Errorf("%w: MIG mode %s did not take effect (current %s, pending %s)", ErrPendingReset, modeName(want), modeName(current), modeName(pending))
 	default:
 		return nil
 	}
-	if _, ret := dev.SetMigMode(previous); ret != nvml.SUCCESS {
-		return errors.Join(err, fmt.Errorf("restoring MIG mode %s: %w", modeName(previous), ret))
+	if rerr := restore(dev, previous); rerr != nil {
+		return errors.Join(err, rerr) // never retried: the GPU is not as before
+	}
+	if activation == nvml.ERROR_IN_USE {
+		// Left pending because the GPU is held; undone, it is a refusal.
+		return &InUseError{GPU: uuidOf(dev), Mode: modeName(want)}
 	}
 	return err
+}
+
+// restore puts the previous mode back after a change that did not take
+// effect, and checks that nothing is left pending: a GPU waiting for a
+// reset would switch mode under its next claims at the next reset.
+func restore(dev nvml.Device, previous int) error {
+	if _, ret := dev.SetMigMode(previous); ret != nvml.SUCCESS {
+		return fmt.Errorf("putting MIG mode %s back: %w; the GPU may switch mode at its next reset", modeName(previous), ret)
+	}
+	current, pending, ret := dev.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("checking MIG mode after putting %s back: %w", modeName(previous), ret)
+	}
+	if current != previous || pending != previous {
+		return fmt.Errorf("putting MIG mode %s back left it %s, pending %s; the GPU may switch mode at its next reset",
+			modeName(previous), modeName(current), modeName(pending))
+	}
+	return nil
+}
+
+func uuidOf(dev nvml.Device) string {
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		return "(UUID unknown)"
+	}
+	return uuid
 }
 
 // migDisabled tells whether MIG mode is known to be off.

@@ -56,6 +56,9 @@ func NewMock(machine, seed string) (*server.Server, error) {
 	}
 	s := newServer()
 	s.EventSetCreateFunc = quietEventSet
+	// No process uses a GPU of a machine kept in memory; a persistent one
+	// lists what mocknvml hold injects (mockmigmode.go).
+	s.SystemGetProcessNameFunc = func(int) (string, nvml.Return) { return "", nvml.ERROR_NOT_FOUND }
 	for _, d := range s.Devices {
 		completeMockDevice(d.(*server.Device), machine, seed)
 	}

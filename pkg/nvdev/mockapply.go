@@ -32,7 +32,12 @@ func (m *mockMachine) applyGPU(g *mockGPU, st mockGPUState) error {
 	// exist, and here the state already says which exist.
 	g.d.Lock()
 	g.d.MigMode = st.MigMode
+	g.d.Minor = g.d.Index
+	if st.Minor != nil {
+		g.d.Minor = *st.Minor
+	}
 	g.d.Unlock()
+	g.pending = st.PendingMigMode
 	if ret := g.setComputeMode(st.ComputeMode); ret != nvml.SUCCESS {
 		return fmt.Errorf("setting compute mode %d: %w", st.ComputeMode, ret)
 	}

@@ -36,7 +36,10 @@ import (
 //     with values newer than go-nvlib knows, as a new product does with
 //     a driver newer than the plugin;
 //   - a GPU whose MIG instances cannot be destroyed (a process still holds
-//     them) answers Destroy with ERROR_IN_USE.
+//     them) answers Destroy with ERROR_IN_USE;
+//   - MIG mode changes may be refused while a process holds the GPU, stay
+//     pending a reset, or re-bind the GPU with a new minor number
+//     (mockmigmode.go).
 //
 // The file is not part of the machine's state: a fault is not something
 // the plugin does, and keeping it apart lets an injection never wait for,
@@ -98,6 +101,15 @@ type mockGPUFaults struct {
 	// UnknownGeneration: the GPU's brand and architecture are newer than
 	// go-nvlib knows (mockUnknownBrand, mockUnknownArchitecture).
 	UnknownGeneration bool `json:"unknownGeneration,omitempty"`
+	// MIG mode changes (mockmigmode.go): MigModeInUse is how many more
+	// of them answer ERROR_IN_USE; Holders are processes using the GPU,
+	// which refuse them all while there; MigModePending leaves them
+	// pending a reset; RebindOnMigMode gives the GPU a new minor number
+	// at each one.
+	MigModeInUse    int           `json:"migModeInUse,omitempty"`
+	Holders         []MockProcess `json:"holders,omitempty"`
+	MigModePending  bool          `json:"migModePending,omitempty"`
+	RebindOnMigMode bool          `json:"rebindOnMigMode,omitempty"`
 }
 
 // What a GPU of an unknown generation answers: values past every one
@@ -320,6 +332,7 @@ func (f *mockFaults) reachable(uuid string) nvml.Return {
 // the faults file. It wraps what mockMachine.wrapServer has wrapped.
 func (f *mockFaults) wrapServer(s *server.Server) {
 	s.EventSetCreateFunc = f.createEventSet
+	s.SystemGetProcessNameFunc = f.processName
 	for _, dev := range s.Devices {
 		f.wrapDevice(dev.(*server.Device))
 	}
@@ -355,6 +368,7 @@ func (f *mockFaults) wrapServer(s *server.Server) {
 func (f *mockFaults) wrapDevice(d *server.Device) {
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return mockEventTypes, nvml.SUCCESS }
 	d.RegisterEventsFunc = func(types uint64, set nvml.EventSet) nvml.Return { return f.register(d, types, set) }
+	f.wrapHolders(d)
 	getMem := d.GetMemoryInfoFunc
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		if ret := f.reachable(d.UUID); ret != nvml.SUCCESS {

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -32,7 +33,7 @@ func (st *mockFaultState) log(ev mockEvent) {
 func (st *mockFaultState) setGPU(uuid string, change func(*mockGPUFaults)) {
 	g := st.GPUs[uuid]
 	change(&g)
-	if g == (mockGPUFaults{}) {
+	if reflect.ValueOf(g).IsZero() {
 		delete(st.GPUs, uuid)
 		return
 	}

@@ -47,6 +47,10 @@ type mockGPU struct {
 	createGIAt     func(*nvml.GpuInstanceProfileInfo, *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return)
 	getComputeMode func() (nvml.ComputeMode, nvml.Return)
 	setComputeMode func(nvml.ComputeMode) nvml.Return
+	setMigMode     func(int) (nvml.Return, nvml.Return)
+	// pending is the MIG mode waiting for a reset (mockmigmode.go), nil
+	// for none; guarded by the machine's mu, replaced, never changed.
+	pending *int
 }
 
 type mockGI struct {
@@ -217,7 +221,7 @@ func (m *mockMachine) capture() *mockState {
 	st := &mockState{Version: mockStateVersion, Machine: m.machine, Seed: m.seed}
 	for _, g := range m.gpus {
 		mode, _ := g.getComputeMode()
-		st.GPUs = append(st.GPUs, captureGPU(g.d, mode))
+		st.GPUs = append(st.GPUs, captureGPU(g.d, mode, g.pending))
 	}
 	return st
 }

@@ -20,7 +20,9 @@ import (
 // survives on Ampere, where NVIDIA's MIG user guide says the setting is
 // kept across reboots (in the InfoROM, like ECC mode) until changed; from
 // Hopper on, the guide says it lasts only while the driver is loaded, so it
-// comes back disabled. Instance IDs start again from 0, as after a driver
+// comes back disabled. A mode left pending a reset is current after it
+// (Ampere) or lost with the rest (Hopper on); minor numbers are the first
+// ones again. Instance IDs start again from 0, as after a driver
 // load.
 //
 // Plugins still running on the machine (there are none after a real
@@ -57,6 +59,16 @@ func RebootMock(stateDir, bootIDPath string) (string, error) {
 // rebootMachine clears one state file's volatile state; the caller holds
 // its lock.
 func rebootMachine(path string) error {
+	return rewriteMockStateLocked(path, clearVolatile)
+}
+
+// rewriteMockState changes a state file from outside every plugin, under
+// its lock; running plugins see the change at their next call.
+func rewriteMockState(path string, change func(*mockState) error) error {
+	return withStateLock(path, func() error { return rewriteMockStateLocked(path, change) })
+}
+
+func rewriteMockStateLocked(path string, change func(*mockState) error) error {
 	if err := removeMockTemps(path); err != nil {
 		return err
 	}
@@ -68,7 +80,7 @@ func rebootMachine(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := clearVolatile(st); err != nil {
+	if err := change(st); err != nil {
 		return err
 	}
 	if data, err = encodeMockState(st); err != nil {
@@ -93,6 +105,12 @@ func clearVolatile(st *mockState) error {
 	for i := range st.GPUs {
 		g := &st.GPUs[i]
 		g.GIs, g.NextGIID, g.ComputeMode = nil, 0, nvml.COMPUTEMODE_DEFAULT
+		// The reset a reboot is applies a pending mode; the driver probes
+		// the GPUs again in bus order, with their first minors.
+		if g.PendingMigMode != nil {
+			g.MigMode = *g.PendingMigMode
+		}
+		g.PendingMigMode, g.Minor = nil, nil
 		if !migModeSurvivesReboot(devices[i].(*server.Device).Config.Architecture) {
 			g.MigMode = nvml.DEVICE_MIG_DISABLE
 		}

@@ -38,8 +38,15 @@ type mockState struct {
 }
 
 type mockGPUState struct {
-	UUID        string           `json:"uuid"`
-	MigMode     int              `json:"migMode"`
+	UUID    string `json:"uuid"`
+	MigMode int    `json:"migMode"`
+	// PendingMigMode is a MIG mode set but not in effect until the GPU is
+	// reset (GetMigMode's pending); nil when it is the current one.
+	PendingMigMode *int `json:"pendingMigMode,omitempty"`
+	// Minor is the GPU's minor number (/dev/nvidia<Minor>) since a MIG
+	// mode change re-bound it; nil while it is the one the machine
+	// starts with (its index).
+	Minor       *int             `json:"minor,omitempty"`
 	ComputeMode nvml.ComputeMode `json:"computeMode"`
 	// NextGIID is the mock's GPU-instance counter: IDs are never reused
 	// within a boot, so MIG UUIDs are never reused either.
@@ -103,11 +110,15 @@ func decodeMockState(path string, data []byte) (*mockState, error) {
 }
 
 // captureGPU reads a device's state; computeMode is passed in because the
-// mock keeps it in a closure (completeComputeMode), not in the device.
-func captureGPU(d *server.Device, computeMode nvml.ComputeMode) mockGPUState {
+// mock keeps it in a closure (completeComputeMode), not in the device, and
+// the pending MIG mode because the mock has none (mockGPU keeps it).
+func captureGPU(d *server.Device, computeMode nvml.ComputeMode, pending *int) mockGPUState {
 	d.RLock()
 	defer d.RUnlock()
-	st := mockGPUState{UUID: d.UUID, MigMode: d.MigMode, ComputeMode: computeMode, NextGIID: d.GpuInstanceCounter}
+	st := mockGPUState{UUID: d.UUID, MigMode: d.MigMode, PendingMigMode: pending, ComputeMode: computeMode, NextGIID: d.GpuInstanceCounter}
+	if minor := d.Minor; minor != d.Index {
+		st.Minor = &minor
+	}
 	for gi := range d.GpuInstances {
 		st.GIs = append(st.GIs, captureGI(gi))
 	}

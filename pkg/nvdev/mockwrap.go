@@ -13,10 +13,10 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 	for _, dev := range s.Devices {
 		d := dev.(*server.Device)
 		g := &mockGPU{d: d, createGIAt: d.CreateGpuInstanceWithPlacementFunc,
-			getComputeMode: d.GetComputeModeFunc, setComputeMode: d.SetComputeModeFunc}
+			getComputeMode: d.GetComputeModeFunc, setComputeMode: d.SetComputeModeFunc, setMigMode: d.SetMigModeFunc}
 		m.gpus = append(m.gpus, g)
 		m.wrapDeviceChanges(g)
-		m.wrapDeviceReads(d)
+		m.wrapDeviceReads(g)
 	}
 	byUUID := s.DeviceGetHandleByUUIDFunc
 	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
@@ -35,19 +35,7 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 
 func (m *mockMachine) wrapDeviceChanges(g *mockGPU) {
 	d := g.d
-	setMig := d.SetMigModeFunc
-	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
-		activation := nvml.ERROR_UNKNOWN
-		ret := m.change(func() nvml.Return {
-			var r nvml.Return
-			activation, r = setMig(mode)
-			return r
-		})
-		if ret == nvml.ERROR_UNKNOWN {
-			activation = ret // not recorded, so undone
-		}
-		return activation, ret
-	}
+	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) { return m.setMigMode(g, mode) }
 	d.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 		var gi nvml.GpuInstance
 		ret := m.change(func() nvml.Return {
@@ -67,13 +55,16 @@ func (m *mockMachine) wrapDeviceChanges(g *mockGPU) {
 	}
 }
 
-func (m *mockMachine) wrapDeviceReads(d *server.Device) {
-	getMig := d.GetMigModeFunc
-	d.GetMigModeFunc = func() (int, int, nvml.Return) {
+func (m *mockMachine) wrapDeviceReads(g *mockGPU) {
+	d := g.d
+	d.GetMigModeFunc = func() (int, int, nvml.Return) { return m.migMode(g) }
+	d.GetMinorNumberFunc = func() (int, nvml.Return) {
 		if !m.fresh() {
-			return 0, 0, nvml.ERROR_UNKNOWN
+			return 0, nvml.ERROR_UNKNOWN
 		}
-		return getMig()
+		d.RLock()
+		defer d.RUnlock()
+		return d.Minor, nvml.SUCCESS
 	}
 	getCompute := d.GetComputeModeFunc
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {

@@ -66,6 +66,14 @@ type crashHarness struct {
 	api, live map[types.UID]*resourceapi.ResourceClaim
 	static    []mig.Instance
 	stats     crashStats
+	// Set by variants (crashfaults_test.go): tune adjusts each new State;
+	// retryable says whether a prepare's error is one the kubelet retries
+	// (having fixed its cause); prepared checks a prepared claim.
+	tune      func(*State)
+	retryable func(error) bool
+	prepared  func(*resourceapi.ResourceClaim)
+	// extraKinds are device kinds claimed besides the usual ones.
+	extraKinds []string
 }
 
 type crashStats struct {
@@ -204,8 +212,14 @@ func (h *crashHarness) kubeletPrepare(claim *resourceapi.ResourceClaim) {
 	for {
 		var err error
 		if !killedDuring(func() { _, err = h.state.Prepare(h.e.ctx, claim) }) {
+			if err != nil && h.retryable != nil && h.retryable(err) {
+				continue
+			}
 			if err != nil {
 				h.t.Fatalf("prepare of %s (%s) after %d kills: %v", claim.UID, claimDevices(claim), h.stats.kills, err)
+			}
+			if h.prepared != nil {
+				h.prepared(claim)
 			}
 			h.live[claim.UID] = claim
 			return
@@ -253,6 +267,9 @@ func (h *crashHarness) restart() {
 		h.e.reopenMachine(h.t, crashNode())
 		h.hookMachine()
 		s := h.e.newState(h.t)
+		if h.tune != nil {
+			h.tune(s)
+		}
 		objs := make([]runtime.Object, 0, len(h.api))
 		for _, c := range h.api {
 			objs = append(objs, c)
@@ -282,7 +299,7 @@ func claimDevices(c *resourceapi.ResourceClaim) string {
 // newClaim allocates a claim as the scheduler would: a random device kind,
 // a device no prepared claim holds (a MIG partition overlapping none).
 func (h *crashHarness) newClaim(uid types.UID) (*resourceapi.ResourceClaim, string) {
-	kinds := []string{"whole", "dynamic MIG", "static MIG", "replica", "share", "MPS"}
+	kinds := append([]string{"whole", "dynamic MIG", "static MIG", "replica", "share", "MPS"}, h.extraKinds...)
 	first := h.rng.IntN(len(kinds))
 	for i := range kinds {
 		kind := kinds[(first+i)%len(kinds)]
@@ -323,6 +340,7 @@ func (h *crashHarness) fits(kind string, d *AllocatableDevice) bool {
 	case kind == "whole" && (d.Type != TypeGPU || d.Mode != ""),
 		kind == "static MIG" && d.Static == nil,
 		kind == "dynamic MIG" && d.Partition == nil,
+		kind == "dynamic whole" && (d.Type != TypeGPU || d.Mode != configapi.MigDynamic),
 		kind == "replica" && (d.Type != TypeTimeSlice || d.GPU.Index != 4),
 		kind == "MPS" && (d.Type != TypeTimeSlice || d.GPU.Index != 6):
 		return false
@@ -346,9 +364,11 @@ func (h *crashHarness) free(d *AllocatableDevice) bool {
 			}
 		}
 	}
-	if d.Partition == nil {
+	if d.Partition == nil && d.Mode != configapi.MigDynamic {
 		return true
 	}
+	// A whole GPU offered in dynamic mode consumes every counter: it fits
+	// only where no partition is held, and holds off every partition.
 	return countersFit(append(used, d.API.ConsumesCounters...), h.wholeGPU(d.GPU.Index).API.ConsumesCounters)
 }
 

@@ -148,6 +148,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		missing = opts.Health
 	}
 	d.state = NewState(stateCfg)
+	d.state.onRebound = d.gpuRebound
 	// One bad GPU is reported, not fatal: the others are published, and
 	// claims prepared on it are still unprepared (and told of its loss).
 	problems := findGPUProblems(opts.NVML, records)

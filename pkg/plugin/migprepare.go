@@ -29,7 +29,14 @@ func needsSetUp(plan []plannedDevice) bool {
 // in rec before and after it is created (see createMIG), so a later
 // failure or a crash can tear it down. Admin access changes no GPU: it gets
 // the MIG device already there.
-func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
+//
+// A mode switch is not final on real GPUs: one another process holds is
+// refused for a while (retried, then a claim error naming the holder), one
+// left pending a reset is put back (mig.ErrPendingReset), and one that
+// takes effect may re-bind the GPU with a new minor number, so the GPU is
+// asked again (requery) before its MIG device is made and its CDI spec
+// written.
+func (s *State) setUpAll(ctx context.Context, plan []plannedDevice, rec *checkpoint.Claim) error {
 	for i, p := range plan {
 		if p.device.Mode != configapi.MigDynamic {
 			continue
@@ -39,6 +46,11 @@ func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 			if err != nil {
 				return err
 			}
+			// The claim that made the MIG device may have re-bound the GPU
+			// in the other plugin instance of a rolling update.
+			if _, observed, err = s.requery(ctx, observed); err != nil {
+				return err
+			}
 			plan[i].device = observed
 			continue
 		}
@@ -46,20 +58,37 @@ func (s *State) setUpAll(plan []plannedDevice, rec *checkpoint.Claim) error {
 		if err != nil {
 			return err
 		}
+		change, what := mig.EnableMigMode, "preparing "+p.device.Name()
 		if p.device.Partition == nil {
-			if err := mig.DisableMigMode(dev); err != nil {
-				return fmt.Errorf("preparing whole GPU %s: %w", p.device.Name(), err)
-			}
+			change, what = mig.DisableMigMode, "preparing whole GPU "+p.device.Name()
+		}
+		if err := mig.RetryInUse(ctx, dev, s.modeRetry(), change); err != nil {
+			return fmt.Errorf("%s (GPU %d): %w", what, p.device.GPU.Index, err)
+		}
+		if dev, plan[i].device, err = s.requery(ctx, p.device); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if p.device.Partition == nil {
 			continue
 		}
-		if err := mig.EnableMigMode(dev); err != nil {
-			return fmt.Errorf("preparing %s: %w", p.device.Name(), err)
-		}
-		if err := s.createMIG(dev, p, rec, i); err != nil {
+		if err := s.createMIG(dev, plan[i], rec, i); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// modeRetry is how this State's MIG mode changes wait for a GPU another
+// process holds, naming the holders through NVML.
+func (s *State) modeRetry() mig.InUseRetry {
+	r := s.inUseRetry
+	if r.First == 0 {
+		r = mig.DefaultInUseRetry
+	}
+	if r.ProcessName == nil {
+		r.ProcessName = s.nvml.NVML().SystemGetProcessName
+	}
+	return r
 }
 
 // createMIG creates the MIG device of the plan's partition for device i of

@@ -138,7 +138,7 @@ func (s *State) reestablish(ctx context.Context, rec *checkpoint.Claim) error {
 	if err != nil {
 		return err
 	}
-	if err := s.setUpAll(plan, rec); err != nil {
+	if err := s.setUpAll(ctx, plan, rec); err != nil {
 		return err
 	}
 	if err := s.acquireSharing(ctx, plan, rec); err != nil {

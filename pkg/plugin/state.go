@@ -101,6 +101,12 @@ type State struct {
 	faults   FaultRecorder
 	events   nodeEvents
 	steps    StepRecorder
+	// onRebound is told of a GPU re-bound with a new minor number by a
+	// MIG mode change (rebind.go): the driver republishes; nil tells none.
+	onRebound func(ctx context.Context, uuid string, minor int)
+	// inUseRetry is how a MIG mode change waits for a GPU another process
+	// holds; a zero First means mig.DefaultInUseRetry.
+	inUseRetry mig.InUseRetry
 	// unowned are the GPU instances on dynamic-MIG GPUs that no claim
 	// owned at Restore, by GPU UUID; withhold reads them before serving.
 	unowned map[string][]mig.GPUInstance
@@ -402,7 +408,7 @@ func (s *State) prepareDevices(ctx context.Context, claim *resourceapi.ResourceC
 			return nil, err
 		}
 	}
-	err := s.setUpAll(plan, rec)
+	err := s.setUpAll(ctx, plan, rec)
 	if err == nil {
 		err = s.acquireSharing(ctx, plan, rec)
 	}

@@ -20,8 +20,8 @@ import (
 )
 
 // crashKinds are the device kinds of the demo node that the crash test
-// prepares: a class and a CEL selector (empty: any device of the class).
-var crashKinds = []struct{ name, class, cel string }{
+// prepares.
+var crashKinds = []crashKind{
 	{"whole", "gpu.gpuaas.io", ""},
 	{"dynamic MIG", "mig-1g.10gb.gpuaas.io", ""},
 	{"replica (Long interval)", "timeslice.gpuaas.io", onLongGPU},
@@ -55,22 +55,7 @@ func TestPluginSIGKILLLeaksNothing(t *testing.T) {
 	begin := time.Now()
 
 	kills := killRandomly(t, ctx, node, seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	for i := 0; i < cycles; i += 3 { // three pods at a time, of random kinds
-		var batch []string
-		for j := i; j < min(i+3, cycles); j++ {
-			kind := crashKinds[rng.IntN(len(crashKinds))]
-			name := fmt.Sprintf("c%d", j)
-			createSelectedPod(t, ctx, ns, name, kind.class, cmp.Or(kind.cel, "true"))
-			batch = append(batch, name)
-		}
-		for _, name := range batch {
-			runningPod(t, ctx, ns, name)
-		}
-		for _, name := range batch {
-			deletePod(t, ctx, ns, name)
-		}
-	}
+	runPodCycles(t, ctx, ns, cycles, rand.New(rand.NewPCG(seed, 1)), crashKinds)
 	n := kills.stop()
 
 	// The last restart may still be restoring: let it finish its cleanup.
@@ -86,6 +71,31 @@ func TestPluginSIGKILLLeaksNothing(t *testing.T) {
 	}
 	if n == 0 {
 		t.Error("the plugin was never killed: nothing was tested")
+	}
+}
+
+// crashKind is a device kind the crash tests claim: a class and a CEL
+// selector (empty: any device of the class).
+type crashKind struct{ name, class, cel string }
+
+// runPodCycles runs cycles pods, three at a time, of random kinds: each
+// batch is created, runs, and is deleted.
+func runPodCycles(t *testing.T, ctx context.Context, ns string, cycles int, rng *rand.Rand, kinds []crashKind) {
+	t.Helper()
+	for i := 0; i < cycles; i += 3 {
+		var batch []string
+		for j := i; j < min(i+3, cycles); j++ {
+			kind := kinds[rng.IntN(len(kinds))]
+			name := fmt.Sprintf("c%d", j)
+			createSelectedPod(t, ctx, ns, name, kind.class, cmp.Or(kind.cel, "true"))
+			batch = append(batch, name)
+		}
+		for _, name := range batch {
+			runningPod(t, ctx, ns, name)
+		}
+		for _, name := range batch {
+			deletePod(t, ctx, ns, name)
+		}
 	}
 }
 

@@ -445,9 +445,16 @@ func (env *redTeamEnv) allowBorrowing(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	// The controller has read the change once its status describes it.
-	waitForQuota(t, env.tenant, "borrowing allowed", func(got *gpuaas.TenantQuota) bool {
-		return got.Status.ObservedGeneration >= q.Generation
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var got gpuaas.TenantQuota
+		if err := ctrlClient.Get(ctx, client.ObjectKey{Name: env.tenant}, &got); err != nil {
+			return false, err
+		}
+		return got.Status.ObservedGeneration >= q.Generation, nil
 	})
+	if err != nil {
+		t.Fatalf("the controller did not take up TenantQuota %s's new borrowing limit: %v", env.tenant, err)
+	}
 }
 
 func (env *redTeamEnv) templatePod(t *testing.T, ctx context.Context, name string, owner *metav1.OwnerReference) *v1.Pod {

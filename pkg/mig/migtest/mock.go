@@ -55,6 +55,9 @@ func completeDevice(d *server.Device) {
 	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) { return gpuInstanceByID(d, id) }
 	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return maxMigDevices(d), nvml.SUCCESS }
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) { return migDeviceByIndex(d, i) }
+	// No process runs on a mock GPU (what a MIG mode change refused as in
+	// use names).
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 
 	createAt := d.CreateGpuInstanceWithPlacementFunc
 	d.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
