@@ -19,6 +19,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceplugins"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
@@ -49,7 +50,9 @@ type flags struct {
 	mpsDaemons, mpsImage, podName, podNamespace        string
 	priorityClass                                      string
 	mpsShmSize                                         string
+	devicePluginCoexistence, podResourcesSocket        string
 	startTimeout, driverRetry, staticMIGResync         time.Duration
+	devicePluginCheckInterval                          time.Duration
 }
 
 func main() {
@@ -131,6 +134,9 @@ func parseFlags() flags {
 	fs.DurationVar(&f.startTimeout, "start-timeout", envDuration("START_TIMEOUT", plugin.DefaultStartTimeout), "How long one start step (opening NVML, restoring one prepared claim, registering) may take before the liveness check calls the start hung. Waiting for the driver is not a step: it lasts as long as the driver takes. [$START_TIMEOUT]")
 	fs.DurationVar(&f.driverRetry, "driver-retry-interval", nvdev.DriverRetryInterval, "How often to look again for an NVIDIA driver that is not ready yet (no libnvidia-ml under --driver-root, or the kernel module not loaded); meanwhile the plugin is alive and not ready. Also how often the installed driver's version (libnvidia-ml.so.<version> under --driver-root) is read, so that a driver upgrade is taken up, and operators' --release-gpus requests.")
 	fs.DurationVar(&f.staticMIGResync, "static-mig-resync", plugin.DefaultStaticMIGResync, "How often the MIG layouts of GPUs offered as static MIG are read again, so that MIG devices an admin (mig-manager) makes after the start are published; negative: only at start.")
+	fs.StringVar(&f.devicePluginCoexistence, "device-plugin-coexistence", cli.Env("DEVICE_PLUGIN_COEXISTENCE", string(plugin.CoexistenceStandDown)), fmt.Sprintf("What to do while a device plugin (NVIDIA's k8s-device-plugin, the GPU Operator's default) advertises this node's NVIDIA GPUs too (nvidia.com/gpu, nvidia.com/mig-*), as the kubelet's PodResources API reports: %q publishes no device at all; %q publishes only the GPUs none of whose IDs, replicas or MIG devices the device plugin advertises or a pod holds through it; %q does not look. Where the API cannot be read, every GPU is published until it answers, with a warning. [$DEVICE_PLUGIN_COEXISTENCE]", plugin.CoexistenceStandDown, plugin.CoexistenceExcludeOwned, plugin.CoexistenceOff))
+	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", cli.Env("POD_RESOURCES_SOCKET", deviceplugins.DefaultSocket), "The kubelet's PodResources socket, asked which GPUs a device plugin hands out (see --device-plugin-coexistence). [$POD_RESOURCES_SOCKET]")
+	fs.DurationVar(&f.devicePluginCheckInterval, "device-plugin-check-interval", envDuration("DEVICE_PLUGIN_CHECK_INTERVAL", plugin.DefaultDevicePluginCheckInterval), "How often the kubelet is asked again which GPUs a device plugin hands out (one is installed or removed during a migration); negative: only at start. [$DEVICE_PLUGIN_CHECK_INTERVAL]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -156,6 +162,10 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	nodeCfg, err := readNodeConfig(f.nodeConfig)
 	if err != nil {
 		return err
+	}
+	coexistence, err := plugin.ParseCoexistence(f.devicePluginCoexistence)
+	if err != nil {
+		return fmt.Errorf("--device-plugin-coexistence: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -213,6 +223,8 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		StaticMIGResync: f.staticMIGResync,
 		Maintenance: plugin.MaintenanceOptions{Session: lib, Files: cdiHandler, Dir: plugin.MaintenanceDir(f.pluginDataDir),
 			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart},
+		DevicePlugins: plugin.DevicePluginCheck{Coexistence: coexistence, Socket: f.podResourcesSocket,
+			Interval: f.devicePluginCheckInterval},
 	})
 	if err != nil {
 		return err

@@ -72,6 +72,9 @@ type Options struct {
 	// for a reset or a driver upgrade, and the plugin follow the driver's
 	// version (maintenance.go, driverwatch.go).
 	Maintenance MaintenanceOptions
+	// DevicePlugins says what to do while a device plugin hands out the
+	// node's GPUs too (deviceplugin.go); the zero value does not look.
+	DevicePlugins DevicePluginCheck
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -106,6 +109,8 @@ type Driver struct {
 	// maint: the GPUs released for maintenance, or not; nil: never.
 	maint  *maintenance
 	events nodeEvents
+	// dp withholds the GPUs a device plugin hands out; nil: no check.
+	dp *devicePluginWatch
 }
 
 // publisher is what Driver needs of the kubelet plugin helper to publish
@@ -176,6 +181,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		d.status.all(ctx) // after a restart or an upgrade
 	}
 	steps.Step(ctx, "publishing devices")
+	// Asked before anything publishes (the health monitor's changes do):
+	// GPUs a device plugin hands out are never offered, not for a moment.
+	d.dp = newDevicePluginWatch(opts.DevicePlugins, opts.NVML, events, opts.Metrics)
+	d.checkDevicePlugins(ctx, false)
 	d.watchHealth(ctx)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
@@ -183,6 +192,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	d.watchStaticMIG(ctx, opts.NVML, cfg, opts.StaticMIGResync)
 	d.watchDriver(ctx)
+	d.watchDevicePlugins(ctx)
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
 }
@@ -195,10 +205,11 @@ func (d *Driver) publish(ctx context.Context) error {
 }
 
 func (d *Driver) publishLocked(ctx context.Context) error {
-	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, d.inv.withFaults(d.faults()))); err != nil {
+	inv := d.publishable()
+	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, inv.withFaults(d.faults()))); err != nil {
 		return fmt.Errorf("publishing devices: %w", err)
 	}
-	d.metrics.setPublished(d.inv.Devices)
+	d.metrics.setPublished(inv.Devices)
 	return nil
 }
 

@@ -52,3 +52,11 @@ func (e nodeEvents) warn(reason, action, note string, args ...any) {
 	}
 	e.recorder.Eventf(e.node, nil, v1.EventTypeWarning, reason, action, note, args...)
 }
+
+// normal records an informational event on the Node.
+func (e nodeEvents) normal(reason, action, note string, args ...any) {
+	if e.recorder == nil {
+		return
+	}
+	e.recorder.Eventf(e.node, nil, v1.EventTypeNormal, reason, action, note, args...)
+}

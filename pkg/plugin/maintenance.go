@@ -11,7 +11,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 )
@@ -323,12 +322,4 @@ func (d *Driver) faultsChanged(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Publishing devices after a maintenance change")
 	}
 	d.status.all(ctx)
-}
-
-// normal records an informational event on the Node.
-func (e nodeEvents) normal(reason, action, note string, args ...any) {
-	if e.recorder == nil {
-		return
-	}
-	e.recorder.Eventf(e.node, nil, v1.EventTypeNormal, reason, action, note, args...)
 }

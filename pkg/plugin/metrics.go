@@ -20,6 +20,8 @@ type Metrics struct {
 	deviceInfo       *prometheus.GaugeVec
 	driverInfo       *prometheus.GaugeVec
 	gpusReleased     prometheus.Gauge
+	dpWithheld       prometheus.Gauge
+	dpCheckFailed    prometheus.Gauge
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -66,6 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		driverInfo:   newDriverInfo(),
 		gpusReleased: newGPUsReleased(),
 	}
+	m.dpWithheld, m.dpCheckFailed = newDevicePluginMetrics()
 	// Every series an alert takes increase() of exists from the start, at
 	// 0: one that appears at its first increment, already at 1, hides it.
 	for _, op := range []string{"prepare", "unprepare"} {
@@ -75,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.operations, m.duration, m.preparedClaims, m.preparedDevices,
 		m.damaged, m.staleCleaned, m.publishedDevices, m.unownedMIG, m.withdrawnMIG, m.gpuProblems, m.deviceInfo,
-		m.driverInfo, m.gpusReleased)
+		m.driverInfo, m.gpusReleased, m.dpWithheld, m.dpCheckFailed)
 	return m
 }
 

@@ -332,6 +332,14 @@ kubeletPlugin:
       mig: static
       timeSlicing: {replicas: 2}
 `, "gpus/0"},
+		"unknown device plugin coexistence": {`
+kubeletPlugin:
+  devicePluginCoexistence: ignore
+`, "devicePluginCoexistence"},
+		"device plugin check interval not a duration": {`
+kubeletPlugin:
+  devicePluginCheckInterval: 30
+`, "devicePluginCheckInterval"},
 	}
 	version := serverVersion(t)
 	for name, tc := range cases {

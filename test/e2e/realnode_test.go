@@ -99,14 +99,20 @@ func requireRealNode(t *testing.T) {
 	t.Skip(reason)
 }
 
-func startRealNode(t *testing.T) *realNode {
+// startRealNode starts the suite's real node; options change what it is
+// started with.
+func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *realNode {
 	t.Helper()
 	ctx := framework.Context(t, 10*time.Minute)
 	images, err := framework.BuildNodeImages(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn, err := cp.StartRealNode(ctx, framework.RealNodeOptions{Name: realNodeName, Images: images})
+	opts := framework.RealNodeOptions{Name: realNodeName, Images: images}
+	for _, o := range options {
+		o(&opts)
+	}
+	rn, err := cp.StartRealNode(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,6 +130,9 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		"--healthcheck-addr=",
 		// No kubelet runs pods here, so no daemon pod would ever start.
 		"--mps-daemons=process",
+		// The simulated kubelet serves no PodResources API, and no device
+		// plugin runs here: without this each plugin warns it cannot tell.
+		"--device-plugin-coexistence=off",
 		"--node-config=" + opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
 	}, opts.ExtraArgs...)

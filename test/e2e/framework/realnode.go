@@ -39,6 +39,14 @@ type RealNodeOptions struct {
 	Labels map[string]string
 	// Verbosity is the kubelet's -v; default 2.
 	Verbosity int
+	// OwnDevicePluginDir gives the kubelet a device-plugin directory of the
+	// node's own (RealNode.DevicePluginDir), for tests that register a
+	// device plugin. The kubelet's is /var/lib/kubelet/device-plugins
+	// whatever its --root-dir, so every real kubelet on the machine would
+	// share it (and a device plugin might register with another test's
+	// kubelet): the kubelet runs in a mount namespace of its own where
+	// the node's directory is bind-mounted there (mountns.go).
+	OwnDevicePluginDir bool
 }
 
 // RealNode is a node of real components on this machine: containerd (with
@@ -64,6 +72,11 @@ type RealNode struct {
 	// CgroupRoot is the kubelet's cgroup root: every container of the node
 	// runs below it.
 	CgroupRoot string
+	// DevicePluginDir is where the kubelet serves device-plugin
+	// registration (kubelet.sock) and looks for device plugins' sockets,
+	// as this machine sees it: set with RealNodeOptions.OwnDevicePluginDir.
+	DevicePluginDir string
+
 	Containerd *Process
 	Kubelet    *Process
 
@@ -214,6 +227,12 @@ func (n *RealNode) startKubelet(ctx context.Context, opts RealNodeOptions) error
 	}
 	n.Kubelet = NewProcess("kubelet-"+n.Name, filepath.Join(n.cp.BinDir, "kubelet"),
 		filepath.Join(n.cp.LogDir, "kubelet-"+n.Name+".log"), n.kubeletArgs(cfg, labels, verbosity)...)
+	if opts.OwnDevicePluginDir {
+		n.DevicePluginDir = filepath.Join(n.Dir, "device-plugins")
+		if err := withOwnDevicePluginDir(n.Kubelet, n.DevicePluginDir); err != nil {
+			return err
+		}
+	}
 	if err := n.Kubelet.Start(); err != nil {
 		return err
 	}
