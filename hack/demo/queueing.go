@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -214,15 +214,15 @@ func kueueVersion() string {
 func (d *demo) renderedMappings(ctx context.Context) (map[string]any, error) {
 	var rendered string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := d.cp.Client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + controller.KueueMappingsConfigMap})
+		list, err := d.cp.Client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kueuemirror.MappingsConfigMap})
 		if err != nil || len(list.Items) == 0 {
 			return false, nil
 		}
-		rendered = list.Items[0].Data[controller.KueueMappingsKey]
+		rendered = list.Items[0].Data[kueuemirror.MappingsKey]
 		return strings.Contains(rendered, "mig-1g"), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("waiting for the dra-controller's ConfigMap %s: %w", controller.KueueMappingsConfigMap, err)
+		return nil, fmt.Errorf("waiting for the dra-controller's ConfigMap %s: %w", kueuemirror.MappingsConfigMap, err)
 	}
 	var resources map[string]any
 	if err := yaml.Unmarshal([]byte(rendered), &resources); err != nil {

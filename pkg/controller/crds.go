@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuaas/gpu-dra-driver/config/crd"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
 )
 
 // crdFieldOwner is the field manager of the CRDs the controller applies.
@@ -131,7 +132,7 @@ func waitForKinds(ctx context.Context, m meta.RESTMapper, gvks ...schema.GroupVe
 	return wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
 		var missing []string
 		for _, gvk := range gvks {
-			ok, err := serves(m, gvk.GroupKind(), gvk.Version)
+			ok, err := kinds.Served(m, gvk.GroupKind(), gvk.Version)
 			if err != nil {
 				logger.Error(err, "Looking up a CRD failed, retrying", "kind", gvk.Kind)
 			}

@@ -8,4 +8,14 @@
 // leader reconciles. Usage is always rebuilt from the API (claims and their
 // allocations), never kept in memory alone: the in-memory state is a cache
 // of prices and a few seconds of admitted-but-not-yet-visible claims.
+//
+// The planes that stand alone are sub-packages, wired in by Run:
+// gpunode (the GpuNode posture reconciler and its metrics), webhookcert
+// (the webhook's serving certificates and their rotation) and kueuemirror
+// (Kueue's mappings, ResourceFlavor and ClusterQueues kept in line with
+// the catalog and the quotas). What stays here is the wiring (run.go,
+// options.go, watch.go, metrics.go), admission and the quota books
+// (accountant.go, admit.go, cohort.go, ledger.go, reclaim.go, the Kueue
+// gate, webhooks.go), and the catalog and quota reconcilers, which read
+// the admission books' Accountant.
 package controller

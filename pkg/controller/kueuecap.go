@@ -20,7 +20,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
 
@@ -124,21 +123,9 @@ func (c *kueueClaimCharge) add(ctx context.Context, cat *catalog, class string, 
 // controller renders no mapping for it.
 func kueueResourceOf(cat *catalog, class string) (string, bool) {
 	if p := cat.profiles[class]; p != nil {
-		return kueueChargedAs(p)
+		return kueue.ChargedAs(p)
 	}
 	return kueue.DefaultResource, true
-}
-
-// kueueChargedAs is the Kueue resource a profile's class is charged as in
-// the mappings the controller renders; false when it renders none: the
-// profile is off or going, or a share of a shared GPU, which consumes no
-// gpu-milliunits (docs/kueue.md), so Kueue would refuse every workload
-// asking for one.
-func kueueChargedAs(p *gpuaas.GpuProfile) (string, bool) {
-	if !p.IsEnabled() || !p.DeletionTimestamp.IsZero() || p.Spec.Selector.Type == "shared" {
-		return "", false
-	}
-	return cmp.Or(ptr.Deref(p.Spec.KueueResource, ""), kueue.DefaultResource), true
 }
 
 // kueueVerdict is the gate's answer for a claim the quota denied.

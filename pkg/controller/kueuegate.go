@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
 
 // Kueue's conventions (v0.19).
@@ -33,18 +35,6 @@ const (
 // Workload for: a LeaderWorkerSet's worker is four controllers below it
 // (worker StatefulSet, leader pod, leader StatefulSet, LeaderWorkerSet).
 const maxOwnerDepth = 8
-
-// kueueAPI is the Kueue API the controller reads and writes. Kueue is
-// optional: its objects are handled as unstructured, and a cluster without
-// its kinds is one where nothing is Kueue's.
-var kueueAPI = schema.GroupVersion{Group: "kueue.x-k8s.io", Version: "v1beta2"}
-
-// kueueObject is an empty Kueue object (or list) of a kind.
-func kueueObject(kind string) *unstructured.Unstructured {
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(kueueAPI.WithKind(kind))
-	return obj
-}
 
 // kueueGate tells whether a claim the quota denied belongs to a pod of a
 // workload that Kueue has admitted, and lets it through within what Kueue
@@ -94,7 +84,7 @@ type kueueWorkload struct {
 // installed.
 func (g *kueueGate) workloadsIn(ctx context.Context, namespace string) ([]kueueWorkload, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(kueueAPI.WithKind("WorkloadList"))
+	list.SetGroupVersionKind(kueue.API.WithKind("WorkloadList"))
 	if err := g.live.List(ctx, list, client.InNamespace(namespace)); err != nil {
 		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
 			return nil, nil
@@ -279,15 +269,6 @@ func (w *ownerWalk) owner(ctx context.Context, namespace string, ref *metav1.Own
 	}
 	w.parents[ref.UID] = out
 	return out, nil
-}
-
-func ownedByUID(obj metav1.Object, uid types.UID) bool {
-	for _, ref := range obj.GetOwnerReferences() {
-		if ref.UID == uid {
-			return true
-		}
-	}
-	return false
 }
 
 func conditionTrue(obj *unstructured.Unstructured, condType string) bool {

@@ -163,27 +163,15 @@ func (a *Accountant) foreignClasses(ctx context.Context) ([]string, error) {
 	var out []string
 	for i := range classes.Items {
 		dc := &classes.Items[i]
-		if !plainlyOurs(cat, dc) && foreignClass(ctx, cat.pricer, dc) {
+		// ClassIsOurs spares the pricer's walk over every published device
+		// for the classes it calls ours without one: a sync runs on every
+		// slice change.
+		if !cat.pricer.ClassIsOurs(dc) && foreignClass(ctx, cat.pricer, dc) {
 			out = append(out, dc.Name)
 		}
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-// plainlyOurs spares the pricer's walk over every published device for
-// the classes it calls ours without one (a profile's name or label, a
-// selector naming our driver): a sync runs on every slice change.
-func plainlyOurs(cat *catalog, dc *resourceapi.DeviceClass) bool {
-	if _, ok := cat.profiles[dc.Name]; ok {
-		return true
-	}
-	if _, ok := dc.Labels[gpuaas.ProfileLabel]; ok {
-		return true
-	}
-	return slices.ContainsFunc(dc.Spec.Selectors, func(s resourceapi.DeviceSelector) bool {
-		return s.CEL != nil && strings.Contains(s.CEL.Expression, strconv.Quote(quota.DriverName))
-	})
 }
 
 // foreignClass uses the webhook's own predicate: a class is foreign when

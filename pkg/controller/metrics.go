@@ -7,6 +7,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -62,10 +63,6 @@ var (
 		Name: "gpuaas_quota_ledger_errors_total",
 		Help: "Reads and writes of a quota book (the reservations every replica sees) that failed, other than losing a race to another replica; each fails its admissions closed.",
 	})
-	webhookCertExpiry = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "gpuaas_webhook_certificate_expiry_timestamp_seconds",
-		Help: "When the webhook's serving certificate, as this replica serves it, expires (Unix time); only for the certificate the controller keeps in its Secret.",
-	})
 	profileMatching  = profileGauge("gpuaas_profile_devices", "Published devices a GpuProfile selects.")
 	profileAllocated = profileGauge("gpuaas_profile_devices_allocated", "Devices of a GpuProfile allocated to claims.")
 	profileFree      = profileGauge("gpuaas_profile_devices_free", "Devices of a GpuProfile a claim could be given now: not allocated, and not blocked by what shares their GPU (counters of partitions, capacity of shares).")
@@ -83,7 +80,8 @@ func registerMetrics() {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
 		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped,
-			reclaimedClaims, admissionErrors, ledgerErrors, webhookCertExpiry)
+			reclaimedClaims, admissionErrors, ledgerErrors)
+		webhookcert.RegisterMetrics()
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 )
 
 // Defaults.
@@ -223,3 +225,12 @@ func (w *WebhookOptions) dnsNames() (dns []string, ips []string) {
 }
 
 func isIP(host string) bool { return net.ParseIP(host) != nil }
+
+// certConfig is what the webhook's certificates need of the options.
+func (w *WebhookOptions) certConfig() *webhookcert.Config {
+	dns, ips := w.dnsNames()
+	return &webhookcert.Config{
+		CertDir: w.CertDir, CertSecret: w.CertSecret, ExternalCerts: w.ExternalCerts, CAFile: w.CAFile,
+		ConfigName: w.ConfigName, DNSNames: dns, IPs: ips,
+	}
+}

@@ -33,6 +33,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 )
 
 // Scheme knows the built-in types and ours.
@@ -69,11 +72,12 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			return err
 		}
 	}
-	caBundle, err := ensureCerts(ctx, direct, &opts.Webhook, time.Now())
+	certs := opts.Webhook.certConfig()
+	caBundle, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)
 	}
-	served, err := newServingCert(&opts.Webhook)
+	served, err := webhookcert.NewServed(certs)
 	if err != nil {
 		return err
 	}
@@ -84,7 +88,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := setup(ctx, mgr, direct, &opts, caBundle); err != nil {
 		return err
 	}
-	if err := setupRotation(ctx, mgr, &opts.Webhook, served); err != nil {
+	if err := webhookcert.SetupRotation(ctx, mgr, certs, served); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).Info("Starting dra-controller", "webhookPort", opts.Webhook.Port, "leaderElection", opts.LeaderElection)
@@ -113,12 +117,12 @@ func withRateLimits(cfg *rest.Config, opts *Options) *rest.Config {
 	return cfg
 }
 
-func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *servingCert) (manager.Manager, error) {
+func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *webhookcert.Served) (manager.Manager, error) {
 	tlsOpts := []func(*tls.Config){webhookHTTP1Only}
 	var cacheOpts cache.Options
 	if served != nil {
-		tlsOpts = append(tlsOpts, served.tlsOption)
-		cacheOpts.ByObject = map[client.Object]cache.ByObject{&corev1.Secret{}: secretCacheOptions(served.key)}
+		tlsOpts = append(tlsOpts, served.TLSOption)
+		cacheOpts.ByObject = map[client.Object]cache.ByObject{&corev1.Secret{}: served.SecretCache()}
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Cache:                         cacheOpts,
@@ -179,7 +183,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {
 		return err
 	}
-	if err := setupPostureController(ctx, mgr); err != nil {
+	if err := gpunode.Setup(ctx, mgr); err != nil {
 		return err
 	}
 	if opts.QuotaBackstop {
@@ -189,13 +193,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		}
 	}
 	if opts.Kueue {
-		r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: opts.LedgerNamespace, resync: opts.Resync}
-		if err := r.setup(mgr); err != nil {
-			return fmt.Errorf("setting up the Kueue mappings controller: %w", err)
-		}
-		queues := &kueueQueueReconciler{quotas: mgr.GetClient(), direct: direct, resync: opts.Resync}
-		if err := queues.setup(mgr); err != nil {
-			return fmt.Errorf("setting up the Kueue ClusterQueue controller: %w", err)
+		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync); err != nil {
+			return err
 		}
 	}
 	registrar := &webhookRegistrar{

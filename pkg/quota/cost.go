@@ -293,8 +293,18 @@ func (p *Pricer) isOurs(class string) bool {
 		return true
 	}
 	dc := p.classes[class]
-	if dc == nil {
-		return false
+	return dc != nil && p.ClassIsOurs(dc)
+}
+
+// ClassIsOurs tells, without looking at any device, a class of this
+// driver: a GpuProfile's (by its name, or the label of the classes
+// profiles render), or one with a selector naming our driver. It is the
+// one such rule: pricing (isOurs, then compute, which also takes a class
+// that selects a published device of ours or does not exist yet) and the
+// webhook's matchCondition of foreign classes both use it.
+func (p *Pricer) ClassIsOurs(dc *resourceapi.DeviceClass) bool {
+	if p.profiles[dc.Name] {
+		return true
 	}
 	if _, ok := dc.Labels[gpuaas.ProfileLabel]; ok {
 		return true

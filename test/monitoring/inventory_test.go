@@ -122,8 +122,9 @@ func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 
 func (r *recorder) Unregister(prometheus.Collector) bool { return false }
 
-// The controller's own metrics are package variables of pkg/controller
-// registered only by controller.Run, so they are read from its source: every
+// The controller's own metrics are package variables of pkg/controller and
+// its sub-packages (one per plane), registered only by controller.Run, so
+// they are read from their source: every
 // prometheus.New*(Opts{Name: ...}, []string{labels}) call, and every call of
 // a helper that passes its string parameter on as the Name (tenantGauge,
 // ...). The extractor is checked against the registry on the plugin's and
@@ -404,7 +405,7 @@ func apiServerAdmissionMetrics(t *testing.T) inventory {
 func fullInventory(t *testing.T) inventory {
 	t.Helper()
 	inv := registryInventory()
-	for name, m := range sourceInventory(t, controllerDir(t)) {
+	for name, m := range controllerInventory(t) {
 		inv[name] = m
 	}
 	for name, m := range apiServerAdmissionMetrics(t) {
@@ -438,7 +439,25 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-func controllerDir(t *testing.T) string { return filepath.Join(repoRoot(t), "pkg", "controller") }
+// controllerInventory is the metrics of pkg/controller and of every package
+// under it, each package's source read on its own.
+func controllerInventory(t *testing.T) inventory {
+	t.Helper()
+	inv := inventory{}
+	err := filepath.WalkDir(filepath.Join(repoRoot(t), "pkg", "controller"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		for name, m := range sourceInventory(t, path) {
+			inv[name] = m
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inv
+}
 
 // TestSourceInventoryMatchesRegistry: the source extractor that reads the
 // controller's metrics finds, on the plugin's and health monitor's
@@ -456,7 +475,7 @@ func TestSourceInventoryMatchesRegistry(t *testing.T) {
 	if got, want := describe(fromSource), describe(inv); got != want {
 		t.Fatalf("the source extractor disagrees with the registry:\nsource:\n%s\nregistry:\n%s", got, want)
 	}
-	ctrl := sourceInventory(t, controllerDir(t))
+	ctrl := controllerInventory(t)
 	// A floor, so that an extractor that silently finds nothing fails.
 	for _, name := range []string{"gpuaas_tenant_gpu_units_used", "gpuaas_gpu_posture", "gpuaas_claim_denials_total", "gpuaas_profile_devices_free"} {
 		if ctrl[name] == nil {

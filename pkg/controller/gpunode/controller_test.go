@@ -1,4 +1,4 @@
-package controller
+package gpunode
 
 import (
 	"fmt"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
 )
 
 // Posture fixtures: whole GPUs with the attributes the plugin publishes
@@ -59,11 +60,7 @@ func drainRule(name string, sel *resourceapi.DeviceTaintSelector) *resourceapi.D
 
 func newPostureClient(t *testing.T, objs ...client.Object) client.WithWatch {
 	t.Helper()
-	s, err := Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
+	return fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 		WithIndex(&resourceapi.ResourceSlice{}, indexSlicePool, slicePoolIndex).
 		WithIndex(&resourceapi.ResourceClaim{}, indexClaimPools, claimPoolsIndex).
 		WithStatusSubresource(&gpuaas.GpuNode{}).
@@ -356,11 +353,11 @@ func TestPostureSetupFindsWhatTheAPIServes(t *testing.T) {
 		t.Errorf("GpuNodes served = %v, %v", ok, err)
 	}
 	rules := schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}
-	if ok, err := serves(m, rules, "v1"); ok || err != nil {
+	if ok, err := kinds.Served(m, rules, "v1"); ok || err != nil {
 		t.Errorf("DeviceTaintRules on a cluster without them: served = %v, %v", ok, err)
 	}
 	m.Add(resourceapi.SchemeGroupVersion.WithKind("DeviceTaintRule"), meta.RESTScopeRoot)
-	if ok, err := serves(m, rules, "v1"); !ok || err != nil {
+	if ok, err := kinds.Served(m, rules, "v1"); !ok || err != nil {
 		t.Errorf("DeviceTaintRules served = %v, %v", ok, err)
 	}
 }

@@ -1,4 +1,4 @@
-package controller
+package kueuemirror
 
 import (
 	"strings"
@@ -19,16 +19,16 @@ func TestKueueMappingsFollowTheCatalog(t *testing.T) {
 	off := gpuProfile("retired", gpuaas.ProfileSelector{Type: "gpu"})
 	off.Spec.Enabled = ptr.To(false)
 	shared := gpuProfile("shared-4way", gpuaas.ProfileSelector{Type: "shared"})
-	c := newFakeClient(t, append(world(t), a100, off, shared)...)
+	c := newFakeClient(t, append(catalog(), a100, off, shared)...)
 	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas"}
 	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
 		t.Fatal(err)
 	}
 	var cm corev1.ConfigMap
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: KueueMappingsConfigMap}, &cm); err != nil {
+	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
 		t.Fatal(err)
 	}
-	got := cm.Data[KueueMappingsKey]
+	got := cm.Data[MappingsKey]
 	for _, want := range []string{
 		"- deviceClassNames:\n  - a100\n  name: gpu.gpuaas.io/a100-milliunits",
 		"- deviceClassNames:\n  - h100\n  - mig-1g\n  name: gpu.gpuaas.io/gpu-milliunits",

@@ -1,4 +1,4 @@
-package controller
+package webhookcert
 
 import (
 	"context"
@@ -20,6 +20,28 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
+
+// Config is where the webhook's certificates come from and what they
+// certify; the controller fills it from its webhook options.
+type Config struct {
+	// CertDir holds the files the webhook server serves (tls.crt, tls.key,
+	// ca.crt).
+	CertDir string
+	// CertSecret ("namespace/name") shares the self-signed CA and serving
+	// certificate between replicas; without it each process makes its own,
+	// which suits one replica.
+	CertSecret string
+	// ExternalCerts: the files in CertDir come from elsewhere
+	// (cert-manager); nothing here writes them, and the CA to inject is
+	// CAFile's, if any.
+	ExternalCerts bool
+	CAFile        string
+	// ConfigName names the validating and mutating webhook configurations
+	// whose caBundle the rotator keeps.
+	ConfigName string
+	// DNSNames and IPs are what the serving certificate certifies.
+	DNSNames, IPs []string
+}
 
 // The webhook serves TLS with a certificate the controller makes itself:
 // a self-signed CA (its PEM becomes the webhook configuration's caBundle)
@@ -123,9 +145,9 @@ func writeAtomic(path string, data []byte) error {
 	return atomicfile.Write(path, data, 0o600, "."+filepath.Base(path)+".tmp-*")
 }
 
-// ensureCerts makes sure CertDir holds a usable serving certificate and
+// Ensure makes sure CertDir holds a usable serving certificate and
 // returns the CA to inject (nil: leave the caBundle alone).
-func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now time.Time) ([]byte, error) {
+func Ensure(ctx context.Context, c client.Client, w *Config, now time.Time) ([]byte, error) {
 	if w.ExternalCerts {
 		if w.CAFile == "" {
 			return nil, nil
@@ -139,8 +161,7 @@ func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now ti
 	if w.CertSecret != "" {
 		return nil, secretExists(ctx, c, w)
 	}
-	dns, ips := w.dnsNames()
-	b, err := newCertBundle(dns, ips, now)
+	b, err := newCertBundle(w.DNSNames, w.IPs, now)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +173,7 @@ func ensureCerts(ctx context.Context, c client.Client, w *WebhookOptions, now ti
 
 // secretExists checks the certificate Secret the rotator keeps: the chart
 // creates it empty, and the controller may not create Secrets.
-func secretExists(ctx context.Context, c client.Client, w *WebhookOptions) error {
+func secretExists(ctx context.Context, c client.Client, w *Config) error {
 	key, err := w.secretKey()
 	if err != nil {
 		return err

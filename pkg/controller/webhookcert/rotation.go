@@ -1,4 +1,4 @@
-package controller
+package webhookcert
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 // it (no leader election); writes to the Secret are checked by its
 // resourceVersion.
 //
-// Each replica serves what the Secret holds now: servingCert watches the
+// Each replica serves what the Secret holds now: Served watches the
 // Secret and hands the TLS server its current key pair, so a renewal
 // reaches every replica at once, with no restart and no wait for a mounted
 // volume to refresh. It also writes the files into the cert dir, where the
@@ -39,7 +39,7 @@ import (
 const rotatorCAName = "gpuaas-dra-controller-ca"
 
 // secretKey is the cert Secret "namespace/name" of the options.
-func (w *WebhookOptions) secretKey() (types.NamespacedName, error) {
+func (w *Config) secretKey() (types.NamespacedName, error) {
 	ns, name, ok := strings.Cut(w.CertSecret, "/")
 	if !ok || ns == "" || name == "" {
 		return types.NamespacedName{}, fmt.Errorf("--webhook-cert-secret %q: want namespace/name", w.CertSecret)
@@ -50,12 +50,12 @@ func (w *WebhookOptions) secretKey() (types.NamespacedName, error) {
 // addRotator lets cert-controller keep the Secret and the CA bundle of the
 // chart's webhook configuration; ready is closed once the certificates are
 // in place and the CA injected.
-func addRotator(mgr manager.Manager, w *WebhookOptions, ready chan struct{}) error {
+func addRotator(mgr manager.Manager, w *Config, ready chan struct{}) error {
 	key, err := w.secretKey()
 	if err != nil {
 		return err
 	}
-	dns, _ := w.dnsNames()
+	dns := w.DNSNames
 	if len(dns) == 0 {
 		return errors.New("the webhook certificate Secret needs --webhook-service (the names to certify)")
 	}
@@ -79,16 +79,16 @@ func addRotator(mgr manager.Manager, w *WebhookOptions, ready chan struct{}) err
 	return nil
 }
 
-// servingCert is the key pair of the cert Secret as last seen.
-type servingCert struct {
+// Served is the key pair of the cert Secret as last seen.
+type Served struct {
 	key  types.NamespacedName
 	dir  string
 	pair atomic.Pointer[tls.Certificate]
 }
 
 // watch follows the Secret through the manager's cache (restricted to it,
-// see secretCacheOptions).
-func (s *servingCert) watch(ctx context.Context, c cache.Cache) error {
+// see SecretCache).
+func (s *Served) watch(ctx context.Context, c cache.Cache) error {
 	inf, err := c.GetInformer(ctx, &corev1.Secret{})
 	if err != nil {
 		return fmt.Errorf("watching the webhook certificate Secret: %w", err)
@@ -104,7 +104,7 @@ func (s *servingCert) watch(ctx context.Context, c cache.Cache) error {
 	return nil
 }
 
-func (s *servingCert) update(logger klog.Logger, obj any) {
+func (s *Served) update(logger klog.Logger, obj any) {
 	secret, ok := obj.(*corev1.Secret)
 	if !ok || secret.Namespace != s.key.Namespace || secret.Name != s.key.Name {
 		return
@@ -135,31 +135,31 @@ func (s *servingCert) update(logger klog.Logger, obj any) {
 }
 
 // getCertificate is the TLS server's source of its certificate.
-func (s *servingCert) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (s *Served) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if p := s.pair.Load(); p != nil {
 		return p, nil
 	}
 	return nil, fmt.Errorf("no certificate in Secret %s yet", s.key)
 }
 
-// tlsOption makes the webhook server use it.
-func (s *servingCert) tlsOption(c *tls.Config) { c.GetCertificate = s.getCertificate }
+// TLSOption makes the webhook server use it.
+func (s *Served) TLSOption(c *tls.Config) { c.GetCertificate = s.getCertificate }
 
 // Ready is a readiness check: a replica is ready only with a certificate
 // the apiserver trusts.
-func (s *servingCert) Ready(*http.Request) error {
+func (s *Served) Ready(*http.Request) error {
 	if s.pair.Load() == nil {
 		return fmt.Errorf("no certificate in Secret %s yet", s.key)
 	}
 	return nil
 }
 
-// secretCacheOptions restricts the manager's Secret informer to the one
-// cert Secret, which is all the controller may read.
-func secretCacheOptions(key types.NamespacedName) cache.ByObject {
+// SecretCache restricts the manager's Secret informer to the one cert
+// Secret, which is all the controller may read.
+func (s *Served) SecretCache() cache.ByObject {
 	return cache.ByObject{
-		Namespaces: map[string]cache.Config{key.Namespace: {}},
-		Field:      fields.OneTermEqualSelector("metadata.name", key.Name),
+		Namespaces: map[string]cache.Config{s.key.Namespace: {}},
+		Field:      fields.OneTermEqualSelector("metadata.name", s.key.Name),
 	}
 }
 
@@ -173,10 +173,10 @@ func closed(ch <-chan struct{}) bool {
 	}
 }
 
-// newServingCert is nil unless the certificate lives in a Secret the
-// rotator keeps (the chart's way); cert-manager's certificates
-// (ExternalCerts) and the self-signed ones of a single process are files.
-func newServingCert(w *WebhookOptions) (*servingCert, error) {
+// NewServed is nil unless the certificate lives in a Secret the rotator
+// keeps (the chart's way); cert-manager's certificates (ExternalCerts) and
+// the self-signed ones of a single process are files.
+func NewServed(w *Config) (*Served, error) {
 	if w.CertSecret == "" || w.ExternalCerts {
 		return nil, nil
 	}
@@ -184,12 +184,12 @@ func newServingCert(w *WebhookOptions) (*servingCert, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &servingCert{key: key, dir: w.CertDir}, nil
+	return &Served{key: key, dir: w.CertDir}, nil
 }
 
-// setupRotation starts the rotator and the Secret watch, and makes
+// SetupRotation starts the rotator and the Secret watch, and makes
 // readiness wait for both.
-func setupRotation(ctx context.Context, mgr manager.Manager, w *WebhookOptions, served *servingCert) error {
+func SetupRotation(ctx context.Context, mgr manager.Manager, w *Config, served *Served) error {
 	if served == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package controller
+package kueuemirror
 
 import (
 	"context"
@@ -24,14 +24,14 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
 
-// KueueMappingsConfigMap holds the deviceClassMappings rendered for Kueue,
+// MappingsConfigMap holds the deviceClassMappings rendered for Kueue,
 // in the controller's namespace.
-const KueueMappingsConfigMap = "gpuaas-kueue-mappings"
+const MappingsConfigMap = "gpuaas-kueue-mappings"
 
-// KueueMappingsKey is the ConfigMap key of the rendered mappings.
-const KueueMappingsKey = "deviceClassMappings.yaml"
+// MappingsKey is the ConfigMap key of the rendered mappings.
+const MappingsKey = "deviceClassMappings.yaml"
 
-// kueueMappingsReconciler keeps KueueMappingsConfigMap in line with the
+// kueueMappingsReconciler keeps MappingsConfigMap in line with the
 // catalog: every enabled GpuProfile's DeviceClass under the Kueue resource
 // it is charged as. Kueue reads its configuration at start only, so the
 // ConfigMap is what an admin (or a GitOps pipeline) copies into Kueue's
@@ -49,7 +49,7 @@ type kueueMappingsReconciler struct {
 }
 
 // kueueMappingsKey is the one key every profile event maps to.
-var kueueMappingsKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: KueueMappingsConfigMap}}
+var kueueMappingsKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: MappingsConfigMap}}
 
 func (r *kueueMappingsReconciler) setup(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").
@@ -72,13 +72,13 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: KueueMappingsConfigMap}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: MappingsConfigMap}}
 	op, err := controllerutil.CreateOrUpdate(ctx, r.direct, cm, func() error {
-		cm.Data = map[string]string{KueueMappingsKey: rendered}
+		cm.Data = map[string]string{MappingsKey: rendered}
 		return nil
 	})
 	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", r.namespace, KueueMappingsConfigMap, err)
+		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", r.namespace, MappingsConfigMap, err)
 	}
 	if op != controllerutil.OperationResultNone {
 		klog.FromContext(ctx).Info("Kueue deviceClassMappings changed: copy them into Kueue's configuration and restart Kueue",
@@ -90,7 +90,7 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 // ensureFlavor creates the ResourceFlavor unless it exists. Without
 // Kueue's CRDs there is nothing to do; the next profile change tries again.
 func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
-	flavor := kueueObject("ResourceFlavor")
+	flavor := kueue.Object("ResourceFlavor")
 	err := r.direct.Get(ctx, types.NamespacedName{Name: kueue.Flavor}, flavor)
 	switch {
 	case err == nil:
@@ -101,7 +101,7 @@ func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("reading ResourceFlavor %s: %w", kueue.Flavor, err)
 	}
-	flavor = kueueObject("ResourceFlavor")
+	flavor = kueue.Object("ResourceFlavor")
 	flavor.SetName(kueue.Flavor)
 	flavor.SetLabels(map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"})
 	if err := r.direct.Create(ctx, flavor); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -117,7 +117,7 @@ func renderKueueMappings(profiles []gpuaas.GpuProfile) (string, error) {
 	charges := make([]kueue.Charge, 0, len(profiles))
 	for i := range profiles {
 		p := &profiles[i]
-		if res, ok := kueueChargedAs(p); ok {
+		if res, ok := kueue.ChargedAs(p); ok {
 			charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: res})
 		}
 	}

@@ -1,4 +1,4 @@
-package controller
+package gpunode
 
 import (
 	"strconv"
@@ -30,7 +30,7 @@ var (
 )
 
 // registerPostureMetrics adds the posture metrics to controller-runtime's
-// registry once per process, like registerMetrics.
+// registry once per process, like the rest of the controller's metrics.
 func registerPostureMetrics() {
 	registerPostureOnce.Do(func() {
 		ctrlmetrics.Registry.MustRegister(gpuPostureGauge, nodePostureGauge)

@@ -1,4 +1,4 @@
-package controller
+package kueuemirror
 
 import (
 	"testing"
@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
 
 // Issue 15: a TenantQuota backed by a ClusterQueue, so Kueue and the
@@ -53,7 +54,7 @@ func TestClusterQueueOfAnotherOwnerIsNotTaken(t *testing.T) {
 	q := tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
 		Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}, Kueue: &gpuaas.TenantKueue{ClusterQueue: "shared"}})
 	q.Status.Namespaces = []string{"a"}
-	other := kueueObject("ClusterQueue")
+	other := kueue.Object("ClusterQueue")
 	other.Object["spec"] = map[string]any{}
 	other.SetName("shared")
 	c := newFakeClient(t, q, other)
@@ -65,7 +66,7 @@ func TestClusterQueueOfAnotherOwnerIsNotTaken(t *testing.T) {
 
 func getClusterQueue(t *testing.T, c client.Client, name string) *unstructured.Unstructured {
 	t.Helper()
-	cq := kueueObject("ClusterQueue")
+	cq := kueue.Object("ClusterQueue")
 	if err := c.Get(ctx(t), types.NamespacedName{Name: name}, cq); err != nil {
 		t.Fatalf("ClusterQueue %s: %v", name, err)
 	}

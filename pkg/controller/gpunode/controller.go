@@ -1,4 +1,4 @@
-package controller
+package gpunode
 
 import (
 	"context"
@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
 	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 )
 
@@ -47,12 +48,12 @@ const postureResync = 5 * time.Minute
 // queues every node at once.
 const postureWorkers = 4
 
-// setupPostureController adds the GpuNode controller to the manager: one
-// GpuNode per node that publishes devices of our driver, its status the
-// posture of each GPU (pkg/posture), plus the gpuaas_gpu_posture and
-// gpuaas_node_posture metrics. Call it before the manager starts: it adds
-// field indexes to the shared cache.
-func setupPostureController(ctx context.Context, mgr ctrl.Manager) error {
+// Setup adds the GpuNode controller to the manager: one GpuNode per node
+// that publishes devices of our driver, its status the posture of each GPU
+// (pkg/posture), plus the gpuaas_gpu_posture and gpuaas_node_posture
+// metrics. Call it before the manager starts: it adds field indexes to the
+// shared cache.
+func Setup(ctx context.Context, mgr ctrl.Manager) error {
 	logger := klog.FromContext(ctx)
 	registerPostureMetrics()
 	served, err := servesGpuNodes(ctx, mgr.GetRESTMapper())
@@ -68,7 +69,7 @@ func setupPostureController(ctx context.Context, mgr ctrl.Manager) error {
 	if err := indexPostureFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	rules, err := serves(mgr.GetRESTMapper(), schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, resourceapi.SchemeGroupVersion.Version)
+	rules, err := kinds.Served(mgr.GetRESTMapper(), schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, resourceapi.SchemeGroupVersion.Version)
 	if err != nil {
 		return err
 	}
@@ -115,27 +116,13 @@ func servesGpuNodes(ctx context.Context, m meta.RESTMapper) (bool, error) {
 	var served bool
 	err := wait.PollUntilContextTimeout(ctx, time.Second, gpuNodeWait, true, func(context.Context) (bool, error) {
 		var err error
-		served, err = serves(m, gk, gpuaas.GroupVersion.Version)
+		served, err = kinds.Served(m, gk, gpuaas.GroupVersion.Version)
 		return served, err
 	})
 	if err != nil && !wait.Interrupted(err) {
 		return false, err
 	}
 	return served, nil
-}
-
-// serves tells whether the API serves a kind at a version. The manager's
-// REST mapper asks discovery again on a miss, so a CRD established after
-// the first look is found on the next.
-func serves(m meta.RESTMapper, gk schema.GroupKind, version string) (bool, error) {
-	_, err := m.RESTMapping(gk, version)
-	switch {
-	case err == nil:
-		return true, nil
-	case meta.IsNoMatchError(err):
-		return false, nil
-	}
-	return false, fmt.Errorf("looking up %s: %w", gk, err)
 }
 
 // postureReconciler keeps each node's GpuNode and posture metrics current.
@@ -338,6 +325,10 @@ var allocationChanged = predicate.Funcs{
 		return !ok1 || !ok2 || !equality.Semantic.DeepEqual(o.Status.Allocation, n.Status.Allocation)
 	},
 }
+
+// statusDelay coalesces bursts of slice and claim events into one
+// reconcile of a node, as the catalog's status recount does.
+const statusDelay = time.Second
 
 // nodeEvents enqueues the nodes an object bears on, after statusDelay so a
 // burst (a plugin republishing its slices, a job's claims allocated at

@@ -1,4 +1,4 @@
-package controller
+package kueuemirror
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func (r *kueueQueueReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 // apply creates the ClusterQueue, or writes the mirrored fields into the
 // one that exists (which must be this TenantQuota's).
 func (r *kueueQueueReconciler) apply(ctx context.Context, q *gpuaas.TenantQuota, spec map[string]any) error {
-	cq := kueueObject("ClusterQueue")
+	cq := kueue.Object("ClusterQueue")
 	name := q.Spec.Kueue.ClusterQueue
 	err := r.direct.Get(ctx, types.NamespacedName{Name: name}, cq)
 	if apierrors.IsNotFound(err) {
@@ -106,4 +106,13 @@ func (r *kueueQueueReconciler) apply(ctx context.Context, q *gpuaas.TenantQuota,
 func ownerOf(q *gpuaas.TenantQuota) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: gpuaas.GroupVersion.String(), Kind: "TenantQuota", Name: q.Name, UID: q.UID,
 		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
+}
+
+func ownedByUID(obj metav1.Object, uid types.UID) bool {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.UID == uid {
+			return true
+		}
+	}
+	return false
 }
