@@ -24,6 +24,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -117,7 +118,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", os.Getenv("NVIDIA_HOST_DRIVER_ROOT"), "The driver root as the container runtime on the host sees it, when --driver-root is where this process sees it (the chart mounts a host install, /, at /host). CDI specs name host paths. Empty: the same as --driver-root. [$NVIDIA_HOST_DRIVER_ROOT]")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), fmt.Sprintf("Host path of nvidia-cdi-hook, which the container runtime runs to update a GPU container's ldcache and driver links (without it no container finds libcuda.so.1). Empty: install --cdi-hook-source into --plugin-data-dir and use that; %q: leave NVIDIA's hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]", cdi.HooksDisabled))
 	fs.StringVar(&f.cdiHookSource, "cdi-hook-source", cli.Env("NVIDIA_CDI_HOOK_SOURCE", cdi.DefaultHookSource), "The nvidia-cdi-hook binary shipped with the plugin (in its image), installed on the host when --cdi-hook-path is empty. [$NVIDIA_CDI_HOOK_SOURCE]")
-	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvdev.MockMachines()))
+	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvmock.Machines()))
 	fs.StringVar(&f.mockStateDir, "mock-nvml-state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "With a mock NVML backend: directory where the simulated machine's state (MIG mode, MIG devices, compute mode) is kept, one file per machine, so that it outlives the plugin process as a real GPU's does (restarts, rolling updates; hack/mocknvml simulates a reboot). Empty keeps it in the process's memory. [$MOCK_NVML_STATE_DIR]")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")

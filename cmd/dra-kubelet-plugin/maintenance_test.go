@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // startRegistered starts the plugin on a mock machine and plays the
@@ -43,8 +44,8 @@ func TestReleaseAndReacquireFromTheCommandLine(t *testing.T) {
 	f := testFlags(t, t.TempDir())
 	f.nvml = "mock:dgxh100"
 	startRegistered(t, f)
-	if err := nvdev.UnloadMockDriver(f.mockStateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
-		t.Fatalf("unload while the plugin runs: %v, want %v", err, nvdev.ErrMockDriverInUse)
+	if err := nvmock.UnloadDriver(f.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+		t.Fatalf("unload while the plugin runs: %v, want %v", err, nvmock.ErrDriverInUse)
 	}
 
 	release := f
@@ -52,12 +53,12 @@ func TestReleaseAndReacquireFromTheCommandLine(t *testing.T) {
 	if code := requestMaintenance(release); code != 0 {
 		t.Fatalf("--release-gpus exited %d", code)
 	}
-	if err := nvdev.UnloadMockDriver(f.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(f.mockStateDir); err != nil {
 		t.Fatalf("unload after --release-gpus returned: %v", err)
 	}
 	waitProbes(t, f, probes{"SERVING", "SERVING", "NOT_SERVING"})
 
-	if err := nvdev.LoadMockDriver(f.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(f.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
 	reacquire := f

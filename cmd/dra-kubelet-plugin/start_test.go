@@ -13,6 +13,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"google.golang.org/grpc"
@@ -162,10 +163,10 @@ func TestSlowRestoreIsAliveAndNotReadyUntilRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	claims := prepareMIGClaims(t, f)
-	if _, err := nvdev.RebootMock(f.mockStateDir, f.bootIDPath); err != nil {
+	if _, err := nvmock.Reboot(f.mockStateDir, f.bootIDPath); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockCreateDelay(f.mockStateDir, time.Second); err != nil {
+	if err := nvmock.SetCreateDelay(f.mockStateDir, time.Second); err != nil {
 		t.Fatal(err)
 	}
 

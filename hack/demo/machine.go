@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // checkNVML refuses an --nvml the demo's nodes cannot run, before the
@@ -19,9 +19,9 @@ import (
 // work.
 func checkNVML(value string) error {
 	machine, ok := strings.CutPrefix(value, "mock:")
-	if !ok || !slices.Contains(nvdev.MockMachines(), machine) {
+	if !ok || !slices.Contains(nvmock.Machines(), machine) {
 		var want []string
-		for _, m := range nvdev.MockMachines() {
+		for _, m := range nvmock.Machines() {
 			want = append(want, "mock:"+m)
 		}
 		return fmt.Errorf("--nvml=%q: the demo's node simulates its GPUs; want one of %s", value, strings.Join(want, ", "))

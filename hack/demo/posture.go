@@ -19,7 +19,7 @@ import (
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -40,7 +40,7 @@ func (d *demo) healthScenario(ctx context.Context) error {
 	}
 	d.out.printf("\nHealth: XID 79 on GPU %s (mocknvml xid), DeviceTaintRule draining %s ...\n", demoFaultyGPU, demoDrainedDev)
 	stateDir := filepath.Join(d.real.KubeletDir, "plugins", framework.DriverName, "mock-nvml")
-	if err := nvdev.InjectMockEvent(stateDir, demoFaultyGPU, nvml.EventTypeXidCriticalError, 79, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+	if err := nvmock.InjectEvent(stateDir, demoFaultyGPU, nvml.EventTypeXidCriticalError, 79, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		return fmt.Errorf("injecting an XID: %w", err)
 	}
 	rule := &resourceapi.DeviceTaintRule{

@@ -6,6 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 func openMock(t *testing.T, dir string) nvdev.Interface {
@@ -24,10 +25,10 @@ func openMock(t *testing.T, dir string) nvdev.Interface {
 func TestChecksShowInjectedFaults(t *testing.T) {
 	dir := t.TempDir()
 	before := openMock(t, dir)
-	if err := nvdev.SetMockMigModePending(dir, "2", true); err != nil {
+	if err := nvmock.SetMigModePending(dir, "2", true); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockRebindOnMigMode(dir, "3", true); err != nil {
+	if err := nvmock.SetRebindOnMigMode(dir, "3", true); err != nil {
 		t.Fatal(err)
 	}
 	for _, i := range []int{2, 3} {
@@ -39,10 +40,10 @@ func TestChecksShowInjectedFaults(t *testing.T) {
 			t.Fatal(ret)
 		}
 	}
-	if err := nvdev.SetMockHolder(dir, "1", nvdev.MockProcess{PID: 4242, Name: "dcgm-exporter"}, true); err != nil {
+	if err := nvmock.SetHolder(dir, "1", nvmock.Process{PID: 4242, Name: "dcgm-exporter"}, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockGPULost(dir, "5", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "5", true); err != nil {
 		t.Fatal(err)
 	}
 

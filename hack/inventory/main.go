@@ -19,6 +19,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 

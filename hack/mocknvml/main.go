@@ -83,7 +83,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 const usage = `usage:
@@ -124,8 +124,8 @@ var commands = map[string]func(args []string) error{
 	"mig-mode-pending":   migModePending,
 	"rebind-on-mig-mode": rebindOnMigMode,
 	"reset":              reset,
-	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvdev.UnloadMockDriver) },
-	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvdev.LoadMockDriver) },
+	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvmock.UnloadDriver) },
+	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvmock.LoadDriver) },
 }
 
 // driverModule unloads or loads the mock driver module.
@@ -193,7 +193,7 @@ func reboot(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	id, err := nvdev.RebootMock(*c.stateDir, *bootIDPath)
+	id, err := nvmock.Reboot(*c.stateDir, *bootIDPath)
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func reboot(args []string) error {
 func xid(args []string) error {
 	c := newCommand("xid", true)
 	code := c.fs.Uint64("code", 0, "the XID, e.g. 48 (double-bit ECC), 79 (fallen off the bus), 94 (contained ECC)")
-	gi, ci := nvdev.MockWholeGPU, nvdev.MockWholeGPU
+	gi, ci := nvmock.WholeGPU, nvmock.WholeGPU
 	c.fs.Func("gi", "the GPU instance ID of the MIG device it happened on (default: the whole GPU)", instanceID(&gi))
 	c.fs.Func("ci", "the compute instance ID of the MIG device it happened on (default: the whole GPU)", instanceID(&ci))
 	if err := c.parse(args); err != nil {
@@ -213,7 +213,7 @@ func xid(args []string) error {
 	if *code == 0 {
 		return fmt.Errorf("xid needs --code, the XID to report\n%s", usage)
 	}
-	return nvdev.InjectMockEvent(*c.stateDir, *c.gpu, nvml.EventTypeXidCriticalError, *code, gi, ci)
+	return nvmock.InjectEvent(*c.stateDir, *c.gpu, nvml.EventTypeXidCriticalError, *code, gi, ci)
 }
 
 // instanceID parses a GPU or compute instance ID into id.
@@ -233,7 +233,7 @@ func ecc(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.InjectMockEvent(*c.stateDir, *c.gpu, nvml.EventTypeDoubleBitEccError, 0, nvdev.MockWholeGPU, nvdev.MockWholeGPU)
+	return nvmock.InjectEvent(*c.stateDir, *c.gpu, nvml.EventTypeDoubleBitEccError, 0, nvmock.WholeGPU, nvmock.WholeGPU)
 }
 
 func setLost(name string, args []string, lost bool) error {
@@ -241,7 +241,7 @@ func setLost(name string, args []string, lost bool) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockGPULost(*c.stateDir, *c.gpu, lost)
+	return nvmock.SetGPULost(*c.stateDir, *c.gpu, lost)
 }
 
 func migDestroyFails(args []string) error {
@@ -250,7 +250,7 @@ func migDestroyFails(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockMigDestroyFails(*c.stateDir, *c.gpu, !*off)
+	return nvmock.SetMigDestroyFails(*c.stateDir, *c.gpu, !*off)
 }
 
 func clearFaults(args []string) error {
@@ -258,7 +258,7 @@ func clearFaults(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.ClearMockFaults(*c.stateDir)
+	return nvmock.ClearFaults(*c.stateDir)
 }
 
 func migLayout(args []string) error {
@@ -273,7 +273,7 @@ func migLayout(args []string) error {
 	if err != nil || *profiles == "" {
 		return fmt.Errorf("mig-layout needs --gpu as an index and --profiles\n%s", usage)
 	}
-	made, err := nvdev.LayoutMockMIG(*c.stateDir, *machine, *seed, index, strings.Split(*profiles, ","))
+	made, err := nvmock.LayoutMIG(*c.stateDir, *machine, *seed, index, strings.Split(*profiles, ","))
 	for _, inst := range made {
 		fmt.Printf("%s at memory slice %d: %s (GPU instance %d, compute instance %d)\n", inst.Profile, inst.Placement.Start, inst.UUID, inst.GIID, inst.CIID)
 	}
@@ -286,7 +286,7 @@ func rowRemap(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockRowRemapPending(*c.stateDir, *c.gpu, !*off)
+	return nvmock.SetRowRemapPending(*c.stateDir, *c.gpu, !*off)
 }
 
 func unknownGeneration(args []string) error {
@@ -295,7 +295,7 @@ func unknownGeneration(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockUnknownGeneration(*c.stateDir, *c.gpu, !*off)
+	return nvmock.SetUnknownGeneration(*c.stateDir, *c.gpu, !*off)
 }
 
 func slowCreate(args []string) error {
@@ -304,7 +304,7 @@ func slowCreate(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockCreateDelay(*c.stateDir, *delay)
+	return nvmock.SetCreateDelay(*c.stateDir, *delay)
 }
 
 func migModeInUse(args []string) error {
@@ -313,7 +313,7 @@ func migModeInUse(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockMigModeInUse(*c.stateDir, *c.gpu, *times)
+	return nvmock.SetMigModeInUse(*c.stateDir, *c.gpu, *times)
 }
 
 func hold(args []string) error {
@@ -327,7 +327,7 @@ func hold(args []string) error {
 	if *pid == 0 || *pid > math.MaxUint32 {
 		return fmt.Errorf("hold needs --pid, a process ID\n%s", usage)
 	}
-	return nvdev.SetMockHolder(*c.stateDir, *c.gpu, nvdev.MockProcess{PID: uint32(*pid), Name: *name}, !*off)
+	return nvmock.SetHolder(*c.stateDir, *c.gpu, nvmock.Process{PID: uint32(*pid), Name: *name}, !*off)
 }
 
 func migModePending(args []string) error {
@@ -336,7 +336,7 @@ func migModePending(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockMigModePending(*c.stateDir, *c.gpu, !*off)
+	return nvmock.SetMigModePending(*c.stateDir, *c.gpu, !*off)
 }
 
 func rebindOnMigMode(args []string) error {
@@ -345,7 +345,7 @@ func rebindOnMigMode(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.SetMockRebindOnMigMode(*c.stateDir, *c.gpu, !*off)
+	return nvmock.SetRebindOnMigMode(*c.stateDir, *c.gpu, !*off)
 }
 
 func reset(args []string) error {
@@ -353,5 +353,5 @@ func reset(args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	return nvdev.ResetMockGPU(*c.stateDir, *c.gpu)
+	return nvmock.ResetGPU(*c.stateDir, *c.gpu)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2/ktesting"
 )

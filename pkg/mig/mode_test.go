@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 func migMode(t *testing.T, d nvml.Device) int {
@@ -133,7 +134,7 @@ func fastRetry(lib nvdev.Interface, within time.Duration) mig.InUseRetry {
 // ERROR_IN_USE) gets its MIG mode once it is free.
 func TestRetryInUseThenSucceeds(t *testing.T) {
 	lib, dev, dir := persistentGPU(t, 2)
-	if err := nvdev.SetMockMigModeInUse(dir, "2", 3); err != nil {
+	if err := nvmock.SetMigModeInUse(dir, "2", 3); err != nil {
 		t.Fatal(err)
 	}
 	if err := mig.RetryInUse(context.Background(), dev, fastRetry(lib, time.Minute), mig.EnableMigMode); err != nil {
@@ -148,7 +149,7 @@ func TestRetryInUseThenSucceeds(t *testing.T) {
 // GPU and the process NVML lists on it, and the mode is as it was.
 func TestRetryInUseGivesUpNamingTheHolder(t *testing.T) {
 	lib, dev, dir := persistentGPU(t, 1)
-	if err := nvdev.SetMockHolder(dir, "1", nvdev.MockProcess{PID: 4242, Name: "dcgm-exporter"}, true); err != nil {
+	if err := nvmock.SetHolder(dir, "1", nvmock.Process{PID: 4242, Name: "dcgm-exporter"}, true); err != nil {
 		t.Fatal(err)
 	}
 	err := mig.RetryInUse(context.Background(), dev, fastRetry(lib, 50*time.Millisecond), mig.EnableMigMode)
@@ -173,7 +174,7 @@ func TestRetryInUseGivesUpNamingTheHolder(t *testing.T) {
 // the device open runs no CUDA work): the error says what may hold it.
 func TestRetryInUseWithoutAListedHolder(t *testing.T) {
 	lib, dev, dir := persistentGPU(t, 0)
-	if err := nvdev.SetMockMigModeInUse(dir, "0", 1000); err != nil {
+	if err := nvmock.SetMigModeInUse(dir, "0", 1000); err != nil {
 		t.Fatal(err)
 	}
 	err := mig.RetryInUse(context.Background(), dev, fastRetry(lib, 0), mig.EnableMigMode)
@@ -185,7 +186,7 @@ func TestRetryInUseWithoutAListedHolder(t *testing.T) {
 // The kubelet's cancel ends the wait.
 func TestRetryInUseStopsWithTheContext(t *testing.T) {
 	lib, dev, dir := persistentGPU(t, 0)
-	if err := nvdev.SetMockMigModeInUse(dir, "0", 1000); err != nil {
+	if err := nvmock.SetMigModeInUse(dir, "0", 1000); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -200,7 +201,7 @@ func TestRetryInUseStopsWithTheContext(t *testing.T) {
 // back at once, and the error says so.
 func TestEnableMigModePendingResetIsPutBack(t *testing.T) {
 	lib, dev, dir := persistentGPU(t, 4)
-	if err := nvdev.SetMockMigModePending(dir, "4", true); err != nil {
+	if err := nvmock.SetMigModePending(dir, "4", true); err != nil {
 		t.Fatal(err)
 	}
 	err := mig.RetryInUse(context.Background(), dev, fastRetry(lib, time.Minute), mig.EnableMigMode)
@@ -211,7 +212,7 @@ func TestEnableMigModePendingResetIsPutBack(t *testing.T) {
 		t.Errorf("MIG mode %d pending %d, want disabled with nothing pending", cur, pend)
 	}
 	// A reset now changes nothing: no mode was left waiting for it.
-	if err := nvdev.ResetMockGPU(dir, "4"); err != nil {
+	if err := nvmock.ResetGPU(dir, "4"); err != nil {
 		t.Fatal(err)
 	}
 	if migMode(t, dev) != nvml.DEVICE_MIG_DISABLE {
@@ -224,7 +225,7 @@ func TestEnableMigModePendingResetIsPutBack(t *testing.T) {
 // the GPU under the claim that asked for that mode.
 func TestSetMigModeCancelsAPendingSwitchLeftBehind(t *testing.T) {
 	_, dev, dir := persistentGPU(t, 6)
-	if err := nvdev.SetMockMigModePending(dir, "6", true); err != nil {
+	if err := nvmock.SetMigModePending(dir, "6", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS { // then killed

@@ -3,6 +3,7 @@ package nvdev
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -13,12 +14,10 @@ import (
 // BackendReal is the default backend: the NVIDIA driver's libnvidia-ml.
 const BackendReal = "real"
 
-// mockPrefix selects one of go-nvml's mock machines: "mock:dgxh100".
-const mockPrefix = "mock:"
-
 // Options select and configure the backend.
 type Options struct {
-	// Backend is "real" or "mock:<machine>" (see MockMachines).
+	// Backend is "real" or a registered backend's prefix and name:
+	// "mock:<machine>" once package nvmock is linked in (see nvmock.Machines).
 	Backend string
 	// DriverRoot is where the driver is installed; libnvidia-ml is searched
 	// below it. "/" on a normal host.
@@ -27,8 +26,8 @@ type Options struct {
 	MockSeed string
 	// MockStateDir, for a mock backend, keeps the mock machine's state (MIG
 	// mode, GPU and compute instances, compute mode) in a file there, so it
-	// outlives the process as a real GPU's does (see MockStatePath and
-	// RebootMock). Empty keeps the machine in memory, gone with the process.
+	// outlives the process as a real GPU's does (see nvmock.StatePath and
+	// nvmock.Reboot). Empty keeps the machine in memory, gone with the process.
 	MockStateDir string
 }
 
@@ -40,39 +39,16 @@ func Open(opts Options) (Interface, error) {
 		}
 		return openReal(opts.DriverRoot)
 	}
-	if machine, ok := strings.CutPrefix(opts.Backend, mockPrefix); ok {
-		return openMock(machine, opts)
+	for _, b := range backends {
+		if name, ok := strings.CutPrefix(opts.Backend, b.Prefix); ok {
+			return b.Open(name, opts)
+		}
 	}
-	return nil, fmt.Errorf("unknown NVML backend %q: want %q or %q+one of %v",
-		opts.Backend, BackendReal, mockPrefix, MockMachines())
-}
-
-func openMock(machine string, opts Options) (Interface, error) {
-	lib, err := NewMock(machine, opts.MockSeed)
-	if err != nil {
-		return nil, err
+	want := fmt.Sprintf("%q", BackendReal)
+	for _, b := range backends {
+		want += fmt.Sprintf(" or %q+one of %v", b.Prefix, b.Names())
 	}
-	pairWithDriverRoot(lib, opts.DriverRoot)
-	if opts.MockStateDir == "" {
-		return open(lib, mockTopology{})
-	}
-	// The session holds the mock driver module, as a real one holds
-	// /dev/nvidiactl, until Shutdown (see UnloadMockDriver).
-	release, err := holdMockDriver(opts.MockStateDir)
-	if err != nil {
-		return nil, err
-	}
-	if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
-		release()
-		return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
-	}
-	s, err := open(lib, mockTopology{})
-	if err != nil {
-		release()
-		return nil, err
-	}
-	s.closed = release
-	return s, nil
+	return nil, fmt.Errorf("unknown NVML backend %q: want %s", opts.Backend, want)
 }
 
 // libraryCandidates are the places libnvidia-ml.so.1 lives in the common
@@ -126,4 +102,9 @@ func (sysfsTopology) NUMANode(busID string) (int, error) {
 		return -1, fmt.Errorf("no NUMA node for %s", busID)
 	}
 	return int(*attr.Value.IntValue), nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // TestOneBadGPUDoesNotHideTheOthers: a GPU that fell off the bus before
@@ -18,10 +19,10 @@ func TestOneBadGPUDoesNotHideTheOthers(t *testing.T) {
 	first := openOn(t, "dgxh100", dir)
 	lostUUID, newUUID := first.GPUs()[3].UUID, first.GPUs()[5].UUID
 	_ = first.Shutdown()
-	if err := nvdev.SetMockGPULost(dir, "3", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "3", true); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockUnknownGeneration(dir, "5", true); err != nil {
+	if err := nvmock.SetUnknownGeneration(dir, "5", true); err != nil {
 		t.Fatal(err)
 	}
 
@@ -59,7 +60,7 @@ func TestOneBadGPUDoesNotHideTheOthers(t *testing.T) {
 
 	// Recovered (re-attached), it is read again by the next session.
 	_ = lib.Shutdown()
-	if err := nvdev.ClearMockFaults(dir); err != nil {
+	if err := nvmock.ClearFaults(dir); err != nil {
 		t.Fatal(err)
 	}
 	again := openOn(t, "dgxh100", dir)
@@ -76,7 +77,7 @@ func TestLostGPUAnswersNoNewHandle(t *testing.T) {
 	lib := openOn(t, "dgxa100", dir)
 	defer func() { _ = lib.Shutdown() }()
 	uuid := lib.GPUs()[2].UUID
-	if err := nvdev.SetMockGPULost(dir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, ret := lib.NVML().DeviceGetHandleByIndex(2); ret != nvml.ERROR_GPU_IS_LOST {
@@ -88,4 +89,15 @@ func TestLostGPUAnswersNoNewHandle(t *testing.T) {
 	if _, ret := lib.NVML().DeviceGetHandleByIndex(1); ret != nvml.SUCCESS {
 		t.Errorf("handle of a healthy GPU: %v", ret)
 	}
+}
+
+// openOn opens a mock machine kept in dir, as one plugin process does. Not
+// shutting it down is how a test kills that process.
+func openOn(t *testing.T, machine, dir string) nvdev.Interface {
+	t.Helper()
+	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + machine, MockSeed: "node-a", MockStateDir: dir})
+	if err != nil {
+		t.Fatalf("opening %s on %s: %v", machine, dir, err)
+	}
+	return lib
 }

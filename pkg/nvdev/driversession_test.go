@@ -12,6 +12,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 const (
@@ -66,9 +67,9 @@ func TestReleaseLetsTheDriverBeResetAndUpgraded(t *testing.T) {
 	defer func() { _ = r.Shutdown() }()
 	uuid := r.GPUs()[0].UUID
 
-	err = nvdev.UnloadMockDriver(stateDir)
-	if !errors.Is(err, nvdev.ErrMockDriverInUse) || !strings.Contains(err.Error(), "pid ") {
-		t.Fatalf("unload with a session open: %v, want %v naming the holder", err, nvdev.ErrMockDriverInUse)
+	err = nvmock.UnloadDriver(stateDir)
+	if !errors.Is(err, nvmock.ErrDriverInUse) || !strings.Contains(err.Error(), "pid ") {
+		t.Fatalf("unload with a session open: %v, want %v naming the holder", err, nvmock.ErrDriverInUse)
 	}
 
 	// A reset: released, the driver reloaded, reacquired in this process.
@@ -86,7 +87,7 @@ func TestReleaseLetsTheDriverBeResetAndUpgraded(t *testing.T) {
 	if err := <-waiting; !nvdev.DriverNotReady(err) {
 		t.Errorf("reacquiring while the driver is unloaded waits with %v, want a driver-not-ready reason", err)
 	}
-	if err := nvdev.LoadMockDriver(stateDir); err != nil {
+	if err := nvmock.LoadDriver(stateDir); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -95,14 +96,14 @@ func TestReleaseLetsTheDriverBeResetAndUpgraded(t *testing.T) {
 	if _, err := r.DeviceByUUID(uuid); err != nil {
 		t.Errorf("DeviceByUUID after reacquiring: %v", err)
 	}
-	if err := nvdev.UnloadMockDriver(stateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
-		t.Errorf("unload with the new session open: %v, want %v", err, nvdev.ErrMockDriverInUse)
+	if err := nvmock.UnloadDriver(stateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+		t.Errorf("unload with the new session open: %v, want %v", err, nvmock.ErrDriverInUse)
 	}
 
 	// An upgrade: the library of another version is not this process's.
 	release(t, r, stateDir, uuid)
 	installNVML(t, root, oldDriver, newDriver)
-	if err := nvdev.LoadMockDriver(stateDir); err != nil {
+	if err := nvmock.LoadDriver(stateDir); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Reacquire(context.Background(), time.Millisecond, func(error) {}); !errors.Is(err, nvdev.ErrNewProcessNeeded) {
@@ -118,7 +119,7 @@ func TestReleaseLetsTheDriverBeResetAndUpgraded(t *testing.T) {
 	if err := next.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.UnloadMockDriver(stateDir); err != nil {
+	if err := nvmock.UnloadDriver(stateDir); err != nil {
 		t.Errorf("unload after every session ended: %v (a session leaked its hold)", err)
 	}
 }
@@ -136,7 +137,7 @@ func release(t *testing.T, r *nvdev.Releasable, stateDir, uuid string) {
 	if got := r.GPUs(); len(got) != 8 {
 		t.Errorf("GPUs while released: %d, want the 8 last read", len(got))
 	}
-	if err := nvdev.UnloadMockDriver(stateDir); err != nil {
+	if err := nvmock.UnloadDriver(stateDir); err != nil {
 		t.Fatalf("unload after the release: %v", err)
 	}
 }
@@ -156,7 +157,7 @@ func TestUnloadIgnoresHoldersThatAreGone(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stateDir, "driver", "holder-killed"), []byte("pid 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.UnloadMockDriver(stateDir); err != nil {
+	if err := nvmock.UnloadDriver(stateDir); err != nil {
 		t.Fatalf("unload: %v", err)
 	}
 	if _, err := nvdev.Open(nvdev.Options{Backend: "mock:dgxa100", MockSeed: "n", MockStateDir: stateDir}); !nvdev.DriverNotReady(err) {

@@ -1,7 +1,8 @@
 // Package nvdev is the only place that talks to NVML. It opens one long-lived
 // NVML session, enumerates the node's GPUs once with every attribute the
 // device model needs, and caches their handles. The same code runs on the real
-// library and on go-nvml's mock machines (see mock.go).
+// library and on go-nvml's mock machines (package nvmock, which registers
+// them as a Backend).
 package nvdev
 
 import (
@@ -115,8 +116,7 @@ type session struct {
 	problems []Problem
 	mu       sync.Mutex
 	handles  map[string]nvml.Device
-	// closed, when set, runs once NVML is shut down (the mock drops its
-	// hold on the mock driver module).
+	// closed, when set, runs once NVML is shut down (see OpenLibrary).
 	closed func()
 }
 
@@ -140,7 +140,7 @@ func open(lib nvml.Interface, topo Topology) (*session, error) {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			return nil, ErrLibraryNotFound
 		}
-		return nil, fmt.Errorf("initialising NVML: %w%s", ret, initHint(ret))
+		return nil, InitError(ret)
 	}
 	s := &session{lib: lib, handles: map[string]nvml.Device{}}
 	if err := s.enumerate(topo); err != nil {

@@ -13,7 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // Issue 25 item 1: a GPU that fell off the bus while claims were prepared
@@ -31,7 +31,7 @@ func TestClaimsOnALostGPUAreUnpreparedAfterARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := nvdev.SetMockGPULost(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(e.mockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 
@@ -69,7 +69,7 @@ func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
 	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockGPULost(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(e.mockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 
@@ -160,7 +160,7 @@ func TestReplicaAndWholeClaimsOnALostGPUAreUnprepared(t *testing.T) {
 		}
 	}
 	for _, gpu := range []string{"1", "3"} {
-		if err := nvdev.SetMockGPULost(e.mockStateDir, gpu, true); err != nil {
+		if err := nvmock.SetGPULost(e.mockStateDir, gpu, true); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	resourceapi "k8s.io/api/resource/v1"
 )
 
@@ -43,9 +43,9 @@ func TestCrashPreparesLeakNothingWithHardwareFaults(t *testing.T) {
 	// both kinds make the GPUs switch MIG mode back and forth.
 	h.extraKinds = []string{"dynamic whole", "dynamic whole"}
 	dir := h.e.mockStateDir
-	must(t, nvdev.SetMockCreateDelay(dir, 2*time.Millisecond))
+	must(t, nvmock.SetCreateDelay(dir, 2*time.Millisecond))
 	for _, gpu := range []string{"1", "2"} {
-		must(t, nvdev.SetMockRebindOnMigMode(dir, gpu, true))
+		must(t, nvmock.SetRebindOnMigMode(dir, gpu, true))
 	}
 	// The holders let go within a few refusals: the prepare's wait outlasts them.
 	h.tune = func(s *State) { s.inUseRetry = mig.InUseRetry{Within: 20 * time.Second, First: time.Millisecond} }
@@ -57,7 +57,7 @@ func TestCrashPreparesLeakNothingWithHardwareFaults(t *testing.T) {
 		}
 		pendingFailures++
 		for _, gpu := range []string{"1", "2"} {
-			must(t, nvdev.SetMockMigModePending(dir, gpu, false))
+			must(t, nvmock.SetMigModePending(dir, gpu, false))
 		}
 		return true
 	}
@@ -68,23 +68,23 @@ func TestCrashPreparesLeakNothingWithHardwareFaults(t *testing.T) {
 		switch h.rng.IntN(6) {
 		case 0:
 			inUseInjected++
-			must(t, nvdev.SetMockMigModeInUse(dir, gpu, 1+h.rng.IntN(3)))
+			must(t, nvmock.SetMigModeInUse(dir, gpu, 1+h.rng.IntN(3)))
 		case 1:
 			pendingInjected++
-			must(t, nvdev.SetMockMigModePending(dir, gpu, true))
+			must(t, nvmock.SetMigModePending(dir, gpu, true))
 		}
 		h.step()
 	}
 	// GPU 2 falls off the bus; the kubelet unprepares every claim (those on
 	// GPU 2 once its pods are gone), the plugin still killed at random.
-	must(t, nvdev.SetMockGPULost(dir, "2", true))
+	must(t, nvmock.SetGPULost(dir, "2", true))
 	for uid := range h.live {
 		h.kubeletUnprepare(uid)
 	}
 	h.countdown = 0
 	// The admin's reset brings it back, without the MIG devices it had.
-	must(t, nvdev.SetMockGPULost(dir, "2", false))
-	must(t, nvdev.ResetMockGPU(dir, "2"))
+	must(t, nvmock.SetGPULost(dir, "2", false))
+	must(t, nvmock.ResetGPU(dir, "2"))
 	h.restart()
 	leaks := h.leaks()
 	t.Logf("crash test with hardware faults: %d cycles (%v prepared by kind), %d kills at %d fault points, %d restarts; "+

@@ -15,6 +15,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceplugins/podresourcestest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2/ktesting"
@@ -128,7 +129,7 @@ func TestDevicePluginStandDown(t *testing.T) {
 // uses, and drops the withheld GPUs' counter sets with their devices.
 func TestDevicePluginExcludeOwned(t *testing.T) {
 	stateDir := t.TempDir()
-	made, err := nvdev.LayoutMockMIG(stateDir, "dgxh100", testNode, 5, []string{"3g.40gb", "1g.10gb"})
+	made, err := nvmock.LayoutMIG(stateDir, "dgxh100", testNode, 5, []string{"3g.40gb", "1g.10gb"})
 	if err != nil {
 		t.Fatal(err)
 	}

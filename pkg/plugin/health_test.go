@@ -9,7 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
@@ -86,7 +86,7 @@ func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 	h := newHealthEnv(t, health.Config{QuietPeriod: 500 * time.Millisecond})
 	for _, index := range []int{1, 3} { // time-sliced (4 replicas), whole
 		want := h.devicesOfGPU(index)
-		if err := nvdev.InjectMockEvent(h.dir, h.lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+		if err := nvmock.InjectEvent(h.dir, h.lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 			t.Fatal(err)
 		}
 		h.waitTainted(t, "gpu.gpuaas.io/xid", "every device of the GPU tainted", func(got map[string]bool) bool { return maps.Equal(got, want) })
@@ -97,7 +97,7 @@ func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
 	gpu := h.lib.GPUs()[2] // shared
-	if err := nvdev.SetMockGPULost(h.dir, gpu.UUID, true); err != nil {
+	if err := nvmock.SetGPULost(h.dir, gpu.UUID, true); err != nil {
 		t.Fatal(err)
 	}
 	want := h.devicesOfGPU(2)
@@ -115,7 +115,7 @@ func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 		}
 	}
 
-	if err := nvdev.SetMockGPULost(h.dir, gpu.UUID, false); err != nil {
+	if err := nvmock.SetGPULost(h.dir, gpu.UUID, false); err != nil {
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/gpu-lost", "recovery to clear gpu-lost", func(got map[string]bool) bool { return len(got) == 0 })
@@ -139,7 +139,7 @@ func TestMIGScopedXIDTaintsOnlyThatMIGDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	inst := h.migDevices(t, 0)[0]
-	if err := nvdev.InjectMockEvent(h.dir, h.lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 94, uint32(inst.GIID), uint32(inst.CIID)); err != nil {
+	if err := nvmock.InjectEvent(h.dir, h.lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 94, uint32(inst.GIID), uint32(inst.CIID)); err != nil {
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool {
@@ -154,7 +154,7 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpu := h.lib.GPUs()[0].UUID
-	if err := nvdev.SetMockMigDestroyFails(h.dir, gpu, true); err != nil {
+	if err := nvmock.SetMigDestroyFails(h.dir, gpu, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
@@ -169,7 +169,7 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 	if got := h.taintedDevices(t, "gpu.gpuaas.io/cleanup-blocked"); !maps.Equal(got, map[string]bool{name: true}) {
 		t.Fatalf("after a failed retry: tainted %v", got)
 	}
-	if err := nvdev.SetMockMigDestroyFails(h.dir, gpu, false); err != nil {
+	if err := nvmock.SetMigDestroyFails(h.dir, gpu, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.state.Unprepare(h.ctx, "m"); err != nil {
@@ -184,12 +184,12 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
 	gpu := h.lib.GPUs()[3]
-	if err := nvdev.SetMockRowRemapPending(h.dir, gpu.UUID, true); err != nil {
+	if err := nvmock.SetRowRemapPending(h.dir, gpu.UUID, true); err != nil {
 		t.Fatal(err)
 	}
 	want := h.devicesOfGPU(3)
 	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the GPU tainted while a remapping is pending", func(got map[string]bool) bool { return maps.Equal(got, want) })
-	if err := nvdev.SetMockRowRemapPending(h.dir, gpu.UUID, false); err != nil { // a reset applied it
+	if err := nvmock.SetRowRemapPending(h.dir, gpu.UUID, false); err != nil { // a reset applied it
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/row-remap", "the applied remapping to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })

@@ -14,6 +14,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -173,14 +174,14 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	if err := m.prepare(t, "whole", "gpu-3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.UnloadMockDriver(m.mockStateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
-		t.Fatalf("unload while the plugin holds NVML: %v, want %v", err, nvdev.ErrMockDriverInUse)
+	if err := nvmock.UnloadDriver(m.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+		t.Fatalf("unload while the plugin holds NVML: %v, want %v", err, nvmock.ErrDriverInUse)
 	}
 
 	if err := m.driver.Release(m.ctx, "a GPU reset"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 		t.Fatalf("unload after the release: %v", err)
 	}
 	if m.driver.maint.stopHealth != nil {
@@ -211,7 +212,7 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 		t.Error("the MIG claim's record is gone though its device was not destroyed")
 	}
 
-	if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.driver.Reacquire(m.ctx, "reset done", func(error) {}); err != nil {
@@ -235,7 +236,7 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	if left := m.migDevices(t, 0); len(left) != 0 {
 		t.Errorf("MIG devices left after the unprepare: %+v", left)
 	}
-	if err := nvdev.UnloadMockDriver(m.mockStateDir); !errors.Is(err, nvdev.ErrMockDriverInUse) {
+	if err := nvmock.UnloadDriver(m.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
 		t.Errorf("unload after reacquiring: %v, want the new session to hold the driver", err)
 	}
 }
@@ -264,11 +265,11 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 	if err := m.driver.Release(m.ctx, "driver upgrade"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
 	m.root.Upgrade(t, upgradedDriver)
-	if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
 	m.driver.driverTick(m.ctx)
@@ -309,7 +310,7 @@ func TestDriverUpgradedUnderALiveSessionIsTakenUp(t *testing.T) {
 	if err := m.driver.NotReady(); err == nil {
 		t.Error("ready after the upgrade, with the old driver's files")
 	}
-	if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 		t.Errorf("unload after the watch took the upgrade up: %v (the old session still holds the driver)", err)
 	}
 }
@@ -350,10 +351,10 @@ func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 		{ActionReacquire, StateServing},
 	} {
 		if step.action == ActionReacquire {
-			if err := nvdev.UnloadMockDriver(m.mockStateDir); err != nil {
+			if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 				t.Fatalf("unload while released: %v", err)
 			}
-			if err := nvdev.LoadMockDriver(m.mockStateDir); err != nil {
+			if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 				t.Fatal(err)
 			}
 		}

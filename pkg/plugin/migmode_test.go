@@ -11,12 +11,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // Issue 25 item 2: MIG mode switches are not final on real hardware. These
 // run on the persistent mock machine with its MIG mode faults on
-// (pkg/nvdev/mockmigmode.go, mocknvml hold, mig-mode-in-use,
+// (pkg/nvdev/nvmock/mockmigmode.go, mocknvml hold, mig-mode-in-use,
 // mig-mode-pending, rebind-on-mig-mode).
 
 // newModeEnv is a dynamic-MIG node on a persistent mock machine whose
@@ -60,7 +60,7 @@ func (e *testEnv) checkNothingLeft(t *testing.T, uid string, index int) {
 func TestPrepareWaitsForAGPUHeldForAMoment(t *testing.T) {
 	e := newModeEnv(t)
 	e.state.inUseRetry.Within = time.Minute // however slow the machine
-	if err := nvdev.SetMockMigModeInUse(e.mockStateDir, "2", 3); err != nil {
+	if err := nvmock.SetMigModeInUse(e.mockStateDir, "2", 3); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {
@@ -76,8 +76,8 @@ func TestPrepareWaitsForAGPUHeldForAMoment(t *testing.T) {
 // holder is gone the kubelet's retry prepares it.
 func TestPrepareOnAHeldGPUFailsNamingTheHolder(t *testing.T) {
 	e := newModeEnv(t)
-	holder := nvdev.MockProcess{PID: 4242, Name: "dcgm-exporter"}
-	if err := nvdev.SetMockHolder(e.mockStateDir, "2", holder, true); err != nil {
+	holder := nvmock.Process{PID: 4242, Name: "dcgm-exporter"}
+	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, true); err != nil {
 		t.Fatal(err)
 	}
 	claim := newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()
@@ -92,7 +92,7 @@ func TestPrepareOnAHeldGPUFailsNamingTheHolder(t *testing.T) {
 	}
 	e.checkNothingLeft(t, "m", 2)
 
-	if err := nvdev.SetMockHolder(e.mockStateDir, "2", holder, false); err != nil {
+	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
@@ -107,7 +107,7 @@ func TestWholeGPUOnAHeldGPUFailsClearly(t *testing.T) {
 	if _, ret := e.gpuDev(t, 5).SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if err := nvdev.SetMockMigModeInUse(e.mockStateDir, "5", 1000); err != nil {
+	if err := nvmock.SetMigModeInUse(e.mockStateDir, "5", 1000); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", "gpu-5").build())
@@ -123,7 +123,7 @@ func TestWholeGPUOnAHeldGPUFailsClearly(t *testing.T) {
 // saying so, and no mode waits for the GPU's next reset.
 func TestPendingMigModeIsPutBack(t *testing.T) {
 	e := newModeEnv(t)
-	if err := nvdev.SetMockMigModePending(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetMigModePending(e.mockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build())
@@ -131,7 +131,7 @@ func TestPendingMigModeIsPutBack(t *testing.T) {
 		t.Fatalf("prepare with the switch left pending = %v, want ErrPendingReset", err)
 	}
 	e.checkNothingLeft(t, "m", 2)
-	if err := nvdev.ResetMockGPU(e.mockStateDir, "2"); err != nil {
+	if err := nvmock.ResetGPU(e.mockStateDir, "2"); err != nil {
 		t.Fatal(err)
 	}
 	if cur, _, _ := e.gpuDev(t, 2).GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE {
@@ -172,7 +172,7 @@ func TestReboundGPUGetsItsNewDeviceNode(t *testing.T) {
 	e := newModeEnv(t)
 	d, pub := testDriver(t, e, dynamicAll())
 	e.state.onRebound = d.gpuRebound
-	if err := nvdev.SetMockRebindOnMigMode(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetRebindOnMigMode(e.mockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {

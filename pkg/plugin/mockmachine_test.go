@@ -6,6 +6,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -67,7 +68,7 @@ func TestPersistentMockMachineReboot(t *testing.T) {
 	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	bootID, err := nvdev.RebootMock(e.mockStateDir, e.bootID)
+	bootID, err := nvmock.Reboot(e.mockStateDir, e.bootID)
 	if err != nil {
 		t.Fatal(err)
 	}

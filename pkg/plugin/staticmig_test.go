@@ -8,7 +8,7 @@ import (
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // Issue 25 item 5: GPU 0 is offered as static MIG, but mig-manager makes
@@ -31,7 +31,7 @@ func TestStaticMIGMadeAfterStartIsPublished(t *testing.T) {
 	}
 	d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
 
-	made, err := nvdev.LayoutMockMIG(e.mockStateDir, "dgxh100", testNode, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb"})
+	made, err := nvmock.LayoutMIG(e.mockStateDir, "dgxh100", testNode, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb"})
 	if err != nil {
 		t.Fatal(err)
 	}

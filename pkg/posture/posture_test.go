@@ -17,6 +17,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 )

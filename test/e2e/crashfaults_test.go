@@ -12,7 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -66,11 +66,11 @@ func TestPluginSIGKILLLeaksNothingWithHardwareFaults(t *testing.T) {
 	applySharingClasses(t, ctx)
 	ns := cp.CreateNamespace(t, "crash")
 	tsUUID := gpuUUIDOf(t, ctx, node.Name, longIntervalGPU)
-	if err := nvdev.SetMockCreateDelay(stateDir, 50*time.Millisecond); err != nil {
+	if err := nvmock.SetCreateDelay(stateDir, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	for _, gpu := range dynamicMIGGPUs {
-		if err := nvdev.SetMockRebindOnMigMode(stateDir, gpu, true); err != nil {
+		if err := nvmock.SetRebindOnMigMode(stateDir, gpu, true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,10 +111,10 @@ func injectModeFaults(t *testing.T, ctx context.Context, stateDir string, seed u
 		defer close(k.done)
 		defer func() {
 			for _, gpu := range dynamicMIGGPUs {
-				if err := nvdev.SetMockMigModePending(stateDir, gpu, false); err != nil {
+				if err := nvmock.SetMigModePending(stateDir, gpu, false); err != nil {
 					t.Errorf("ending the pending fault: %v", err)
 				}
-				if err := nvdev.SetMockMigModeInUse(stateDir, gpu, 0); err != nil {
+				if err := nvmock.SetMigModeInUse(stateDir, gpu, 0); err != nil {
 					t.Errorf("ending the in-use fault: %v", err)
 				}
 			}
@@ -128,16 +128,16 @@ func injectModeFaults(t *testing.T, ctx context.Context, stateDir string, seed u
 			gpu := dynamicMIGGPUs[rng.IntN(len(dynamicMIGGPUs))]
 			var err error
 			if rng.IntN(3) == 0 {
-				err = nvdev.SetMockMigModePending(stateDir, gpu, true)
+				err = nvmock.SetMigModePending(stateDir, gpu, true)
 				if err == nil {
 					select {
 					case <-ctx.Done():
 					case <-time.After(time.Second):
 					}
-					err = nvdev.SetMockMigModePending(stateDir, gpu, false)
+					err = nvmock.SetMigModePending(stateDir, gpu, false)
 				}
 			} else {
-				err = nvdev.SetMockMigModeInUse(stateDir, gpu, 1+rng.IntN(3))
+				err = nvmock.SetMigModeInUse(stateDir, gpu, 1+rng.IntN(3))
 			}
 			if err != nil {
 				t.Errorf("injecting a MIG mode fault on GPU %s: %v", gpu, err)

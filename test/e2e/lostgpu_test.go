@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -31,7 +31,7 @@ func TestLostGPUDoesNotTakeTheNodeDown(t *testing.T) {
 	claim := onlyClaim(t, ctx, pod)
 	checkPrepared(t, node, pod, claim)
 
-	if err := nvdev.SetMockGPULost(stateDir, "3", true); err != nil {
+	if err := nvmock.SetGPULost(stateDir, "3", true); err != nil {
 		t.Fatal(err)
 	}
 	if err := node.RestartPlugin(ctx); err != nil {

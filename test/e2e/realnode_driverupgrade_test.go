@@ -29,7 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -62,21 +62,21 @@ func TestRealNodeDriverUpgrade(t *testing.T) {
 
 	pluginDir := filepath.Join(n.KubeletDir, "plugins", framework.DriverName)
 	mockDriver := filepath.Join(pluginDir, "mock-nvml")
-	if err := nvdev.UnloadMockDriver(mockDriver); err == nil {
+	if err := nvmock.UnloadDriver(mockDriver); err == nil {
 		t.Fatal("the mock driver unloaded while the plugin holds an NVML session")
 	} else {
 		t.Logf("unload while the plugin serves: %v", err)
 	}
 	st := requestMaintenance(t, ctx, pluginDir, plugin.ActionRelease, plugin.StateReleased)
 	t.Logf("released: %+v", st)
-	if err := nvdev.UnloadMockDriver(mockDriver); err != nil {
+	if err := nvmock.UnloadDriver(mockDriver); err != nil {
 		t.Fatalf("unload after the release: %v", err)
 	}
 	waitDevicesTainted(t, ctx, n, true)
 	waitPluginReady(t, ctx, pluginPod, false)
 
 	upgradeUserspace(t, n.DriverRoot, oldVersion, upgradedUserspaceVersion)
-	if err := nvdev.LoadMockDriver(mockDriver); err != nil {
+	if err := nvmock.LoadDriver(mockDriver); err != nil {
 		t.Fatal(err)
 	}
 	// The plugin sees the new version and starts again in the same

@@ -27,7 +27,7 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -263,7 +263,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 		t.Fatalf("GPU 4 publishes %v, want 4 replicas", gpu4)
 	}
 
-	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 62, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+	if err := nvmock.InjectEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 62, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
 	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
@@ -294,7 +294,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	// A reset-required XID stays until a reset is seen, or an operator
 	// clears it (dra-kubelet-plugin --clear-faults in the plugin pod writes
 	// this request into the plugin's directory on the host).
-	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 48, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+	if err := nvmock.InjectEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 48, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
 	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
@@ -322,7 +322,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 	t.Logf("device status data of the MIG claim: %+v", data)
 	device := map[string]bool{st.Device: true}
 
-	if err := nvdev.InjectMockEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 94,
+	if err := nvmock.InjectEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 94,
 		uint32(*data.MIGGPUInstanceID), uint32(*data.MIGComputeInstanceID)); err != nil {
 		t.Fatal(err)
 	}
@@ -330,10 +330,10 @@ func testMIGHealth(t *testing.T, n *realNode) {
 	t.Logf("MIG-scoped XID 94 on %s: only it tainted after %v", st.Device, took)
 	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear it", func(got map[string]bool) bool { return len(got) == 0 })
 
-	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, true); err != nil {
+	if err := nvmock.SetMigDestroyFails(h.stateDir, data.GPUUUID, true); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false) })
+	t.Cleanup(func() { _ = nvmock.SetMigDestroyFails(h.stateDir, data.GPUUUID, false) })
 	if err := cp.Client.CoreV1().Pods(h.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func testMIGHealth(t *testing.T, n *realNode) {
 		t.Fatalf("device %s has no index", st.Device)
 	}
 	waitGPUPosture(t, ctx, int32(gpu), gpuaas.PostureCleanupBlocked)
-	if err := nvdev.SetMockMigDestroyFails(h.stateDir, data.GPUUUID, false); err != nil {
+	if err := nvmock.SetMigDestroyFails(h.stateDir, data.GPUUUID, false); err != nil {
 		t.Fatal(err)
 	}
 	took = waitTaints(t, ctx, "gpu.gpuaas.io/cleanup-blocked", "the kubelet's retry to clear it", func(got map[string]bool) bool { return len(got) == 0 })

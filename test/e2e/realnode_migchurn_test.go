@@ -493,7 +493,7 @@ func (g churnGI) String() string {
 }
 
 // mockInstances reads the GPU instances of the plugin's mock machine from
-// its state file (pkg/nvdev/mockstate.go), as a GPU keeps them.
+// its state file (pkg/nvdev/nvmock/mockstate.go), as a GPU keeps them.
 func (c *migChurn) mockInstances(t *testing.T) []churnGI {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(c.stateDir, "mock-*.json"))

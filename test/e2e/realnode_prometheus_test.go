@@ -30,7 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	"github.com/gpuaas/gpu-dra-driver/test/monitoring/mixin"
 )
@@ -403,7 +403,7 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 	stateDir := filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml")
 	// XID 48 (double-bit ECC) needs a reset: unlike XID 62 its taint does
 	// not clear after the quiet period, so the GPU stays Unhealthy.
-	if err := nvdev.InjectMockEvent(stateDir, uuid, nvml.EventTypeXidCriticalError, 48, nvdev.MockWholeGPU, nvdev.MockWholeGPU); err != nil {
+	if err := nvmock.InjectEvent(stateDir, uuid, nvml.EventTypeXidCriticalError, 48, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
 	waitForSeries(t, ctx, prom, fmt.Sprintf(`gpuaas_gpu_posture{posture="Unhealthy", gpu="%d"}`, xidGPU))

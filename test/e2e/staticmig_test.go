@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestStaticMIGEndToEnd(t *testing.T) {
 	ctx := framework.Context(t, 3*time.Minute)
 	name, stateDir := nodeName(t), t.TempDir()
-	made, err := nvdev.LayoutMockMIG(stateDir, "dgxh100", name, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"})
+	made, err := nvmock.LayoutMIG(stateDir, "dgxh100", name, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
@@ -42,7 +43,7 @@ type Options struct {
 	// Nodes is how many nodes; their names are Prefix-0 ... Prefix-(Nodes-1).
 	Nodes  int
 	Prefix string
-	// Machine is the go-nvml mock machine of every node (nvdev.MockMachines);
+	// Machine is the go-nvml mock machine of every node (nvmock.Machines);
 	// "" is the 8 x H100 DGX.
 	Machine string
 	// Config is every node's NodeConfig (how its GPUs are offered); nil

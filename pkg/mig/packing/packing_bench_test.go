@@ -24,6 +24,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig/packing"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 

@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"bytes"
@@ -76,8 +76,8 @@ const (
 	mockTempPrefix = ".tmp-"
 )
 
-// MockStatePath is the state file of a mock machine in a state directory.
-func MockStatePath(dir, machine string) string {
+// StatePath is the state file of a mock machine in a state directory.
+func StatePath(dir, machine string) string {
 	return filepath.Join(dir, mockStatePrefix+machine+mockStateSuffix)
 }
 

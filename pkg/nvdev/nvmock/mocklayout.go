@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"errors"
@@ -7,20 +7,21 @@ import (
 	"path/filepath"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 )
 
-// LayoutMockMIG lays out MIG devices on GPU gpu (an index) of the
+// LayoutMIG lays out MIG devices on GPU gpu (an index) of the
 // persistent mock machine in dir, as an admin does with mig-parted before
 // the plugin offers the GPU as static MIG: MIG mode enabled, then each
 // profile at its first free placement. The machine is the one dir holds;
 // on a fresh dir, machine and seed (the plugin's --nvml=mock:<machine>
 // and its node name) create it.
-func LayoutMockMIG(dir, machine, seed string, gpu int, profiles []string) ([]mig.Instance, error) {
+func LayoutMIG(dir, machine, seed string, gpu int, profiles []string) ([]mig.Instance, error) {
 	machine, seed, err := mockMachineFor(dir, machine, seed)
 	if err != nil {
 		return nil, err
 	}
-	lib, err := Open(Options{Backend: "mock:" + machine, MockSeed: seed, MockStateDir: dir})
+	lib, err := open(machine, nvdev.Options{MockSeed: seed, MockStateDir: dir})
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package nvdev_test
+package nvmock_test
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 // openOn opens a mock machine kept in dir, as one plugin process does. Not
@@ -202,7 +203,7 @@ func TestPersistentMockKilledMidWrite(t *testing.T) {
 	dir := t.TempDir()
 	first := openOn(t, "dgxh100", dir)
 	kept := makeMIG(t, gpu(t, first, 0), "2g.20gb", 0)
-	restore := nvdev.SetBeforeStateRename(func() { panic(errKilled) })
+	restore := nvmock.SetBeforeStateRename(func() { panic(errKilled) })
 	func() {
 		defer func() {
 			if err, _ := recover().(error); !errors.Is(err, errKilled) {
@@ -268,12 +269,12 @@ func TestRebootMock(t *testing.T) {
 				t.Fatal(ret)
 			}
 
-			id, err := nvdev.RebootMock(dir, bootID)
+			id, err := nvmock.Reboot(dir, bootID)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if data, _ := os.ReadFile(bootID); strings.TrimSpace(string(data)) != id || id == "boot-1" {
-				t.Errorf("boot ID file holds %q, RebootMock returned %q; want a new ID in the file", data, id)
+				t.Errorf("boot ID file holds %q, Reboot returned %q; want a new ID in the file", data, id)
 			}
 			after := openOn(t, machine, dir)
 			checkRebooted(t, after, keepsMIGMode)
@@ -320,10 +321,10 @@ func gpuInstances(t *testing.T, dev nvml.Device) int {
 
 func TestLayoutMockMIGOutlivesTheLayoutProcess(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := nvdev.LayoutMockMIG(dir, "", "", 0, []string{"1g.10gb"}); err == nil {
+	if _, err := nvmock.LayoutMIG(dir, "", "", 0, []string{"1g.10gb"}); err == nil {
 		t.Fatal("a layout on an empty directory without machine and seed succeeded")
 	}
-	made, err := nvdev.LayoutMockMIG(dir, "dgxh100", "node-a", 2, []string{"3g.40gb", "3g.40gb"})
+	made, err := nvmock.LayoutMIG(dir, "dgxh100", "node-a", 2, []string{"3g.40gb", "3g.40gb"})
 	if err != nil || len(made) != 2 {
 		t.Fatalf("layout: %v, %d made", err, len(made))
 	}
@@ -334,7 +335,7 @@ func TestLayoutMockMIGOutlivesTheLayoutProcess(t *testing.T) {
 	if got := migMode(t, gpu(t, lib, 2)); got != nvml.DEVICE_MIG_ENABLE {
 		t.Fatalf("MIG mode %d after the layout", got)
 	}
-	if _, err := nvdev.LayoutMockMIG(dir, "dgxa100", "", 1, nil); err == nil {
+	if _, err := nvmock.LayoutMIG(dir, "dgxa100", "", 1, nil); err == nil {
 		t.Fatal("a layout naming another machine than the directory's succeeded")
 	}
 }

@@ -1,4 +1,4 @@
-package nvdev_test
+package nvmock_test
 
 import (
 	"encoding/json"
@@ -14,11 +14,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 const (
 	xidTypes = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError
-	whole    = nvdev.MockWholeGPU
+	whole    = nvmock.WholeGPU
 )
 
 // eventSet makes an event set on lib and registers the given GPUs on it
@@ -40,7 +41,7 @@ func eventSet(t *testing.T, lib nvdev.Interface, types uint64, gpus ...int) nvml
 
 func inject(t *testing.T, dir, gpu string, eventType, data uint64, gi, ci uint32) {
 	t.Helper()
-	if err := nvdev.InjectMockEvent(dir, gpu, eventType, data, gi, ci); err != nil {
+	if err := nvmock.InjectEvent(dir, gpu, eventType, data, gi, ci); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -119,7 +120,7 @@ func TestMockEventsDelivered(t *testing.T) {
 	// An event logged while Wait polls is delivered when it comes.
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		_ = nvdev.InjectMockEvent(dir, "0", nvml.EventTypeXidCriticalError, 31, whole, whole)
+		_ = nvmock.InjectEvent(dir, "0", nvml.EventTypeXidCriticalError, 31, whole, whole)
 	}()
 	checkEvent(t, waitEvent(t, set), lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 31, whole, whole)
 
@@ -211,7 +212,7 @@ func TestMockGPULost(t *testing.T) {
 	dev := gpu(t, lib, 5)
 	checkAnswers(t, dev, nvml.SUCCESS)
 
-	if err := nvdev.SetMockGPULost(dir, "5", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "5", true); err != nil {
 		t.Fatal(err)
 	}
 	checkAnswers(t, dev, nvml.ERROR_GPU_IS_LOST)
@@ -224,19 +225,19 @@ func TestMockGPULost(t *testing.T) {
 		t.Errorf("registering the lost GPU: %v, want ERROR_GPU_IS_LOST", ret)
 	}
 	// Marking it lost again reports nothing new: it fell off once.
-	if err := nvdev.SetMockGPULost(dir, lib.GPUs()[5].UUID, true); err != nil {
+	if err := nvmock.SetGPULost(dir, lib.GPUs()[5].UUID, true); err != nil {
 		t.Fatal(err)
 	}
 	waitNone(t, set)
 
-	if err := nvdev.SetMockGPULost(dir, "5", false); err != nil {
+	if err := nvmock.SetGPULost(dir, "5", false); err != nil {
 		t.Fatal(err)
 	}
 	checkAnswers(t, dev, nvml.SUCCESS)
-	if err := nvdev.SetMockGPULost(dir, "5", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "5", true); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.ClearMockFaults(dir); err != nil {
+	if err := nvmock.ClearFaults(dir); err != nil {
 		t.Fatal(err)
 	}
 	checkAnswers(t, dev, nvml.SUCCESS)
@@ -259,7 +260,7 @@ func TestMockGPULostMIG(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
 	inst := makeMIG(t, gpu(t, lib, 2), "1g.10gb", 0)
-	if err := nvdev.SetMockGPULost(dir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(dir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 	migDev, err := lib.DeviceByUUID(inst.UUID)
@@ -279,7 +280,7 @@ func TestMockMigDestroyFails(t *testing.T) {
 	first := openOn(t, "dgxh100", dir)
 	inst := makeMIG(t, gpu(t, first, 3), "3g.40gb", 4)
 	bare := bareGI(t, gpu(t, first, 3), "1g.10gb", 0) // a GPU instance without compute instance
-	if err := nvdev.SetMockMigDestroyFails(dir, "3", true); err != nil {
+	if err := nvmock.SetMigDestroyFails(dir, "3", true); err != nil {
 		t.Fatal(err)
 	}
 	second := openOn(t, "dgxh100", dir) // restores both instances from the state file
@@ -306,7 +307,7 @@ func TestMockMigDestroyFails(t *testing.T) {
 		t.Errorf("destroying a MIG device of another GPU: %v", err)
 	}
 
-	if err := nvdev.SetMockMigDestroyFails(dir, first.GPUs()[3].UUID, false); err != nil {
+	if err := nvmock.SetMigDestroyFails(dir, first.GPUs()[3].UUID, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := mig.Destroy(gpu(t, second, 3), inst); err != nil {
@@ -337,11 +338,11 @@ func bareGI(t *testing.T, dev nvml.Device, name string, start int) nvml.GpuInsta
 }
 
 // The log keeps the last 256 events and never reuses a number, not even
-// across ClearMockFaults.
+// across ClearFaults.
 func TestMockFaultsLog(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
-	path := nvdev.MockFaultsPath(dir, "dgxh100")
+	path := nvmock.FaultsPath(dir, "dgxh100")
 	// A log already full, as a long test run leaves it.
 	var events []string
 	for seq := 745; seq <= 1000; seq++ {
@@ -352,7 +353,7 @@ func TestMockFaultsLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := eventSet(t, lib, xidTypes, 0)
-	if err := nvdev.ClearMockFaults(dir); err != nil {
+	if err := nvmock.ClearFaults(dir); err != nil {
 		t.Fatal(err)
 	}
 	inject(t, dir, "0", nvml.EventTypeXidCriticalError, 48, whole, whole)
@@ -403,21 +404,21 @@ func TestMockFaultsErrors(t *testing.T) {
 		"unsupported event type":   {dir, "0", nvml.EventTypePState, "not one of the event types"},
 		"two event types":          {dir, "0", xidTypes, "not one of the event types"},
 	} {
-		err := nvdev.InjectMockEvent(tc.dir, tc.gpu, tc.eventType, 0, whole, whole)
+		err := nvmock.InjectEvent(tc.dir, tc.gpu, tc.eventType, 0, whole, whole)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
 		}
 	}
-	if err := nvdev.SetMockGPULost(dir, "9", true); err == nil {
+	if err := nvmock.SetGPULost(dir, "9", true); err == nil {
 		t.Error("losing GPU 9 of 8: no error")
 	}
-	if err := nvdev.ClearMockFaults(t.TempDir()); err == nil {
+	if err := nvmock.ClearFaults(t.TempDir()); err == nil {
 		t.Error("clearing the faults of an empty directory: no error")
 	}
-	if err := os.WriteFile(nvdev.MockFaultsPath(dir, "dgxh100"), []byte("{"), 0o600); err != nil {
+	if err := os.WriteFile(nvmock.FaultsPath(dir, "dgxh100"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvdev.SetMockMigDestroyFails(dir, "0", true); err == nil || !strings.Contains(err.Error(), "damaged") {
+	if err := nvmock.SetMigDestroyFails(dir, "0", true); err == nil || !strings.Contains(err.Error(), "damaged") {
 		t.Errorf("with a damaged faults file: %v, want an error saying so", err)
 	}
 }

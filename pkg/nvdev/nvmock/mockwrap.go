@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"

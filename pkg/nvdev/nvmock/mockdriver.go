@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"errors"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 )
 
 // cudaOfDriver is the CUDA driver API version each driver branch reports
@@ -25,7 +26,7 @@ var cudaOfDriver = map[string]int{"535": 12020, "550": 12040, "560": 12060, "570
 // libraries of the version NVML reports, and a mock saying 550.54.15 over a
 // 535.261.03 install would find no driver files to give containers.
 func pairWithDriverRoot(s *server.Server, driverRoot string) {
-	version := InstalledDriverVersion(driverRoot)
+	version := nvdev.InstalledDriverVersion(driverRoot)
 	if version == "" {
 		return
 	}
@@ -44,7 +45,7 @@ func pairWithDriverRoot(s *server.Server, driverRoot string) {
 // its state directory, shared by every process using the machine: each
 // open session holds a flock on a holder file of its own (the kernel drops
 // it when the process dies, as it closes a killed process's device
-// files), UnloadMockDriver fails while any is held, naming the holders,
+// files), UnloadDriver fails while any is held, naming the holders,
 // and while the module is unloaded opening NVML fails with
 // ERROR_DRIVER_NOT_LOADED, as on a node between unload and load.
 const (
@@ -54,9 +55,9 @@ const (
 	mockHolderPrefix   = "holder-"
 )
 
-// ErrMockDriverInUse is UnloadMockDriver's answer while NVML sessions are
+// ErrDriverInUse is UnloadDriver's answer while NVML sessions are
 // open.
-var ErrMockDriverInUse = errors.New("rmmod: ERROR: Module nvidia is in use")
+var ErrDriverInUse = errors.New("rmmod: ERROR: Module nvidia is in use")
 
 // withModuleLock runs f holding the mock module's lock: loading, unloading
 // and opening a session are one at a time, as the kernel's module
@@ -83,7 +84,7 @@ func withModuleLock(stateDir string, f func(dir string) error) error {
 func holdMockDriver(stateDir string) (release func(), err error) {
 	err = withModuleLock(stateDir, func(dir string) error {
 		if fileExists(filepath.Join(dir, mockDriverUnloaded)) {
-			return fmt.Errorf("initialising NVML: %w%s", nvml.ERROR_DRIVER_NOT_LOADED, initHint(nvml.ERROR_DRIVER_NOT_LOADED))
+			return nvdev.InitError(nvml.ERROR_DRIVER_NOT_LOADED)
 		}
 		f, err := os.CreateTemp(dir, mockHolderPrefix)
 		if err != nil {
@@ -103,25 +104,25 @@ func holdMockDriver(stateDir string) (release func(), err error) {
 	return release, err
 }
 
-// UnloadMockDriver unloads the mock machines' driver in stateDir, as
-// `rmmod nvidia` does: it fails with ErrMockDriverInUse, naming the
+// UnloadDriver unloads the mock machines' driver in stateDir, as
+// `rmmod nvidia` does: it fails with ErrDriverInUse, naming the
 // processes that hold a session, while any does.
-func UnloadMockDriver(stateDir string) error {
+func UnloadDriver(stateDir string) error {
 	return withModuleLock(stateDir, func(dir string) error {
 		holders, err := mockDriverHolders(dir)
 		if err != nil {
 			return err
 		}
 		if len(holders) > 0 {
-			return fmt.Errorf("%w by %d NVML session(s): %s", ErrMockDriverInUse, len(holders), strings.Join(holders, ", "))
+			return fmt.Errorf("%w by %d NVML session(s): %s", ErrDriverInUse, len(holders), strings.Join(holders, ", "))
 		}
 		return os.WriteFile(filepath.Join(dir, mockDriverUnloaded), nil, 0o600)
 	})
 }
 
-// LoadMockDriver loads the mock driver again (modprobe nvidia): sessions
+// LoadDriver loads the mock driver again (modprobe nvidia): sessions
 // open from then on.
-func LoadMockDriver(stateDir string) error {
+func LoadDriver(stateDir string) error {
 	return withModuleLock(stateDir, func(dir string) error {
 		err := os.Remove(filepath.Join(dir, mockDriverUnloaded))
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"fmt"
@@ -26,8 +26,8 @@ var mockMachines = map[string]func() *server.Server{
 	"dgxh200": dgxh200.New,
 }
 
-// MockMachines lists the names accepted after "mock:".
-func MockMachines() []string {
+// Machines lists the names accepted after "mock:".
+func Machines() []string {
 	names := make([]string, 0, len(mockMachines))
 	for n := range mockMachines {
 		names = append(names, n)
@@ -45,14 +45,14 @@ var smCounts = map[string]int{
 	"B200": 148,
 }
 
-// NewMock returns a go-nvml mock machine completed with what its devices
+// New returns a go-nvml mock machine completed with what its devices
 // lack for our device model: a PCI bus ID, a NUMA node, an SM count, and
 // UUIDs that stay the same across restarts for the same seed (a real GPU's
 // UUID never changes; go-nvml draws random ones).
-func NewMock(machine, seed string) (*server.Server, error) {
+func New(machine, seed string) (*server.Server, error) {
 	newServer, ok := mockMachines[machine]
 	if !ok {
-		return nil, fmt.Errorf("unknown mock machine %q, want one of %v", machine, MockMachines())
+		return nil, fmt.Errorf("unknown mock machine %q, want one of %v", machine, Machines())
 	}
 	s := newServer()
 	s.EventSetCreateFunc = quietEventSet

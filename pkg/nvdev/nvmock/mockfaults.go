@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"errors"
@@ -64,9 +64,9 @@ const (
 	xidGPULost = 79
 )
 
-// MockWholeGPU is the GPU and compute instance ID of an event that is not
+// WholeGPU is the GPU and compute instance ID of an event that is not
 // scoped to a MIG device, as NVML reports it.
-const MockWholeGPU uint32 = 0xFFFFFFFF
+const WholeGPU uint32 = 0xFFFFFFFF
 
 type mockFaultState struct {
 	Version int    `json:"version"`
@@ -106,10 +106,10 @@ type mockGPUFaults struct {
 	// which refuse them all while there; MigModePending leaves them
 	// pending a reset; RebindOnMigMode gives the GPU a new minor number
 	// at each one.
-	MigModeInUse    int           `json:"migModeInUse,omitempty"`
-	Holders         []MockProcess `json:"holders,omitempty"`
-	MigModePending  bool          `json:"migModePending,omitempty"`
-	RebindOnMigMode bool          `json:"rebindOnMigMode,omitempty"`
+	MigModeInUse    int       `json:"migModeInUse,omitempty"`
+	Holders         []Process `json:"holders,omitempty"`
+	MigModePending  bool      `json:"migModePending,omitempty"`
+	RebindOnMigMode bool      `json:"rebindOnMigMode,omitempty"`
 }
 
 // What a GPU of an unknown generation answers: values past every one
@@ -119,17 +119,17 @@ const (
 	mockUnknownArchitecture nvml.DeviceArchitecture = 99
 )
 
-// MockFaultsPath is the faults file of a mock machine in a state directory.
-func MockFaultsPath(dir, machine string) string {
+// FaultsPath is the faults file of a mock machine in a state directory.
+func FaultsPath(dir, machine string) string {
 	return filepath.Join(dir, machine+mockFaultsSuffix)
 }
 
-// InjectMockEvent logs an NVML event (nvml.EventTypeXidCriticalError with
+// InjectEvent logs an NVML event (nvml.EventTypeXidCriticalError with
 // the XID as data, nvml.EventTypeDoubleBitEccError, ...) on a GPU of the
 // persistent mock machine in dir, named by index or UUID. gi and ci scope
-// it to a MIG device; MockWholeGPU for both means the whole GPU. Event
+// it to a MIG device; WholeGPU for both means the whole GPU. Event
 // sets of every process on the machine deliver it.
-func InjectMockEvent(dir, gpu string, eventType, data uint64, gi, ci uint32) error {
+func InjectEvent(dir, gpu string, eventType, data uint64, gi, ci uint32) error {
 	if eventType&(eventType-1) != 0 || eventType&mockEventTypes == 0 {
 		return fmt.Errorf("event type %#x is not one of the event types a mock GPU supports (%#x)", eventType, uint64(mockEventTypes))
 	}
@@ -142,10 +142,10 @@ func InjectMockEvent(dir, gpu string, eventType, data uint64, gi, ci uint32) err
 	})
 }
 
-// SetMockGPULost makes a GPU of the persistent mock machine in dir fall off
+// SetGPULost makes a GPU of the persistent mock machine in dir fall off
 // the bus (lost) or come back. Falling off logs XID 79, once, as the
 // driver reports it.
-func SetMockGPULost(dir, gpu string, lost bool) error {
+func SetGPULost(dir, gpu string, lost bool) error {
 	ref, err := findMockGPU(dir, gpu)
 	if err != nil {
 		return err
@@ -154,54 +154,36 @@ func SetMockGPULost(dir, gpu string, lost bool) error {
 		st.setGPU(ref.uuid, func(g *mockGPUFaults) {
 			if lost && !g.Lost {
 				st.log(mockEvent{GPU: ref.uuid, EventType: nvml.EventTypeXidCriticalError, Data: xidGPULost,
-					GpuInstanceID: MockWholeGPU, ComputeInstanceID: MockWholeGPU})
+					GpuInstanceID: WholeGPU, ComputeInstanceID: WholeGPU})
 			}
 			g.Lost = lost
 		})
 	})
 }
 
-// SetMockMigDestroyFails makes the GPU and compute instances of a GPU of
+// SetMigDestroyFails makes the GPU and compute instances of a GPU of
 // the persistent mock machine in dir refuse to be destroyed, as when a
 // process still uses them, or lets them be destroyed again.
-func SetMockMigDestroyFails(dir, gpu string, fails bool) error {
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.MigDestroyFails = fails })
-	})
+func SetMigDestroyFails(dir, gpu string, fails bool) error {
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.MigDestroyFails = fails })
 }
 
-// SetMockRowRemapPending makes a GPU of the persistent mock machine in dir
+// SetRowRemapPending makes a GPU of the persistent mock machine in dir
 // report a row remapping pending (what a reset would apply), or not.
-func SetMockRowRemapPending(dir, gpu string, pending bool) error {
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.RowRemapPending = pending })
-	})
+func SetRowRemapPending(dir, gpu string, pending bool) error {
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.RowRemapPending = pending })
 }
 
-// SetMockUnknownGeneration makes a GPU of the persistent mock machine in
+// SetUnknownGeneration makes a GPU of the persistent mock machine in
 // dir answer a brand and an architecture newer than go-nvlib knows, or its
 // own again.
-func SetMockUnknownGeneration(dir, gpu string, unknown bool) error {
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.UnknownGeneration = unknown })
-	})
+func SetUnknownGeneration(dir, gpu string, unknown bool) error {
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.UnknownGeneration = unknown })
 }
 
-// SetMockCreateDelay makes creating a GPU instance on the persistent mock
+// SetCreateDelay makes creating a GPU instance on the persistent mock
 // machines in dir take d (zero: at once), in every process using them.
-func SetMockCreateDelay(dir string, d time.Duration) error {
+func SetCreateDelay(dir string, d time.Duration) error {
 	states, err := mockMachineStates(dir)
 	if err != nil {
 		return err
@@ -214,10 +196,10 @@ func SetMockCreateDelay(dir string, d time.Duration) error {
 	return nil
 }
 
-// ClearMockFaults ends every standing fault of the persistent mock machines
+// ClearFaults ends every standing fault of the persistent mock machines
 // in dir. The event log stays, so event numbers keep increasing and no
 // event set delivers an event twice.
-func ClearMockFaults(dir string) error {
+func ClearFaults(dir string) error {
 	states, err := mockMachineStates(dir)
 	if err != nil {
 		return err
@@ -245,7 +227,7 @@ type mockFaults struct {
 }
 
 func newMockFaults(dir, machine string) *mockFaults {
-	return &mockFaults{path: MockFaultsPath(dir, machine), machine: machine, sets: map[*mock.EventSet]*mockEventSet{}}
+	return &mockFaults{path: FaultsPath(dir, machine), machine: machine, sets: map[*mock.EventSet]*mockEventSet{}}
 }
 
 func (f *mockFaults) report(err error) {

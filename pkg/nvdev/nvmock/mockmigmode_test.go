@@ -1,10 +1,11 @@
-package nvdev_test
+package nvmock_test
 
 import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 func modes(t *testing.T, dev nvml.Device) (current, pending int) {
@@ -31,7 +32,7 @@ func minor(t *testing.T, dev nvml.Device) int {
 func TestMockMigModeInUse(t *testing.T) {
 	dir := t.TempDir()
 	first := openOn(t, "dgxh100", dir)
-	if err := nvdev.SetMockMigModeInUse(dir, "2", 2); err != nil {
+	if err := nvmock.SetMigModeInUse(dir, "2", 2); err != nil {
 		t.Fatal(err)
 	}
 	second := openOn(t, "dgxh100", dir)
@@ -59,8 +60,8 @@ func TestMockMigModeInUse(t *testing.T) {
 func TestMockMigModeHolder(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
-	holder := nvdev.MockProcess{PID: 4242, Name: "dcgm-exporter"}
-	if err := nvdev.SetMockHolder(dir, "1", holder, true); err != nil {
+	holder := nvmock.Process{PID: 4242, Name: "dcgm-exporter"}
+	if err := nvmock.SetHolder(dir, "1", holder, true); err != nil {
 		t.Fatal(err)
 	}
 	dev := gpu(t, lib, 1)
@@ -79,10 +80,10 @@ func TestMockMigModeHolder(t *testing.T) {
 	if procs, _ := gpu(t, lib, 0).GetComputeRunningProcesses(); len(procs) != 0 {
 		t.Errorf("another GPU lists %+v", procs)
 	}
-	if err := nvdev.ResetMockGPU(dir, "1"); err == nil {
+	if err := nvmock.ResetGPU(dir, "1"); err == nil {
 		t.Error("a GPU in use was reset")
 	}
-	if err := nvdev.SetMockHolder(dir, "1", holder, false); err != nil {
+	if err := nvmock.SetHolder(dir, "1", holder, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
@@ -98,7 +99,7 @@ func TestMockMigModeHolder(t *testing.T) {
 func TestMockMigModePendingUntilReset(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
-	if err := nvdev.SetMockMigModePending(dir, "4", true); err != nil {
+	if err := nvmock.SetMigModePending(dir, "4", true); err != nil {
 		t.Fatal(err)
 	}
 	dev := gpu(t, lib, 4)
@@ -119,7 +120,7 @@ func TestMockMigModePendingUntilReset(t *testing.T) {
 	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if err := nvdev.ResetMockGPU(dir, "4"); err != nil {
+	if err := nvmock.ResetGPU(dir, "4"); err != nil {
 		t.Fatal(err)
 	}
 	if cur, pend := modes(t, dev); cur != nvml.DEVICE_MIG_ENABLE || pend != cur {
@@ -131,13 +132,13 @@ func TestMockMigModePendingUntilReset(t *testing.T) {
 func TestMockMigModePendingAppliedByReboot(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxa100", dir)
-	if err := nvdev.SetMockMigModePending(dir, "0", true); err != nil {
+	if err := nvmock.SetMigModePending(dir, "0", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, ret := gpu(t, lib, 0).SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if _, err := nvdev.RebootMock(dir, ""); err != nil {
+	if _, err := nvmock.Reboot(dir, ""); err != nil {
 		t.Fatal(err)
 	}
 	after := openOn(t, "dgxa100", dir)
@@ -152,7 +153,7 @@ func TestMockMigModePendingAppliedByReboot(t *testing.T) {
 func TestMockRebindOnMigMode(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
-	if err := nvdev.SetMockRebindOnMigMode(dir, "3", true); err != nil {
+	if err := nvmock.SetRebindOnMigMode(dir, "3", true); err != nil {
 		t.Fatal(err)
 	}
 	dev := gpu(t, lib, 3)
@@ -181,7 +182,7 @@ func TestMockRebindOnMigMode(t *testing.T) {
 	if m := minor(t, dev); m == now {
 		t.Errorf("minor %d unchanged by the second change", m)
 	}
-	if _, err := nvdev.RebootMock(dir, ""); err != nil {
+	if _, err := nvmock.Reboot(dir, ""); err != nil {
 		t.Fatal(err)
 	}
 	if m := minor(t, gpu(t, openOn(t, "dgxh100", dir), 3)); m != 3 {

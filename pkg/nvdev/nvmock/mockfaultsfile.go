@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 // The faults file of a persistent mock machine: how the fault state is
 // found, read, changed under the file's lock and written back (the
@@ -106,10 +106,20 @@ func mockMachineStates(dir string) ([]*mockState, error) {
 	return states, nil
 }
 
+// changeGPUFaults changes the faults of one GPU (an index or a UUID) of
+// the persistent mock machine in dir.
+func changeGPUFaults(dir, gpu string, change func(*mockGPUFaults)) error {
+	ref, err := findMockGPU(dir, gpu)
+	if err != nil {
+		return err
+	}
+	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) { st.setGPU(ref.uuid, change) })
+}
+
 // updateMockFaults changes a machine's faults file under its own lock,
 // writing it whole, so readers (which take no lock) never see half of it.
 func updateMockFaults(dir, machine string, change func(*mockFaultState)) error {
-	path := MockFaultsPath(dir, machine)
+	path := FaultsPath(dir, machine)
 	err := withStateLock(path, func() error {
 		if err := removeMockTemps(path); err != nil {
 			return err

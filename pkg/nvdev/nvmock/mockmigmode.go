@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"fmt"
@@ -31,8 +31,8 @@ import (
 // The pending mode and the minor are the GPU's state (the state file); the
 // behaviours are faults (the faults file), injected from outside.
 
-// MockProcess is a process a mock GPU lists as using it.
-type MockProcess struct {
+// Process is a process a mock GPU lists as using it.
+type Process struct {
 	PID  uint32 `json:"pid"`
 	Name string `json:"name,omitempty"`
 }
@@ -167,7 +167,7 @@ func (f *mockFaults) wrapHolders(d *server.Device) {
 		g, _ := f.gpuFaults(d.UUID)
 		out := make([]nvml.ProcessInfo, 0, len(g.Holders))
 		for _, p := range g.Holders {
-			out = append(out, nvml.ProcessInfo{Pid: p.PID, GpuInstanceId: MockWholeGPU, ComputeInstanceId: MockWholeGPU})
+			out = append(out, nvml.ProcessInfo{Pid: p.PID, GpuInstanceId: WholeGPU, ComputeInstanceId: WholeGPU})
 		}
 		return out, nvml.SUCCESS
 	}
@@ -190,25 +190,19 @@ func (f *mockFaults) processName(pid int) (string, nvml.Return) {
 	return "", nvml.ERROR_NOT_FOUND
 }
 
-// SetMockMigModeInUse makes the next times MIG mode changes of a GPU of
+// SetMigModeInUse makes the next times MIG mode changes of a GPU of
 // the persistent mock machine in dir answer ERROR_IN_USE (0: none).
-func SetMockMigModeInUse(dir, gpu string, times int) error {
+func SetMigModeInUse(dir, gpu string, times int) error {
 	if times < 0 {
 		return fmt.Errorf("times must be 0 or more, not %d", times)
 	}
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.MigModeInUse = times })
-	})
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.MigModeInUse = times })
 }
 
-// SetMockHolder makes a process hold a GPU of the persistent mock machine
+// SetHolder makes a process hold a GPU of the persistent mock machine
 // in dir (hold) or let go of it. While any process holds it, the GPU lists
 // them and refuses MIG mode changes with ERROR_IN_USE.
-func SetMockHolder(dir, gpu string, p MockProcess, hold bool) error {
+func SetHolder(dir, gpu string, p Process, hold bool) error {
 	if p.PID == 0 {
 		return fmt.Errorf("a holder needs a process ID")
 	}
@@ -218,7 +212,7 @@ func SetMockHolder(dir, gpu string, p MockProcess, hold bool) error {
 	}
 	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
 		st.setGPU(ref.uuid, func(g *mockGPUFaults) {
-			g.Holders = slices.DeleteFunc(g.Holders, func(h MockProcess) bool { return h.PID == p.PID })
+			g.Holders = slices.DeleteFunc(g.Holders, func(h Process) bool { return h.PID == p.PID })
 			if hold {
 				g.Holders = append(g.Holders, p)
 			}
@@ -229,48 +223,36 @@ func SetMockHolder(dir, gpu string, p MockProcess, hold bool) error {
 	})
 }
 
-// SetMockMigModePending makes MIG mode changes of a GPU of the persistent
+// SetMigModePending makes MIG mode changes of a GPU of the persistent
 // mock machine in dir wait for a reset (or take effect at once again).
-func SetMockMigModePending(dir, gpu string, pending bool) error {
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.MigModePending = pending })
-	})
+func SetMigModePending(dir, gpu string, pending bool) error {
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.MigModePending = pending })
 }
 
-// SetMockRebindOnMigMode makes each MIG mode change of a GPU of the
+// SetRebindOnMigMode makes each MIG mode change of a GPU of the
 // persistent mock machine in dir re-bind it with a new minor number, or
 // keep its minor again.
-func SetMockRebindOnMigMode(dir, gpu string, rebind bool) error {
-	ref, err := findMockGPU(dir, gpu)
-	if err != nil {
-		return err
-	}
-	return updateMockFaults(dir, ref.machine, func(st *mockFaultState) {
-		st.setGPU(ref.uuid, func(g *mockGPUFaults) { g.RebindOnMigMode = rebind })
-	})
+func SetRebindOnMigMode(dir, gpu string, rebind bool) error {
+	return changeGPUFaults(dir, gpu, func(g *mockGPUFaults) { g.RebindOnMigMode = rebind })
 }
 
-// ResetMockGPU resets one GPU of the persistent mock machine in dir, as
+// ResetGPU resets one GPU of the persistent mock machine in dir, as
 // nvidia-smi -r does: a pending MIG mode becomes current, MIG devices and
 // the compute mode are lost, a pending row remapping is applied. Like
 // nvidia-smi it refuses while a process holds the GPU.
-func ResetMockGPU(dir, gpu string) error {
+func ResetGPU(dir, gpu string) error {
 	ref, err := findMockGPU(dir, gpu)
 	if err != nil {
 		return err
 	}
-	faults, err := readMockFaults(MockFaultsPath(dir, ref.machine), ref.machine)
+	faults, err := readMockFaults(FaultsPath(dir, ref.machine), ref.machine)
 	if err != nil {
 		return err
 	}
 	if holders := faults.GPUs[ref.uuid].Holders; len(holders) > 0 {
 		return fmt.Errorf("GPU %s is in use by %d processes (first: pid %d %s); a reset needs them gone", ref.uuid, len(holders), holders[0].PID, holders[0].Name)
 	}
-	err = rewriteMockState(MockStatePath(dir, ref.machine), func(st *mockState) error {
+	err = rewriteMockState(StatePath(dir, ref.machine), func(st *mockState) error {
 		i := slices.IndexFunc(st.GPUs, func(g mockGPUState) bool { return g.UUID == ref.uuid })
 		if i < 0 {
 			return fmt.Errorf("no GPU %s in the state", ref.uuid)

@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// RebootMock simulates a node reboot for every persistent mock machine in
+// Reboot simulates a node reboot for every persistent mock machine in
 // stateDir, doing to each GPU what a real reboot does, and gives the node a
 // new boot ID, written to bootIDPath unless that is empty (the plugin's
 // --boot-id-path on a simulated node). It returns the new boot ID.
@@ -27,7 +27,7 @@ import (
 //
 // Plugins still running on the machine (there are none after a real
 // reboot) see the cleared state at their next NVML call.
-func RebootMock(stateDir, bootIDPath string) (string, error) {
+func Reboot(stateDir, bootIDPath string) (string, error) {
 	if _, err := os.Stat(stateDir); err != nil {
 		return "", fmt.Errorf("mock NVML state directory: %w", err)
 	}
@@ -42,7 +42,7 @@ func RebootMock(stateDir, bootIDPath string) (string, error) {
 	}
 	// A reboot resets every GPU: one that fell off the bus answers again,
 	// and a MIG teardown that was refused is moot.
-	if err := ClearMockFaults(stateDir); err != nil {
+	if err := ClearFaults(stateDir); err != nil {
 		return "", fmt.Errorf("clearing injected faults: %w", err)
 	}
 	id := uuid.NewString()
@@ -119,7 +119,7 @@ func clearVolatile(st *mockState) error {
 }
 
 // migModeSurvivesReboot: only Ampere keeps MIG mode across reboots (see
-// RebootMock).
+// Reboot).
 func migModeSurvivesReboot(arch nvml.DeviceArchitecture) bool {
 	return arch == nvml.DEVICE_ARCH_AMPERE
 }

@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package nvdev
+package nvmock
 
 import (
 	"errors"
@@ -64,7 +64,7 @@ func persistMock(s *server.Server, dir, machine, seed string) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("creating mock NVML state directory: %w", err)
 	}
-	m := &mockMachine{machine: machine, seed: seed, path: MockStatePath(dir, machine),
+	m := &mockMachine{machine: machine, seed: seed, path: StatePath(dir, machine),
 		gis: map[*server.GpuInstance]*mockGI{}, faults: newMockFaults(dir, machine)}
 	m.wrapServer(s)
 	m.mu.Lock()

@@ -1,0 +1,54 @@
+// Package nvmock is go-nvml's mock machines (dgxa100, dgxh100, dgxh200,
+// dgxb200) completed for our device model, as nvdev's "mock:<machine>"
+// backend: kept in memory, or persistent in a state directory that every
+// process using the machine shares (MIG layout, MIG mode, the driver
+// module, faults and events injected by hack/mocknvml), so the simulated
+// hardware outlives the plugin as a real GPU does. It stands in only for
+// NVML's answers; pkg/nvdev reads them as it reads the real library's.
+package nvmock
+
+import (
+	"fmt"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+)
+
+// Prefix selects one of go-nvml's mock machines: "mock:dgxh100".
+const Prefix = "mock:"
+
+// Linking this package in makes nvdev.Open accept "mock:<machine>": every
+// binary with a --nvml flag imports it, so the flag takes a mock machine
+// wherever it did.
+func init() {
+	nvdev.RegisterBackend(nvdev.Backend{Prefix: Prefix, Names: Machines, Open: open})
+}
+
+// open starts an NVML session on a mock machine: kept in memory, or, with
+// opts.MockStateDir, persistent and shared by every process using the
+// directory.
+func open(machine string, opts nvdev.Options) (nvdev.Interface, error) {
+	lib, err := New(machine, opts.MockSeed)
+	if err != nil {
+		return nil, err
+	}
+	pairWithDriverRoot(lib, opts.DriverRoot)
+	if opts.MockStateDir == "" {
+		return nvdev.OpenLibrary(lib, mockTopology{}, nil)
+	}
+	// The session holds the mock driver module, as a real one holds
+	// /dev/nvidiactl, until Shutdown (see UnloadDriver).
+	release, err := holdMockDriver(opts.MockStateDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
+		release()
+		return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
+	}
+	s, err := nvdev.OpenLibrary(lib, mockTopology{}, release)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return s, nil
+}
