@@ -114,6 +114,12 @@ func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
 	}
 	ps := make([]mig.Profile, len(insts))
 	for i := range insts {
+		if insts[i].UUID == "" {
+			// Its compute instance exists, its MIG device not yet: the
+			// admin (mig-manager) is making it as we read. Published with
+			// the rest at the next read, never without a UUID.
+			return fmt.Errorf("MIG device of GPU instance %d, compute instance %d is being made (no UUID yet)", insts[i].GIID, insts[i].CIID)
+		}
 		p, ok := mig.ProfileByName(profiles, insts[i].Profile)
 		if !ok {
 			return fmt.Errorf("MIG device %s has unknown profile %q", insts[i].UUID, insts[i].Profile)
