@@ -39,19 +39,8 @@ var crashKinds = []crashKind{
 // and CRASH_E2E_SEED replay or lengthen it.
 func TestPluginSIGKILLLeaksNothing(t *testing.T) {
 	node := startNode(t)
-	cycles := envInt(t, "CRASH_E2E_CYCLES", 120)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CRASH_E2E_SEED"); s != "" {
-		seed = uint64(envInt(t, "CRASH_E2E_SEED", 0))
-	}
-	t.Logf("crash e2e seed %d (CRASH_E2E_SEED replays it), %d cycles", seed, cycles)
-	ctx := framework.Context(t, 10*time.Minute)
-	if _, err := cp.Apply(ctx, filepath.Join(repoRoot, "demo", "specs", "00-catalog"), ""); err != nil {
-		t.Fatal(err)
-	}
-	applySharingClasses(t, ctx)
-	ns := cp.CreateNamespace(t, "crash")
-	tsUUID := gpuUUIDOf(t, ctx, node.Name, longIntervalGPU)
+	run := startCrashRun(t, node, "crash e2e", 120)
+	ctx, ns, seed, cycles, tsUUID := run.ctx, run.ns, run.seed, run.cycles, run.tsUUID
 	begin := time.Now()
 
 	kills := killRandomly(t, ctx, node, seed)
@@ -227,4 +216,33 @@ func lastInterval(t *testing.T, callLog, uuid string) string {
 		}
 	}
 	return last
+}
+
+// crashRun is what a crash test works with: the seed and cycles
+// (CRASH_E2E_SEED and CRASH_E2E_CYCLES replay or lengthen it), the demo's
+// catalog and the sharing classes applied, a namespace, and the UUID of the
+// GPU whose time-slice interval is set long.
+type crashRun struct {
+	ctx    context.Context
+	ns     string
+	seed   uint64
+	cycles int
+	tsUUID string
+}
+
+func startCrashRun(t *testing.T, node *framework.Node, what string, defaultCycles int) crashRun {
+	t.Helper()
+	r := crashRun{cycles: envInt(t, "CRASH_E2E_CYCLES", defaultCycles), seed: uint64(time.Now().UnixNano())}
+	if s := os.Getenv("CRASH_E2E_SEED"); s != "" {
+		r.seed = uint64(envInt(t, "CRASH_E2E_SEED", 0))
+	}
+	t.Logf("%s, seed %d (CRASH_E2E_SEED replays it), %d cycles", what, r.seed, r.cycles)
+	r.ctx = framework.Context(t, 10*time.Minute)
+	if _, err := cp.Apply(r.ctx, filepath.Join(repoRoot, "demo", "specs", "00-catalog"), ""); err != nil {
+		t.Fatal(err)
+	}
+	applySharingClasses(t, r.ctx)
+	r.ns = cp.CreateNamespace(t, "crash")
+	r.tsUUID = gpuUUIDOf(t, r.ctx, node.Name, longIntervalGPU)
+	return r
 }

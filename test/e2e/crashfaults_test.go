@@ -53,19 +53,8 @@ func dynamicNodeConfig(t *testing.T) string {
 func TestPluginSIGKILLLeaksNothingWithHardwareFaults(t *testing.T) {
 	node := startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: dynamicNodeConfig(t)})
 	stateDir := filepath.Join(node.PluginDataDir, "mock-nvml")
-	cycles := envInt(t, "CRASH_E2E_CYCLES", 45)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CRASH_E2E_SEED"); s != "" {
-		seed = uint64(envInt(t, "CRASH_E2E_SEED", 0))
-	}
-	t.Logf("crash e2e with hardware faults, seed %d (CRASH_E2E_SEED replays it), %d cycles", seed, cycles)
-	ctx := framework.Context(t, 10*time.Minute)
-	if _, err := cp.Apply(ctx, filepath.Join(repoRoot, "demo", "specs", "00-catalog"), ""); err != nil {
-		t.Fatal(err)
-	}
-	applySharingClasses(t, ctx)
-	ns := cp.CreateNamespace(t, "crash")
-	tsUUID := gpuUUIDOf(t, ctx, node.Name, longIntervalGPU)
+	run := startCrashRun(t, node, "crash e2e with hardware faults", 45)
+	ctx, ns, seed, cycles, tsUUID := run.ctx, run.ns, run.seed, run.cycles, run.tsUUID
 	if err := nvmock.SetCreateDelay(stateDir, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
