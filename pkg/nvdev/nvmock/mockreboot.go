@@ -45,6 +45,10 @@ func Reboot(stateDir, bootIDPath string) (string, error) {
 	if err := ClearFaults(stateDir); err != nil {
 		return "", fmt.Errorf("clearing injected faults: %w", err)
 	}
+	// The driver is loaded at boot: an unload before it does not outlive it.
+	if err := LoadDriver(stateDir); err != nil {
+		return "", fmt.Errorf("loading the driver at boot: %w", err)
+	}
 	id := uuid.NewString()
 	if bootIDPath == "" {
 		return id, nil
