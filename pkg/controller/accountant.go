@@ -353,6 +353,13 @@ func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Na
 	return entry.ns, nil
 }
 
+// charge is chargeLocked for a caller that does not hold claimsMu.
+func (a *Accountant) charge(ctx context.Context, cat *catalog, claim *resourceapi.ResourceClaim) quota.Charged {
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	return a.chargeLocked(ctx, cat, claim)
+}
+
 // chargeLocked prices a claim, from the cache when neither the claim nor
 // the catalog changed since.
 func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *resourceapi.ResourceClaim) quota.Charged {

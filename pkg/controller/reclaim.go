@@ -53,6 +53,7 @@ type reclaimVictim struct {
 	resourceVersion string
 	tenant          string
 	charge          quota.Charge
+	created         time.Time
 }
 
 // reclaimPlan is what one lender's refusal reclaims.
@@ -115,7 +116,6 @@ type borrower struct {
 	tenant   quota.Tenant
 	borrowed dimVals // beyond its own limits, per resource
 	claims   []reclaimVictim
-	created  map[types.UID]time.Time
 }
 
 // reclaimCandidates are lender's cohort peers that borrow, with their
@@ -129,7 +129,7 @@ func (a *Accountant) reclaimCandidates(ctx context.Context, cat *catalog, ten *t
 		if name == lender || t.Cohort != cohort || ten.invalid[name] != "" {
 			continue
 		}
-		b := &borrower{tenant: t, created: map[types.UID]time.Time{}}
+		b := &borrower{tenant: t}
 		var total quota.Charge
 		for _, ns := range ten.assign.Namespaces[name] {
 			var claims resourceapi.ResourceClaimList
@@ -138,14 +138,13 @@ func (a *Accountant) reclaimCandidates(ctx context.Context, cat *catalog, ten *t
 			}
 			for i := range claims.Items {
 				c := &claims.Items[i]
-				charged := cat.pricer.Cost(ctx, c)
+				charged := a.charge(ctx, cat, c)
 				total = total.Add(charged.Charge)
 				if charged.Allocated || c.DeletionTimestamp != nil || !c.CreationTimestamp.Time.Before(cutoff) || charged.Charge.IsZero() {
 					continue
 				}
 				b.claims = append(b.claims, reclaimVictim{key: types.NamespacedName{Namespace: c.Namespace, Name: c.Name},
-					uid: c.UID, resourceVersion: c.ResourceVersion, tenant: name, charge: charged.Charge})
-				b.created[c.UID] = c.CreationTimestamp.Time
+					uid: c.UID, resourceVersion: c.ResourceVersion, tenant: name, charge: charged.Charge, created: c.CreationTimestamp.Time})
 			}
 		}
 		b.borrowed = beyondLimits(t.Limits, total)
@@ -175,18 +174,17 @@ func beyondLimits(l quota.Limits, total quota.Charge) dimVals {
 // lacks, until they cover need; ok is false when they cannot.
 func pickVictims(borrowers []*borrower, need quota.Charge) ([]reclaimVictim, bool) {
 	type candidate struct {
-		b       *borrower
-		v       reclaimVictim
-		created time.Time
+		b *borrower
+		v reclaimVictim
 	}
 	var all []candidate
 	for _, b := range borrowers {
 		for _, v := range b.claims {
-			all = append(all, candidate{b: b, v: v, created: b.created[v.uid]})
+			all = append(all, candidate{b: b, v: v})
 		}
 	}
 	slices.SortStableFunc(all, func(x, y candidate) int {
-		if c := y.created.Compare(x.created); c != 0 {
+		if c := y.v.created.Compare(x.v.created); c != 0 {
 			return c
 		}
 		// Creation times have seconds only; of two unchanged claims the

@@ -174,3 +174,19 @@ func (h *heldGPUs) stamp() error {
 	}
 	return nil
 }
+
+// planGPUs are the GPUs of a plan's devices (repeated per device).
+func planGPUs(plan []plannedDevice) []string {
+	out := make([]string, 0, len(plan))
+	for _, p := range plan {
+		out = append(out, p.device.GPU.UUID)
+	}
+	return out
+}
+
+// sortedGPUs is the order in which gpuLocks holds GPUs.
+func sortedGPUs(uuids []string) []string {
+	out := slices.Clone(uuids)
+	slices.Sort(out)
+	return slices.Compact(out)
+}

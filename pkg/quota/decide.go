@@ -170,12 +170,12 @@ func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 	onlyLent := d.Allowed // no device limit refused it
 	var lent [2]Units
 	for i, dim := range dimensions {
-		ok, borrows, reason := dim.check(t, usage, req, dim.idle(peers))
+		ok, borrows, reason, owed := dim.check(t, usage, req, dim.idle(peers))
 		d.Borrows = d.Borrows || (ok && borrows)
 		if !ok {
 			fail(dim.name, reason)
-			lent[i] = dim.lentShortfall(t, usage, req, dim.idle(peers))
-			onlyLent = onlyLent && lent[i].Sign() > 0
+			lent[i] = owed
+			onlyLent = onlyLent && owed.Sign() > 0
 		}
 	}
 	if !d.Allowed {
@@ -185,17 +185,6 @@ func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 		}
 	}
 	return d
-}
-
-// lentShortfall is, for a claim within t's own limit on this resource that
-// the cohort refused (see withinCohort), how much the cohort lacks; zero
-// when the claim is over t's own limit, where nothing is owed back.
-func (dim dimension) lentShortfall(t Tenant, usage Usage, req Charge, peersIdle Units) Units {
-	limit, want := dim.limit(t.Limits), dim.get(req)
-	if limit == nil || t.Cohort == "" || dim.get(usage.Total()).Add(want).Cmp(*limit) > 0 {
-		return Units{}
-	}
-	return MaxUnits(want.Sub(dim.cohortIdle(t, usage, peersIdle)), Units{})
 }
 
 // ceilInt rounds u up to a whole number.
@@ -244,11 +233,11 @@ func unitsInt(u Units) int64 {
 }
 
 // check admits one resource: within the own limit, or by borrowing.
-func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (ok, borrows bool, reason string) {
+func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (ok, borrows bool, reason string, lent Units) {
 	limit := dim.limit(t.Limits)
 	want := dim.get(req)
 	if limit == nil || want.Sign() <= 0 {
-		return true, false, ""
+		return true, false, "", Units{}
 	}
 	used, reserved := dim.get(usage.Used), dim.get(usage.Reserved)
 	after := used.Add(reserved).Add(want)
@@ -259,12 +248,12 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (
 		return dim.withinCohort(t, usage, want, peersIdle, reason)
 	}
 	if t.Cohort == "" {
-		return false, false, reason
+		return false, false, reason, Units{}
 	}
 	borrow := after.Sub(*limit)
 	if cap := dim.limit(t.Borrow); cap != nil && borrow.Cmp(*cap) > 0 {
 		return false, false, reason + fmt.Sprintf(" (borrowing %s from cohort %q would exceed the borrowing limit %s)",
-			f(borrow), t.Cohort, f(*cap))
+			f(borrow), t.Cohort, f(*cap)), Units{}
 	}
 	idle := dim.cohortIdle(t, usage, peersIdle)
 	if want.Cmp(idle) > 0 {
@@ -272,9 +261,9 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (
 		headroom := MaxUnits(limit.Sub(used.Add(reserved)), Units{})
 		lendable := MaxUnits(idle.Sub(headroom), Units{})
 		return false, false, reason + fmt.Sprintf(" (cohort %q has %s idle to lend, %s needed)",
-			t.Cohort, f(lendable), f(want.Sub(headroom)))
+			t.Cohort, f(lendable), f(want.Sub(headroom))), Units{}
 	}
-	return true, true, ""
+	return true, true, "", Units{}
 }
 
 // withinCohort admits a claim that fits its tenant's own limit only while
@@ -284,16 +273,17 @@ func (dim dimension) check(t Tenant, usage Usage, req Charge, peersIdle Units) (
 // retried when quota frees); admitting it anyway would take the cohort past
 // the capacity its limits promise, with nothing to reclaim the loan. A
 // lender that must not wait caps its peers' borrowingLimit.
-func (dim dimension) withinCohort(t Tenant, usage Usage, want, peersIdle Units, reason string) (ok, borrows bool, _ string) {
+func (dim dimension) withinCohort(t Tenant, usage Usage, want, peersIdle Units, reason string) (ok, borrows bool, _ string, lent Units) {
 	if t.Cohort == "" {
-		return true, false, ""
+		return true, false, "", Units{}
 	}
 	idle := dim.cohortIdle(t, usage, peersIdle)
 	if want.Cmp(idle) <= 0 {
-		return true, false, ""
+		return true, false, "", Units{}
 	}
+	// lent: what the borrowers owe the claim (Decision.Lent).
 	return false, false, reason + fmt.Sprintf(" (within its own limit, but cohort %q has lent it out: %s idle in the cohort; admitted once the borrowers give quota back)",
-		t.Cohort, dim.format(MaxUnits(idle, Units{})))
+		t.Cohort, dim.format(MaxUnits(idle, Units{}))), want.Sub(idle)
 }
 
 // cohortIdle is the sum of the limits minus the sum of the usage of every

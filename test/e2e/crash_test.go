@@ -175,6 +175,26 @@ func crashLeaks(t *testing.T, node *framework.Node, tsUUID string) map[string]in
 // compute mode in a simulated machine's state file.
 func mockMachineLeaks(t *testing.T, stateDir string) (gpuInstances, exclusive int) {
 	t.Helper()
+	var state struct {
+		GPUs []struct {
+			ComputeMode  nvml.ComputeMode  `json:"computeMode"`
+			GPUInstances []json.RawMessage `json:"gpuInstances"`
+		} `json:"gpus"`
+	}
+	readMockMachineState(t, stateDir, &state)
+	for _, g := range state.GPUs {
+		gpuInstances += len(g.GPUInstances)
+		if g.ComputeMode != nvml.COMPUTEMODE_DEFAULT {
+			exclusive++
+		}
+	}
+	return gpuInstances, exclusive
+}
+
+// readMockMachineState decodes the one simulated machine's state file in
+// stateDir into state.
+func readMockMachineState(t *testing.T, stateDir string, state any) {
+	t.Helper()
 	files, err := filepath.Glob(filepath.Join(stateDir, "mock-*.json"))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("want one mock machine state file in %s, found %v (%v)", stateDir, files, err)
@@ -183,22 +203,9 @@ func mockMachineLeaks(t *testing.T, stateDir string) (gpuInstances, exclusive in
 	if err != nil {
 		t.Fatal(err)
 	}
-	var state struct {
-		GPUs []struct {
-			ComputeMode  nvml.ComputeMode  `json:"computeMode"`
-			GPUInstances []json.RawMessage `json:"gpuInstances"`
-		} `json:"gpus"`
-	}
-	if err := json.Unmarshal(data, &state); err != nil {
+	if err := json.Unmarshal(data, state); err != nil {
 		t.Fatalf("mock machine state %s: %v", files[0], err)
 	}
-	for _, g := range state.GPUs {
-		gpuInstances += len(g.GPUInstances)
-		if g.ComputeMode != nvml.COMPUTEMODE_DEFAULT {
-			exclusive++
-		}
-	}
-	return gpuInstances, exclusive
 }
 
 // lastInterval is the time-slice interval nvidia-smi last set on a GPU

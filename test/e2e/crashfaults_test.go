@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -144,23 +143,13 @@ func mockGPUStates(t *testing.T, stateDir string) []struct {
 	Minor   *int `json:"minor"`
 } {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(stateDir, "mock-*.json"))
-	if err != nil || len(files) != 1 {
-		t.Fatalf("want one mock machine state file in %s, found %v (%v)", stateDir, files, err)
-	}
-	data, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
 	var state struct {
 		GPUs []struct {
 			Pending *int `json:"pendingMigMode"`
 			Minor   *int `json:"minor"`
 		} `json:"gpus"`
 	}
-	if err := json.Unmarshal(data, &state); err != nil {
-		t.Fatal(err)
-	}
+	readMockMachineState(t, stateDir, &state)
 	return state.GPUs
 }
 
