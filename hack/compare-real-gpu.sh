@@ -13,12 +13,18 @@
 #           processes hold /dev/nvidia* open (what blocks rmmod nvidia and
 #           nvidia-smi -r).
 #   and what the driver watch and a release of the GPUs see
-#   (hack/driverrelease).
+#   (hack/driverrelease), and what a container with the plugin's CDI spec
+#   for GPU 0 gets: libcuda.so.1 loaded from the injected driver files and
+#   cuInit's answer, 0 on a real GPU (hack/gpucontainer: runc,
+#   nvidia-cdi-hook and test/images/gpuinfo on the image's base).
 # Read-only: no MIG mode change, no GPU or compute instance created, no
 # reset, no module unloaded.
 #   hack/compare-real-gpu.sh [--driver-root /] [--node-config file]
-#   INVENTORY=path, DRIVERRELEASE=path: prebuilt hack/inventory and
-#   hack/driverrelease (no Go toolchain needed)
+#   INVENTORY=path, DRIVERRELEASE=path, GPUCONTAINER=path, GPUINFO=path:
+#   prebuilt hack/inventory, hack/driverrelease, hack/gpucontainer and
+#   test/images/gpuinfo (no Go toolchain needed); RUNC, CDI_HOOK, ROOTFS:
+#   runc, nvidia-cdi-hook and the image base's rootfs (default: _output's);
+#   DEV_ROOT: where /dev/nvidia* are when not under the driver root
 set -euo pipefail
 # What is printed is for reading: a section with nothing to show (grep
 # finding no line) or cut short (head) does not end the script.
@@ -46,9 +52,19 @@ if [ -z "$driverrelease" ]; then
 	(cd "$root" && go build -o "$out/driverrelease" ./hack/driverrelease)
 	driverrelease=$out/driverrelease
 fi
+gpucontainer=${GPUCONTAINER:-}
+if [ -z "$gpucontainer" ]; then
+	(cd "$root" && go build -o "$out/gpucontainer" ./hack/gpucontainer)
+	gpucontainer=$out/gpucontainer
+fi
+gpuinfo=${GPUINFO:-}
+if [ -z "$gpuinfo" ]; then
+	(cd "$root" && go build -trimpath -o "$out/gpuinfo" ./test/images/gpuinfo)
+	gpuinfo=$out/gpuinfo
+fi
 {
-	echo "== nvidia-smi -L"; nvidia-smi -L
-	echo "== nvidia-smi -q"; nvidia-smi -q
+	echo "== nvidia-smi -L"; nvidia-smi -L || true
+	echo "== nvidia-smi -q"; nvidia-smi -q || true
 	echo "== nvidia-smi mig -lgip"; nvidia-smi mig -lgip || echo "(no MIG support or MIG mode off)"
 	echo "== nvidia-smi --query-gpu"
 	nvidia-smi --query-gpu=index,uuid,pci.bus_id,mig.mode.current,mig.mode.pending,driver_version --format=csv || true
@@ -102,3 +118,7 @@ done
 [ "$unreadable" -eq 0 ] || echo "($unreadable processes could not be read: run as root to see them all)"
 echo "== item 4: the driver watch and --release-gpus (hack/driverrelease)"
 "$driverrelease" --driver-root "$driver_root" || true
+echo "== a container with the plugin's CDI spec for GPU 0 (hack/gpucontainer)"
+"$gpucontainer" --driver-root "$driver_root" ${DEV_ROOT:+--dev-root "$DEV_ROOT"} --gpuinfo "$gpuinfo" \
+	--runc "${RUNC:-$root/_output/bin/runc}" --cdi-hook "${CDI_HOOK:-$root/_output/bin/nvidia-cdi-hook}" \
+	--rootfs "${ROOTFS:-$root/_output/image-base/rootfs}" --work "$out/gpucontainer.d" || true
