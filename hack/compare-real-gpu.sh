@@ -73,7 +73,7 @@ fi
 } >"$out/nvidia-smi.txt" 2>&1
 # The checks are a second YAML document after the devices; a failure to
 # render them must not hide the devices.
-"$inventory" --nvml real --checks "${args[@]}" >"$out/inventory.yaml" 2>"$out/inventory.stderr" || {
+"$inventory" --nvml real --checks --health 8s "${args[@]}" >"$out/inventory.yaml" 2>"$out/inventory.stderr" || {
 	echo "== hack/inventory failed (exit $?):"; cat "$out/inventory.stderr"
 }
 sed -n '1,/^---$/p' "$out/inventory.yaml" | sed '$d' >"$out/devices.yaml"
@@ -85,7 +85,7 @@ echo "== what nvidia-smi says ($out/nvidia-smi.txt)"
 grep -E '^GPU |Product Name|GPU UUID|MIG Mode|Current *:|Pending *:|FB Memory Usage|Total *:|Driver Version|CUDA Version|Minor Number|Bus Id' "$out/nvidia-smi.txt" | head -100 || true
 sed -n '/nvidia-smi mig -lgip/,$p' "$out/nvidia-smi.txt" | head -80 || true
 
-echo "== issue 25 items 1, 2, 4 as the plugin would meet them ($out/checks.yaml)"
+echo "== issue 25 items 1, 2, 4 as the plugin would meet them, and its health monitor ($out/checks.yaml)"
 cat "$out/checks.yaml"
 
 echo "== item 4: the loaded kernel module (/proc/driver/nvidia/version)"

@@ -3,8 +3,10 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
@@ -68,5 +70,31 @@ func TestChecksShowInjectedFaults(t *testing.T) {
 	}
 	if d := r.Driver; d.NVMLDriverVersion != before.System().DriverVersion || d.Agree != "false" || !strings.HasPrefix(d.Library, "not found") {
 		t.Errorf("driver: %+v", d)
+	}
+}
+
+// The health report shows what the plugin's monitor would do on a real
+// node: a GPU that stops answering after start-up is found by the probe
+// (and, unable to register for XID events, is marked watched by the probe
+// alone); every other GPU is watched and has no fault.
+func TestHealthReportFindsALostGPU(t *testing.T) {
+	dir := t.TempDir()
+	lib := openMock(t, dir)
+	if err := nvmock.SetGPULost(dir, "4", true); err != nil {
+		t.Fatal(err)
+	}
+	r := runHealth(lib, 3*time.Second)
+	if !r.Watching {
+		t.Errorf("watching %v: want every GPU registered for events", r.Watching)
+	}
+	kinds := map[string]bool{}
+	for _, f := range r.Faults {
+		if f.GPU != lib.GPUs()[4].UUID {
+			t.Errorf("fault %+v: want faults on GPU 4 only", f)
+		}
+		kinds[f.Kind] = true
+	}
+	if !kinds[health.KindGPULost] || !kinds[health.KindUnmonitored] || len(kinds) != 2 {
+		t.Errorf("fault kinds %v: want GPU 4 lost and unmonitored", kinds)
 	}
 }

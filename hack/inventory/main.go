@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
@@ -29,17 +30,18 @@ func main() {
 	nodeConfig := flag.String("node-config", "", "node configuration file (kind NodeConfig); empty offers every GPU whole")
 	nodeName := flag.String("node-name", "this-node", "node (and pool) name")
 	checks := flag.Bool("checks", false, "also print, as a second YAML document, what the plugin would meet on the GPUs (unreadable GPUs, MIG modes, processes on each GPU, driver versions)")
+	healthFor := flag.Duration("health", 0, "also run the plugin's health monitor this long and print, as a further YAML document, whether it watches every GPU for XID events and the faults it found (0: not run)")
 	mockStateDir := flag.String("mock-state-dir", "", "with --nvml mock:<machine>, the plugin's --mock-nvml-state-dir (a mock machine with its injected faults)")
 	klog.InitFlags(nil)
 	flag.Parse()
 	opts := nvdev.Options{Backend: *backend, DriverRoot: *driverRoot, MockSeed: *nodeName, MockStateDir: *mockStateDir}
-	if err := run(opts, *nodeConfig, *nodeName, *checks); err != nil {
+	if err := run(opts, *nodeConfig, *nodeName, *checks, *healthFor); err != nil {
 		fmt.Fprintln(os.Stderr, "inventory:", err)
 		os.Exit(1)
 	}
 }
 
-func run(opts nvdev.Options, nodeConfig, nodeName string, checks bool) error {
+func run(opts nvdev.Options, nodeConfig, nodeName string, checks bool, healthFor time.Duration) error {
 	cfg := &configapi.NodeConfig{}
 	if nodeConfig != "" {
 		data, err := os.ReadFile(nodeConfig)
@@ -61,12 +63,23 @@ func run(opts nvdev.Options, nodeConfig, nodeName string, checks bool) error {
 		return fmt.Errorf("rendering the devices: %w", err)
 	}
 	fmt.Printf("# %d devices, %d counter sets\n%s", len(inv.Devices), len(inv.CounterSets), out)
-	if !checks {
-		return nil
+	if checks {
+		if err := printDocument("what the plugin would meet on these GPUs (issue 25 items 1, 2, 4)", runChecks(lib, opts.DriverRoot)); err != nil {
+			return err
+		}
 	}
-	if out, err = yaml.Marshal(runChecks(lib, opts.DriverRoot)); err != nil {
-		return fmt.Errorf("rendering the checks: %w", err)
+	if healthFor > 0 {
+		return printDocument("what the plugin's health monitor sees", runHealth(lib, healthFor))
 	}
-	fmt.Printf("---\n# what the plugin would meet on these GPUs (issue 25 items 1, 2, 4)\n%s", out)
+	return nil
+}
+
+// printDocument prints v as a further YAML document under a comment.
+func printDocument(title string, v any) error {
+	out, err := yaml.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("rendering %s: %w", title, err)
+	}
+	fmt.Printf("---\n# %s\n%s", title, out)
 	return nil
 }
