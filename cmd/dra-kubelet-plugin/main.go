@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,7 @@ type flags struct {
 	mockStateDir                                       string
 	clearFaults                                        string
 	releaseGPUs, reacquireGPUs                         bool
+	followUpgrades                                     bool
 	mpsDaemons, mpsImage, podName, podNamespace        string
 	priorityClass                                      string
 	mpsShmSize                                         string
@@ -137,6 +139,7 @@ func parseFlags() flags {
 	fs.DurationVar(&f.staticMIGResync, "static-mig-resync", plugin.DefaultStaticMIGResync, "How often the MIG layouts of GPUs offered as static MIG are read again, so that MIG devices an admin (mig-manager) makes after the start are published; negative: only at start.")
 	fs.StringVar(&f.devicePluginCoexistence, "device-plugin-coexistence", cli.Env("DEVICE_PLUGIN_COEXISTENCE", string(plugin.CoexistenceStandDown)), fmt.Sprintf("What to do while a device plugin (NVIDIA's k8s-device-plugin, the GPU Operator's default) advertises this node's NVIDIA GPUs too (nvidia.com/gpu, nvidia.com/mig-*), as the kubelet's PodResources API reports: %q publishes no device at all; %q publishes only the GPUs none of whose IDs, replicas or MIG devices the device plugin advertises or a pod holds through it; %q does not look. Where the API cannot be read, every GPU is published until it answers, with a warning. [$DEVICE_PLUGIN_COEXISTENCE]", plugin.CoexistenceStandDown, plugin.CoexistenceExcludeOwned, plugin.CoexistenceOff))
 	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", cli.Env("POD_RESOURCES_SOCKET", deviceplugins.DefaultSocket), "The kubelet's PodResources socket, asked which GPUs a device plugin hands out (see --device-plugin-coexistence). [$POD_RESOURCES_SOCKET]")
+	fs.BoolVar(&f.followUpgrades, "follow-gpu-operator-upgrades", envBool("FOLLOW_GPU_OPERATOR_UPGRADES", true), "Follow the GPU Operator's driver upgrades on this node: while its label nvidia.com/gpu-driver-upgrade-state says pod-restart-required (the driver pod is restarted and unloads the kernel module), release the GPUs as --release-gpus does, and reacquire them when the label moves on (a new driver version starts the plugin again). Watches this node's labels (RBAC: list and watch nodes). [$FOLLOW_GPU_OPERATOR_UPGRADES]")
 	fs.DurationVar(&f.devicePluginCheckInterval, "device-plugin-check-interval", envDuration("DEVICE_PLUGIN_CHECK_INTERVAL", plugin.DefaultDevicePluginCheckInterval), "How often the kubelet is asked again which GPUs a device plugin hands out (one is installed or removed during a migration); negative: only at start. [$DEVICE_PLUGIN_CHECK_INTERVAL]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
@@ -223,7 +226,8 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor, Steps: health,
 		StaticMIGResync: f.staticMIGResync,
 		Maintenance: plugin.MaintenanceOptions{Session: lib, Files: cdiHandler, Dir: plugin.MaintenanceDir(f.pluginDataDir),
-			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart},
+			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart,
+			UpgradeState: upgradeState(ctx, f, client)},
 		DevicePlugins: plugin.DevicePluginCheck{Coexistence: coexistence, Socket: f.podResourcesSocket,
 			Interval: f.devicePluginCheckInterval},
 	})
@@ -325,6 +329,27 @@ func envDuration(name string, def time.Duration) time.Duration {
 		os.Exit(2)
 	}
 	return d
+}
+
+func envBool(name string, def bool) bool {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "$%s=%q is not true or false: %v\n", name, v, err)
+		os.Exit(2)
+	}
+	return b
+}
+
+// upgradeState follows the node's GPU Operator upgrade state where asked.
+func upgradeState(ctx context.Context, f flags, client kubernetes.Interface) func() string {
+	if !f.followUpgrades {
+		return nil
+	}
+	return plugin.WatchUpgradeState(ctx, client, f.nodeName)
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

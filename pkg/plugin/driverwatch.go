@@ -55,10 +55,14 @@ func (m *maintenance) interval() time.Duration {
 	return nvdev.DriverRetryInterval
 }
 
-// driverTick handles the pending request, then follows the driver.
+// driverTick handles the pending request, then follows the GPU
+// Operator's upgrade and the driver.
 func (d *Driver) driverTick(ctx context.Context) {
 	if req, ok := takeRequest(ctx, d.maint.opts.Dir); ok {
 		d.handleRequest(ctx, req)
+	}
+	if d.followUpgradeState(ctx) {
+		return
 	}
 	d.followDriverVersion(ctx)
 }

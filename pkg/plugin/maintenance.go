@@ -74,6 +74,9 @@ type MaintenanceOptions struct {
 	// another version than the process loaded (nvdev.ErrNewProcessNeeded);
 	// nil leaves the GPUs released.
 	Restart func(reason error)
+	// UpgradeState reads the node's GPU Operator driver-upgrade state
+	// (WatchUpgradeState); nil: the plugin does not follow it.
+	UpgradeState func() string
 }
 
 // maintenance is the Driver's part of it.
@@ -95,6 +98,9 @@ type maintenance struct {
 	// an event, and last failed to reacquire on: one event each, not one
 	// per look.
 	announced, failedFor string
+	// forUpgrade: released because the GPU Operator's upgrade restarts
+	// the driver (upgradestate.go), to be reacquired when it moves on.
+	forUpgrade bool
 
 	// stopHealth stops the running health monitor and waits for it.
 	stopHealth func()
@@ -244,7 +250,7 @@ func (d *Driver) Reacquire(ctx context.Context, why string, waiting func(error))
 	}
 	m.gate.Lock()
 	m.mu.Lock()
-	m.released, m.reason, m.since = false, "", time.Now()
+	m.released, m.reason, m.since, m.forUpgrade = false, "", time.Now(), false
 	m.version = nvdev.InstalledDriverVersion(m.opts.DriverRoot)
 	m.mu.Unlock()
 	m.startHealth(ctx, d.health)

@@ -14,7 +14,8 @@ package e2e
 // leaves them) and the module loaded again. The plugin takes the new
 // version up by itself: a new pod's CDI spec mounts the new version's
 // libraries and CUDA loads them in its container, while the pod of before
-// keeps its spec.
+// keeps its spec. Then the GPU Operator's upgrade controller is played on
+// the node's label: the plugin releases and reacquires by itself.
 
 import (
 	"context"
@@ -27,6 +28,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
@@ -122,6 +124,40 @@ func TestRealNodeDriverUpgrade(t *testing.T) {
 	}
 	deletePodAndWait(t, ctx, after)
 	deletePodAndWait(t, ctx, before)
+	followGPUOperatorRestart(t, ctx, n, pluginPod, mockDriver)
+}
+
+// followGPUOperatorRestart plays the GPU Operator's upgrade controller on
+// the node: its label says pod-restart-required, when the driver pod
+// restarts and unloads the module. The chart's plugin, watching its own
+// node under the chart's RBAC, lets go of the GPUs by itself (the unload
+// succeeds), stays released while the label says so, and takes them back
+// when it moves on.
+func followGPUOperatorRestart(t *testing.T, ctx context.Context, n *realNode, pluginPod *v1.Pod, mockDriver string) {
+	t.Helper()
+	setUpgradeState := func(state string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, plugin.UpgradeStateLabel, state)
+		if _, err := cp.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setUpgradeState("drain-required")
+	setUpgradeState("pod-restart-required")
+	waitDevicesTainted(t, ctx, n, true)
+	waitPluginReady(t, ctx, pluginPod, false)
+	if err := nvmock.UnloadDriver(mockDriver); err != nil {
+		t.Fatalf("the driver pod's unload at pod-restart-required: %v", err)
+	}
+	if err := nvmock.LoadDriver(mockDriver); err != nil {
+		t.Fatal(err)
+	}
+	setUpgradeState("validation-required")
+	waitDevicesTainted(t, ctx, n, false)
+	waitPluginReady(t, ctx, pluginPod, true)
+	if err := nvmock.UnloadDriver(mockDriver); err == nil {
+		t.Error("the mock driver unloaded after the upgrade moved on: the plugin holds no NVML session")
+	}
 }
 
 // checkSpecLibraries checks that the CDI specs of the pod's claims mount
