@@ -37,14 +37,36 @@ type Accountant struct {
 	// lender its quota back why it went.
 	ReclaimEvents events.EventRecorder
 
+	// Locks. Four guard the books' running totals, each for a reason of
+	// its own; none is held across an API call, and they nest only in the
+	// order cohortUsage.mu, claimsMu, nsMu (mu is never held with another
+	// but nsMu):
+	//
+	//  - cohortUsage.mu, one per book owner (cohort.go), held by a decision
+	//    from sync to verdict: what one decides depends on the others of
+	//    its cohort, and on nothing of another cohort, so tenants of
+	//    different cohorts never wait for each other.
+	//  - mu guards the snapshots and the map of running totals; it is held
+	//    for moments only, but across a snapshot's rebuild.
+	//  - claimsMu guards what is known of the claims (their prices, the
+	//    namespaces' counts, the deletions), which the running totals of
+	//    different cohorts share: a namespace moves between cohorts when a
+	//    quota changes, and its claims need not be priced again. It is held
+	//    while claims are priced (CEL), so it is not mu.
+	//  - nsMu guards what the informer handlers report, which must not wait
+	//    for a pricing under claimsMu: the claim generations and the dirty
+	//    namespaces, and the live reads of namespaces the cache has not
+	//    seen yet. It is a leaf: held for map operations only.
+	//
+	// Generation counters: catalogGen and tenancyGen, bumped by the
+	// informers, tell when a snapshot (and the running totals built on it)
+	// is stale; nsGen, per namespace, tells when a namespace's count is.
+	// Which reservations a total holds needs none: each decision's pass
+	// over the book recomputes it (holdLocked).
 	catalogGen, tenancyGen atomic.Int64
 
-	// mu guards the snapshots and the map of running totals; it is held
-	// for moments only. Decisions lock their cohort's running total
-	// (cohortUsage.mu) instead: tenants of different cohorts never wait
-	// for each other, as nothing one decides depends on the other.
 	mu  sync.Mutex
-	cat *catalog
+	cat *priceList
 	ten *tenancy
 	// cohorts are the running totals of the book owners (cohort.go), for
 	// the tenancy generation cohortsGen.
@@ -52,9 +74,6 @@ type Accountant struct {
 	cohortsGen int64
 	now        func() time.Time
 
-	// claimsMu guards what is known of the claims, which running totals
-	// of different cohorts share (a namespace moves between cohorts when
-	// a quota changes); every holder only reads or prices a namespace.
 	claimsMu sync.Mutex
 	charges  map[types.UID]cachedCharge
 	nsUsage  map[string]*namespaceUsage
@@ -63,19 +82,16 @@ type Accountant struct {
 	gone      map[types.UID]time.Time
 	lastSweep time.Time
 
-	// nsMu guards the claim generations, bumped by informer handlers
-	// that must not wait for an admission holding mu, and the namespaces
-	// whose claims changed since a running total counted them.
-	nsMu     sync.Mutex
+	nsMu sync.Mutex
+	// nsGen and nsDirty: the claim generations, and the namespaces whose
+	// claims changed since a running total counted them.
 	nsGen    map[string]int64
 	nsDirty  map[string]struct{}
 	tracking bool
-
-	// liveMu guards live: namespaces the cache had not seen when a claim in
-	// them arrived, read from the API before taking mu (a live read under
-	// mu stalled every admission of every tenant behind it).
-	liveMu sync.Mutex
-	live   map[string]liveNamespace
+	// live: namespaces the cache had not seen when a claim in them
+	// arrived, read from the API before taking mu (a live read under mu
+	// stalled every admission of every tenant behind it).
+	live map[string]liveNamespace
 
 	// progress is how far the ResourceClaim cache has got; a book another
 	// replica settled further is not decided on before it gets there.
@@ -92,7 +108,9 @@ type liveNamespace struct {
 // which normally catches up within a second.
 const liveNamespaceTTL = 30 * time.Second
 
-type catalog struct {
+// priceList is the catalog as the accountant prices claims: a snapshot of
+// the slices, classes and profiles.
+type priceList struct {
 	gen      int64
 	pricer   *quota.Pricer
 	profiles map[string]*gpuaas.GpuProfile
@@ -166,7 +184,7 @@ func (a *Accountant) ForgetClaim(uid types.UID) {
 func (a *Accountant) ObserveClaimVersion(rv string) { a.progress.observe(rv) }
 
 // snapshots are the catalog and the tenancy, rebuilt where they changed.
-func (a *Accountant) snapshots(ctx context.Context) (*catalog, *tenancy, error) {
+func (a *Accountant) snapshots(ctx context.Context) (*priceList, *tenancy, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	cat, err := a.catalogLocked(ctx)
@@ -177,7 +195,7 @@ func (a *Accountant) snapshots(ctx context.Context) (*catalog, *tenancy, error) 
 	return cat, ten, err
 }
 
-func (a *Accountant) catalogLocked(ctx context.Context) (*catalog, error) {
+func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
 	gen := a.catalogGen.Load() // before listing: a change during the list rebuilds again
 	if a.cat != nil && a.cat.gen == gen {
 		return a.cat, nil
@@ -198,8 +216,8 @@ func (a *Accountant) catalogLocked(ctx context.Context) (*catalog, error) {
 	return a.cat, nil
 }
 
-func newCatalog(gen int64, slices []resourceapi.ResourceSlice, classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile) *catalog {
-	cat := &catalog{gen: gen, profiles: map[string]*gpuaas.GpuProfile{}, migs: map[string]bool{}}
+func newCatalog(gen int64, slices []resourceapi.ResourceSlice, classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile) *priceList {
+	cat := &priceList{gen: gen, profiles: map[string]*gpuaas.GpuProfile{}, migs: map[string]bool{}}
 	sl := make([]*resourceapi.ResourceSlice, 0, len(slices))
 	for i := range slices {
 		sl = append(sl, &slices[i])
@@ -310,9 +328,9 @@ func (a *Accountant) prefetchNamespace(ctx context.Context, namespace string) er
 	if !apierrors.IsNotFound(err) {
 		return nil // cached (or the cache fails, which ownerLocked reports)
 	}
-	a.liveMu.Lock()
+	a.nsMu.Lock()
 	hit, ok := a.live[namespace]
-	a.liveMu.Unlock()
+	a.nsMu.Unlock()
 	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
 		return nil
 	}
@@ -323,9 +341,9 @@ func (a *Accountant) prefetchNamespace(ctx context.Context, namespace string) er
 // liveNamespace is the prefetched namespace, or a live read now; nil when
 // it does not exist.
 func (a *Accountant) liveNamespace(ctx context.Context, namespace string) (*corev1.Namespace, error) {
-	a.liveMu.Lock()
+	a.nsMu.Lock()
 	hit, ok := a.live[namespace]
-	a.liveMu.Unlock()
+	a.nsMu.Unlock()
 	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
 		return hit.ns, nil
 	}
@@ -342,8 +360,8 @@ func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Na
 	if err == nil {
 		entry.ns = &ns
 	}
-	a.liveMu.Lock()
-	defer a.liveMu.Unlock()
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
 	for name, e := range a.live { // few entries: each lives until the cache catches up
 		if a.now().Sub(e.read) >= liveNamespaceTTL {
 			delete(a.live, name)
@@ -354,7 +372,7 @@ func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Na
 }
 
 // charge is chargeLocked for a caller that does not hold claimsMu.
-func (a *Accountant) charge(ctx context.Context, cat *catalog, claim *resourceapi.ResourceClaim) quota.Charged {
+func (a *Accountant) charge(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
 	a.claimsMu.Lock()
 	defer a.claimsMu.Unlock()
 	return a.chargeLocked(ctx, cat, claim)
@@ -362,7 +380,7 @@ func (a *Accountant) charge(ctx context.Context, cat *catalog, claim *resourceap
 
 // chargeLocked prices a claim, from the cache when neither the claim nor
 // the catalog changed since.
-func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *resourceapi.ResourceClaim) quota.Charged {
+func (a *Accountant) chargeLocked(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
 	if c, ok := a.charges[claim.UID]; ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
 		return c.charged
 	}
@@ -371,22 +389,16 @@ func (a *Accountant) chargeLocked(ctx context.Context, cat *catalog, claim *reso
 	return charged
 }
 
-// seenLocked: this replica's cache showed the reserved claim, or its
-// deletion. The per-namespace snapshot is as fresh as the last decision.
-func (a *Accountant) seenLocked(r reservation) bool {
-	shown, _ := a.shownLocked(r)
-	return shown
-}
-
 // reserve is the book after admitting claim: the new reservation, minus
 // those that hold nothing any more and those every replica has surely
 // seen resolved; full (the book is left as it was) explains a refusal when
 // the new reservation would take the tenant's or the book's size past its
 // cap (see maxBookBytes).
 //
-// A reservation is dropped once this replica's cache has shown its claim
-// for settleDelay; the book's settled resourceVersion then covers the
-// claim, so that a replica whose cache lags waits for it before deciding
+// Which reservations the book keeps is the reservation rule's
+// (reservation.go): lapsed ones go, and so do settled ones, whose claims'
+// resourceVersions the book's settled version then covers, so that a
+// replica whose cache lags waits for it before deciding
 // (cacheprogress.go).
 //
 // A claim name holds at most one reservation. A create fails with
@@ -394,8 +406,7 @@ func (a *Accountant) seenLocked(r reservation) bool {
 // every re-run of a create held its cost until reservationGrace with
 // nothing in the API, and filled the book; but of the creates of one name
 // at most one object exists at a time, so one reservation worth the dearer
-// of each resource covers them all. (One whose claim the cache already
-// shows is not merged: that claim counts itself, see countsIn.)
+// of each resource covers them all (phase.carriesOver).
 func (a *Accountant) reserve(held bookState, claim *resourceapi.ResourceClaim, cost quota.Charge, tenant string) (_ bookState, full string) {
 	owner := a.owners()
 	a.claimsMu.Lock()
@@ -404,19 +415,21 @@ func (a *Accountant) reserve(held bookState, claim *resourceapi.ResourceClaim, c
 	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
 	next := bookState{entries: make([]reservation, 0, len(held.entries)+1), settled: held.settled}
 	var bookBytes, tenantBytes int
+	view := a.viewLocked(a.nsUsage)
 	for _, r := range held.entries {
-		age := now.Sub(r.At)
-		if age >= reservationGrace || r.UID == claim.UID {
+		if r.UID == claim.UID {
 			continue
 		}
-		if age >= settleDelay {
-			if shown, rv := a.shownLocked(r); shown {
-				next.settled = laterVersion(rv, next.settled)
-				continue
-			}
+		p := r.phase(view, now)
+		if p == lapsed {
+			continue
 		}
-		if r.key() == key {
-			if c, err := r.charge(); err == nil && !a.seenLocked(r) {
+		if rv, ok := r.settled(p, view, now); ok {
+			next.settled = laterVersion(rv, next.settled)
+			continue
+		}
+		if r.key() == key { // replaced by the new reservation
+			if c, err := r.charge(); err == nil && p.carriesOver() {
 				cost = cost.Max(c)
 			}
 			continue
@@ -442,20 +455,38 @@ func (a *Accountant) reserve(held bookState, claim *resourceapi.ResourceClaim, c
 	return next, ""
 }
 
-// shownLocked: the reservation's claim is resolved in this replica's cache
-// (caller holds claimsMu), with the resourceVersion the cache showed it at
-// ("" for a deletion: a lagging replica that has not seen the claim does
-// not count it either way).
-func (a *Accountant) shownLocked(r reservation) (bool, string) {
-	if _, gone := a.gone[r.UID]; gone {
-		return true, ""
-	}
-	nu := a.nsUsage[r.Namespace]
-	if nu == nil || nu.claims[r.key()] != r.UID {
-		return false, ""
-	}
-	return true, nu.versions[r.UID]
+// cacheView is what this replica's cache shows of claims, for the
+// reservation rule (reservation.go): the namespaces' claims as counted in
+// counted, and the claims seen deleted. Its holder holds claimsMu.
+type cacheView struct {
+	counted map[string]*namespaceUsage
+	gone    map[types.UID]time.Time
+	charges map[types.UID]cachedCharge
 }
+
+// viewLocked is the cache as counted in counted (caller holds claimsMu):
+// the latest count of each namespace (a.nsUsage), or a running total's
+// (cohortUsage.counted), so that a reservation stops counting exactly when
+// the claim the total counts starts.
+func (a *Accountant) viewLocked(counted map[string]*namespaceUsage) cacheView {
+	return cacheView{counted: counted, gone: a.gone, charges: a.charges}
+}
+
+func (v cacheView) named(key types.NamespacedName) (types.UID, string, bool) {
+	nu := v.counted[key.Namespace]
+	if nu == nil {
+		return "", "", false
+	}
+	uid, ok := nu.claims[key]
+	return uid, nu.versions[uid], ok
+}
+
+func (v cacheView) sawDeleted(uid types.UID) bool {
+	_, ok := v.gone[uid]
+	return ok
+}
+
+func (v cacheView) costOf(uid types.UID) quota.Charge { return v.charges[uid].charged.Charge }
 
 // owners is which quota each namespace is charged to, as of the last
 // tenancy snapshot.
@@ -513,7 +544,7 @@ func (a *Accountant) claimGen(namespace string) (int64, bool) {
 // namespaceUsage is the namespace's sum, recounted when its claims or the
 // catalog changed. The cache is listed without claimsMu: a slow list must
 // not hold up the other cohorts' decisions.
-func (a *Accountant) namespaceUsage(ctx context.Context, cat *catalog, ns string) (*namespaceUsage, error) {
+func (a *Accountant) namespaceUsage(ctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
 	gen, tracking := a.claimGen(ns)
 	a.claimsMu.Lock()
 	nu := a.nsUsage[ns]

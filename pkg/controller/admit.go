@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -312,35 +313,25 @@ func (a *Accountant) Report(ctx context.Context, name string) (TenantReport, err
 	return r, err
 }
 
-// ProfileReport is what the profile reconciler writes to a GpuProfile's
-// status.
-type ProfileReport struct {
-	Matching, Allocated int
-	// Free counts the matching devices a claim could be given now: not
-	// allocated, and not blocked by what shares their GPU (a whole GPU
-	// whose MIG partition is taken, a share device with no room left).
-	Free int
-}
-
 // ProfileDevices counts the published devices a class selects and how many
 // of them some claim holds.
-func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (ProfileReport, error) {
+func (a *Accountant) ProfileDevices(ctx context.Context, exprs []string) (catalog.ProfileReport, error) {
 	a.mu.Lock()
 	cat, err := a.catalogLocked(ctx)
 	a.mu.Unlock()
 	if err != nil {
-		return ProfileReport{}, err
+		return catalog.ProfileReport{}, err
 	}
 	var claims resourceapi.ResourceClaimList
 	if err := a.reader.List(ctx, &claims, client.UnsafeDisableDeepCopy); err != nil {
-		return ProfileReport{}, fmt.Errorf("listing ResourceClaims: %w", err)
+		return catalog.ProfileReport{}, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
 	allocated := allocatedDevices(claims.Items)
 	givable, err := a.givableDevices(ctx, claims.Items)
 	if err != nil {
-		return ProfileReport{}, err
+		return catalog.ProfileReport{}, err
 	}
-	var r ProfileReport
+	var r catalog.ProfileReport
 	for _, d := range cat.pricer.Inventory().Devices() {
 		if quota.Matches(ctx, d, exprs) {
 			r.Matching++

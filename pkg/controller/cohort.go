@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"time"
 
 	"k8s.io/klog/v2"
 
@@ -62,7 +61,6 @@ type cohortUsage struct {
 	counted                map[string]*namespaceUsage // namespace -> the usage in claims
 	limits, claims, held   dimVals
 	reserved               map[string]*heldEntry // counted reservations, by UID
-	epoch                  uint64                // of the last pass over a book
 }
 
 type cohortMember struct {
@@ -78,7 +76,6 @@ type heldEntry struct {
 	member *cohortMember
 	charge quota.Charge
 	dims   dimVals
-	epoch  uint64
 }
 
 // cohortFor is the running total of t's book owner, as of the tenancy
@@ -105,7 +102,7 @@ func (a *Accountant) cohortFor(ten *tenancy, t quota.Tenant) *cohortUsage {
 // syncLocked brings g up to date with the cache (caller holds g.mu):
 // rebuilt when tenancy or catalog changed (or while no informer reports
 // claim changes), else recounted where claims changed.
-func (a *Accountant) syncLocked(ctx context.Context, cat *catalog, ten *tenancy, g *cohortUsage, key string) error {
+func (a *Accountant) syncLocked(ctx context.Context, cat *priceList, ten *tenancy, g *cohortUsage, key string) error {
 	_, tracking := a.claimGen("")
 	var dirty []string
 	if g.catalogGen != cat.gen || g.tenancyGen != ten.gen || !g.tracked || !tracking {
@@ -125,7 +122,7 @@ func (a *Accountant) syncLocked(ctx context.Context, cat *catalog, ten *tenancy,
 }
 
 // reset empties g for the members of key under ten.
-func (g *cohortUsage) reset(cat *catalog, ten *tenancy, key string, tracked bool) {
+func (g *cohortUsage) reset(cat *priceList, ten *tenancy, key string, tracked bool) {
 	g.catalogGen, g.tenancyGen, g.tracked = cat.gen, ten.gen, tracked
 	g.members, g.owner = map[string]*cohortMember{}, map[string]*cohortMember{}
 	g.counted, g.reserved = map[string]*namespaceUsage{}, map[string]*heldEntry{}
@@ -176,7 +173,7 @@ func (a *Accountant) takeDirty(g *cohortUsage, ten *tenancy) []string {
 
 // countNamespaceLocked replaces what a namespace's claims add to the sums
 // (caller holds g.mu).
-func (a *Accountant) countNamespaceLocked(ctx context.Context, cat *catalog, g *cohortUsage, ns string) error {
+func (a *Accountant) countNamespaceLocked(ctx context.Context, cat *priceList, g *cohortUsage, ns string) error {
 	nu, err := a.namespaceUsage(ctx, cat, ns)
 	if err != nil {
 		return err
@@ -196,10 +193,8 @@ func (a *Accountant) countNamespaceLocked(ctx context.Context, cat *catalog, g *
 // usageOf is what tenant holds (its namespaces' claims plus the
 // reservations in held that still count) and what its cohort's other
 // members hold idle. The pass over held also brings the cohort's reserved
-// sum up to date: a reservation is added when it starts counting and taken
-// out when it stops (its claim is in the cache or gone, it expired, or it
-// left the book), so only those cost arithmetic.
-func (a *Accountant) usageOf(ctx context.Context, cat *catalog, ten *tenancy, tenant string, held []reservation) (quota.Usage, quota.PeersIdle, error) {
+// sum up to date (holdLocked).
+func (a *Accountant) usageOf(ctx context.Context, cat *priceList, ten *tenancy, tenant string, held []reservation) (quota.Usage, quota.PeersIdle, error) {
 	t := ten.tenants[tenant]
 	g := a.cohortFor(ten, t)
 	g.mu.Lock()
@@ -221,92 +216,52 @@ func (a *Accountant) usageOf(ctx context.Context, cat *catalog, ten *tenancy, te
 }
 
 // holdLocked makes g's reserved sum that of the reservations in held that
-// still count, and adds tenant's to tally (caller holds g.mu).
+// count (reservation.go), as g's counts of the namespaces show the claims,
+// and adds tenant's to tally (caller holds g.mu). Only reservations that
+// start or stop counting, or change, cost arithmetic.
 func (a *Accountant) holdLocked(ctx context.Context, g *cohortUsage, held []reservation, tenant string, tally *quota.Tally) {
 	a.claimsMu.Lock()
 	defer a.claimsMu.Unlock()
-	g.epoch++
+	view := a.viewLocked(g.counted)
 	now := a.now()
+	next := make(map[string]*heldEntry, len(g.reserved))
 	for _, r := range held {
 		m := g.owner[r.Namespace]
-		if m == nil || !a.countsIn(g, r, now) || (r.Reclaim && m.tenant.Name == tenant) {
-			continue // a reclaim entry holds quota for its tenant, against the others
+		if m == nil || !r.countsFor(r.phase(view, now), m.tenant.Name, tenant) {
+			continue
 		}
-		if e := g.hold(ctx, r, m); e != nil && m.tenant.Name == tenant {
+		if e := g.hold(ctx, next, r, m); e != nil && m.tenant.Name == tenant {
 			tally.Add(e.charge, false)
 		}
 	}
 	for k, e := range g.reserved {
-		if e.epoch != g.epoch {
+		if next[k] != e { // stopped counting, or changed
 			g.held = g.held.minus(e.dims, e.member.counts)
-			delete(g.reserved, k)
 		}
 	}
+	g.reserved = next
 }
 
-// countsIn (caller holds claimsMu): a reservation counts until the cache shows its claim (counted
-// in g, which then counts itself) or the claim's deletion, and never past
-// reservationGrace (its create failed).
-func (a *Accountant) countsIn(g *cohortUsage, r reservation, now time.Time) bool {
-	if now.Sub(r.At) >= reservationGrace {
-		return false
-	}
-	if _, gone := a.gone[r.UID]; gone {
-		return false
-	}
-	nu := g.counted[r.Namespace]
-	if nu == nil {
-		return true
-	}
-	shown, ok := nu.claims[r.key()]
-	if shown == r.UID {
-		return false
-	}
-	// The cache shows another claim of the name: of the two at most one
-	// exists, so the reservation (a re-run create that will fail with
-	// AlreadyExists, or one whose predecessor was deleted a moment ago)
-	// adds nothing where the claim counted already costs as much.
-	c, err := r.charge()
-	return !ok || err != nil || !covers(a.charges[shown].charged.Charge, c)
-}
-
-// covers: c costs at least d in every resource.
-func covers(c, d quota.Charge) bool {
-	if c.Units.Cmp(d.Units) < 0 || c.Memory < d.Memory {
-		return false
-	}
-	for class, n := range d.Devices {
-		if c.Devices[class] < n {
-			return false
-		}
-	}
-	return true
-}
-
-// hold marks a reservation as counted in this pass, adding it to the sum
-// if it was not counted before; nil for a damaged one.
-func (g *cohortUsage) hold(ctx context.Context, r reservation, m *cohortMember) *heldEntry {
+// hold counts r in next, this pass's reservations, carrying its entry over
+// from the last pass when it is unchanged and adding it to the sum when it
+// is new; nil for a damaged one.
+func (g *cohortUsage) hold(ctx context.Context, next map[string]*heldEntry, r reservation, m *cohortMember) *heldEntry {
 	key := string(r.UID)
-	e := g.reserved[key]
-	for e != nil && e.epoch == g.epoch { // the same UID twice in a book: counted twice, as entries
+	for next[key] != nil { // the same UID twice in a book: counted twice, as entries
 		key += "\x00"
-		e = g.reserved[key]
 	}
+	e := g.reserved[key]
 	if e != nil && e.member == m && e.r.Units == r.Units && e.r.Memory == r.Memory && maps.Equal(e.r.Devices, r.Devices) {
-		e.epoch = g.epoch
+		next[key] = e
 		return e
-	}
-	if e != nil {
-		g.held = g.held.minus(e.dims, e.member.counts)
-		delete(g.reserved, key)
 	}
 	c, err := r.charge()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Ignoring a damaged reservation")
 		return nil
 	}
-	e = &heldEntry{r: r, member: m, charge: c, dims: dimsOf(c), epoch: g.epoch}
-	g.reserved[key] = e
+	e = &heldEntry{r: r, member: m, charge: c, dims: dimsOf(c)}
+	next[key] = e
 	g.held = g.held.plus(e.dims, m.counts)
 	return e
 }

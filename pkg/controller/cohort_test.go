@@ -187,7 +187,7 @@ func (w *cohortWorld) compare(step int, name string) {
 
 // scratch sums a tenant's claims as the cache shows them now and its
 // reservations that still count, without any of the accountant's caches.
-func (w *cohortWorld) scratch(cat *catalog, ten *tenancy, name string, held []reservation) quota.Usage {
+func (w *cohortWorld) scratch(cat *priceList, ten *tenancy, name string, held []reservation) quota.Usage {
 	var tally quota.Tally
 	now := w.acct.now()
 	for _, namespace := range ten.assign.Namespaces[name] {

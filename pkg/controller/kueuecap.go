@@ -92,7 +92,7 @@ func (a *Accountant) kueueCharge(ctx context.Context, spec *resourceapi.Resource
 
 // add adds one request's charge; it returns why Kueue charges it nothing,
 // if it does not.
-func (c *kueueClaimCharge) add(ctx context.Context, cat *catalog, class string, sel []resourceapi.DeviceSelector,
+func (c *kueueClaimCharge) add(ctx context.Context, cat *priceList, class string, sel []resourceapi.DeviceSelector,
 	capReq *resourceapi.CapacityRequirements, mode resourceapi.DeviceAllocationMode, count int64) string {
 	one := cat.pricer.RequestCost(ctx, &resourceapi.DeviceRequest{Exactly: &resourceapi.ExactDeviceRequest{
 		DeviceClassName: class, Selectors: sel, Capacity: capReq,
@@ -121,7 +121,7 @@ func (c *kueueClaimCharge) add(ctx context.Context, cat *catalog, class string, 
 // profile's, or the default for a class of ours that no profile renders
 // (the admin maps it in Kueue's configuration by hand). false when the
 // controller renders no mapping for it.
-func kueueResourceOf(cat *catalog, class string) (string, bool) {
+func kueueResourceOf(cat *priceList, class string) (string, bool) {
 	if p := cat.profiles[class]; p != nil {
 		return kueue.ChargedAs(p)
 	}

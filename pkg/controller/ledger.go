@@ -31,11 +31,8 @@ import (
 // winner's reservation and decides again. A cohort shares one book because
 // borrowing makes its members' decisions depend on each other.
 //
-// A reservation counts on a replica until that replica's cache shows the
-// claim (then the claim itself counts) or its deletion, and at most
-// reservationGrace after admission: by then the create has either been
-// persisted (and every cache shows it) or failed (a later webhook refused
-// it), and either way the reservation holds nothing any more.
+// When a reservation counts, and when a book drops it, is decided in
+// reservation.go.
 const (
 	ledgerLabel   = "gpuaas.io/quota-ledger"
 	ledgerDataKey = "reservations"
@@ -43,14 +40,6 @@ const (
 	// latest of the claims whose reservations a replica dropped because
 	// its cache showed them (cacheprogress.go).
 	ledgerSettledKey = "settledResourceVersion"
-	reservationGrace = 35 * time.Second // > the longest webhook timeout (30 s)
-	// settleDelay: a reservation whose claim this replica's cache already
-	// shows is dropped from the book after this long, when every other
-	// replica's cache has seen the claim too (watch latency is milliseconds
-	// in a healthy cluster). It keeps books small, and a book's size is
-	// what each admission writes: with 10 s, 200 claims in a burst made
-	// every write carry them all and doubled the admission latency.
-	settleDelay = 3 * time.Second
 	// ledgerAttempts bounds the re-decisions after write conflicts; two
 	// replicas serialize in-process, so conflicts come in ones.
 	ledgerAttempts = 8
@@ -78,51 +67,6 @@ const (
 type bookState struct {
 	entries []reservation
 	settled string
-}
-
-// reservation is one admitted claim in a book.
-type reservation struct {
-	UID       types.UID        `json:"uid"`
-	Namespace string           `json:"namespace"`
-	Name      string           `json:"name"`
-	Units     string           `json:"units"` // exact: "3/7"
-	Memory    int64            `json:"memory,omitempty"`
-	Devices   map[string]int64 `json:"devices,omitempty"`
-	At        time.Time        `json:"at"`
-	// Reclaim marks quota reclaimed from borrowers for the tenant of
-	// Namespace (reclaim.go): no claim of that name; it counts for every
-	// other tenant's decisions, not for that tenant's own.
-	Reclaim bool `json:"reclaim,omitempty"`
-}
-
-func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, at time.Time) reservation {
-	return reservation{UID: uid, Namespace: claim.Namespace, Name: claim.Name,
-		Units: c.Units.Exact(), Memory: c.Memory, Devices: c.Devices, At: at}
-}
-
-// sizeBound is at least the length of r in a book's JSON (with its
-// separating comma), worked out without encoding it: names, UIDs, class
-// names and units need no escaping (the API server validated them), an
-// int64 has at most 20 characters and a time in RFC 3339 at most 35.
-func (r reservation) sizeBound() int {
-	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"at":"","reclaim":true},`) + 20 + 35
-	n := fixed + len(r.UID) + len(r.Namespace) + len(r.Name) + len(r.Units)
-	for class := range r.Devices {
-		n += len(`"":,`) + len(class) + 20
-	}
-	return n
-}
-
-func (r reservation) key() types.NamespacedName {
-	return types.NamespacedName{Namespace: r.Namespace, Name: r.Name}
-}
-
-func (r reservation) charge() (quota.Charge, error) {
-	u, err := quota.ParseUnits(r.Units)
-	if err != nil {
-		return quota.Charge{}, fmt.Errorf("reservation of claim %s: %w", r.key(), err)
-	}
-	return quota.Charge{Units: u, Memory: r.Memory, Devices: r.Devices}, nil
 }
 
 // Ledger keeps this process's view of the books and writes them.

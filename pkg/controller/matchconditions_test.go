@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
@@ -25,7 +24,6 @@ import (
 	"k8s.io/apiserver/pkg/cel/environment"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
@@ -499,41 +497,6 @@ func TestMatchConditionSyncerRuns(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
-	}
-}
-
-// The profile controller takes the name off the list before it creates the
-// class, and creates nothing when it cannot.
-func TestProfileReconcilerExcludesBeforeCreatingClass(t *testing.T) {
-	p := gpuProfile("whole", gpuaas.ProfileSelector{Type: "gpu"})
-	c := newFakeClient(t, append(world(t), p)...)
-	var excluded []string
-	fail := true
-	r := &profileReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), resync: time.Minute, started: time.Now(),
-		beforeCreate: func(ctx context.Context, class string) error {
-			var dc resourceapi.DeviceClass
-			if err := c.Get(ctx, types.NamespacedName{Name: class}, &dc); err == nil {
-				t.Errorf("class %s exists before it was excluded", class)
-			}
-			excluded = append(excluded, class)
-			if fail {
-				return errors.New("apiserver away")
-			}
-			return nil
-		}}
-	req := reconcile.Request{NamespacedName: client.ObjectKey{Name: "whole"}}
-	if _, err := r.Reconcile(ctx(t), req); err == nil {
-		t.Fatal("reconciled although the exclusion failed")
-	}
-	if getClass(t, c, "whole") != nil {
-		t.Fatal("class created although the exclusion failed")
-	}
-	fail = false
-	if _, err := r.Reconcile(ctx(t), req); err != nil {
-		t.Fatal(err)
-	}
-	if getClass(t, c, "whole") == nil || strings.Join(excluded, ",") != "whole,whole" {
-		t.Fatalf("class %v, excluded %v", getClass(t, c, "whole"), excluded)
 	}
 }
 

@@ -63,20 +63,16 @@ var (
 		Name: "gpuaas_quota_ledger_errors_total",
 		Help: "Reads and writes of a quota book (the reservations every replica sees) that failed, other than losing a race to another replica; each fails its admissions closed.",
 	})
-	profileMatching  = profileGauge("gpuaas_profile_devices", "Published devices a GpuProfile selects.")
-	profileAllocated = profileGauge("gpuaas_profile_devices_allocated", "Devices of a GpuProfile allocated to claims.")
-	profileFree      = profileGauge("gpuaas_profile_devices_free", "Devices of a GpuProfile a claim could be given now: not allocated, and not blocked by what shares their GPU (counters of partitions, capacity of shares).")
 
 	tenantGauges = []*prometheus.GaugeVec{tenantUnitsUsed, tenantUnitsReserved, tenantUnitsBorrowed, tenantUnitsLimit,
 		tenantMemUsed, tenantMemReserved, tenantMemBorrowed, tenantMemLimit, tenantDevUsed, tenantDevReserved, tenantDevLimit}
-	profileGauges = []*prometheus.GaugeVec{profileMatching, profileAllocated, profileFree}
 
 	registerOnce sync.Once
 )
 
 func registerMetrics() {
 	registerOnce.Do(func() {
-		for _, g := range append(tenantGauges, profileGauges...) {
+		for _, g := range tenantGauges {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
 		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped,
@@ -107,10 +103,6 @@ func tenantGauge(name, help string) *prometheus.GaugeVec {
 
 func tenantProfileGauge(name, help string) *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"tenant", "profile"})
-}
-
-func profileGauge(name, help string) *prometheus.GaugeVec {
-	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"profile"})
 }
 
 // setTenantMetrics exports a tenant's usage and limits. Series that went
@@ -208,16 +200,4 @@ func deleteTenantMetrics(name string) {
 		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
 	}
 	profileSeries.forget(name)
-}
-
-func setProfileMetrics(name string, r ProfileReport) {
-	profileMatching.WithLabelValues(name).Set(float64(r.Matching))
-	profileAllocated.WithLabelValues(name).Set(float64(r.Allocated))
-	profileFree.WithLabelValues(name).Set(float64(r.Free))
-}
-
-func deleteProfileMetrics(name string) {
-	for _, v := range profileGauges {
-		v.DeletePartialMatch(prometheus.Labels{"profile": name})
-	}
 }

@@ -157,3 +157,11 @@ func usageOf(c quota.Charge) gpuaas.QuotaUsage {
 	}
 	return u
 }
+
+func condition(typ string, ok bool, reason, msg string) metav1.Condition {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}
+}

@@ -80,7 +80,7 @@ func (a *Accountant) planReclaim(ctx context.Context, held bookState, claim *res
 	owner := a.owners()
 	now := a.now()
 	for _, r := range held.entries {
-		if r.Reclaim && owner[r.Namespace] == adm.Tenant && now.Sub(r.At) < reservationGrace {
+		if r.Reclaim && owner[r.Namespace] == adm.Tenant && !r.lapsed(now) {
 			return nil, " Quota is being reclaimed for it from the cohort's unallocated claims: retried when they are gone."
 		}
 	}
@@ -120,7 +120,7 @@ type borrower struct {
 
 // reclaimCandidates are lender's cohort peers that borrow, with their
 // claims unallocated for longer than ReclaimAfter, as the cache shows them.
-func (a *Accountant) reclaimCandidates(ctx context.Context, cat *catalog, ten *tenancy, lender string) ([]*borrower, error) {
+func (a *Accountant) reclaimCandidates(ctx context.Context, cat *priceList, ten *tenancy, lender string) ([]*borrower, error) {
 	cohort := ten.tenants[lender].Cohort
 	cutoff := a.now().Add(-a.ReclaimAfter)
 	var out []*borrower
@@ -201,7 +201,7 @@ func pickVictims(borrowers []*borrower, need quota.Charge) ([]reclaimVictim, boo
 	var got dimVals
 	var victims []reclaimVictim
 	for _, c := range all {
-		if covered(got, want) {
+		if enough(got, want) {
 			break
 		}
 		d := dimsOf(c.v.charge)
@@ -212,10 +212,10 @@ func pickVictims(borrowers []*borrower, need quota.Charge) ([]reclaimVictim, boo
 		got = got.plus(d, bothDims)
 		c.b.borrowed = c.b.borrowed.minus(d, bothDims)
 	}
-	return victims, covered(got, want)
+	return victims, enough(got, want)
 }
 
-func covered(got, want dimVals) bool {
+func enough(got, want dimVals) bool {
 	return got[0].Cmp(want[0]) >= 0 && got[1].Cmp(want[1]) >= 0
 }
 

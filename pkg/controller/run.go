@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
@@ -58,6 +59,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return err
 	}
 	registerMetrics()
+	catalog.RegisterMetrics()
 	scheme, err := Scheme()
 	if err != nil {
 		return err
@@ -157,7 +159,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err != nil {
 		return fmt.Errorf("waiting for the gpuaas.io CRDs: %w", err)
 	}
-	err = mgr.GetFieldIndexer().IndexField(ctx, &resourceapi.ResourceClaim{}, indexClaimClasses, claimClasses)
+	err = mgr.GetFieldIndexer().IndexField(ctx, &resourceapi.ResourceClaim{}, catalog.IndexClaimClasses, catalog.ClaimClasses)
 	if err != nil {
 		return fmt.Errorf("indexing ResourceClaims: %w", err)
 	}
@@ -259,7 +261,7 @@ func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchCo
 		Watches(&resourceapi.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&resourceapi.ResourceSlice{}, delayed(statusDelay, allOf(profileNames(c)))).
 		Watches(&resourceapi.ResourceClaim{}, delayed(statusDelay, claimProfiles)).
-		Complete(&profileReconciler{client: c, acct: acct, resync: opts.Resync, started: time.Now(), beforeCreate: conditions.Exclude})
+		Complete(catalog.NewReconciler(c, acct, opts.Resync, time.Now(), conditions.Exclude))
 	if err != nil {
 		return fmt.Errorf("setting up GpuProfile controller: %w", err)
 	}
@@ -311,4 +313,18 @@ func metricsOptions(opts *Options) metricsserver.Options {
 		o.TLSOpts = []func(*tls.Config){webhookHTTP1Only}
 	}
 	return o
+}
+
+// ReleaseFinalizers is the chart's pre-delete hook (dra-controller
+// --release-finalizers): see catalog.ReleaseFinalizers.
+func ReleaseFinalizers(ctx context.Context, cfg *rest.Config) error {
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating client: %w", err)
+	}
+	return catalog.ReleaseFinalizers(ctx, c)
 }

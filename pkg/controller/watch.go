@@ -17,42 +17,22 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 )
-
-// indexClaimClasses indexes ResourceClaims by the DeviceClasses their
-// requests (and firstAvailable alternatives) name.
-const indexClaimClasses = "spec.devices.requests.deviceClassName"
-
-func claimClasses(obj client.Object) []string {
-	claim, ok := obj.(*resourceapi.ResourceClaim)
-	if !ok {
-		return nil
-	}
-	var out []string
-	for _, r := range claim.Spec.Devices.Requests {
-		if r.Exactly != nil {
-			out = append(out, r.Exactly.DeviceClassName)
-		}
-		for _, s := range r.FirstAvailable {
-			out = append(out, s.DeviceClassName)
-		}
-	}
-	return out
-}
 
 // watchChanges keeps the accountant's snapshots fresh and tells the nudger
 // when quota frees up. These handlers run on every replica, leader or not:
 // the webhook needs them everywhere.
 func watchChanges(ctx context.Context, c cache.Cache, acct *Accountant, n *nudger) error {
-	catalog := onAny(func(any) { acct.InvalidateCatalog() })
+	catalogChanged := onAny(func(any) { acct.InvalidateCatalog() })
 	tenancy := onAny(func(any) { acct.InvalidateTenancy() })
 	for _, w := range []struct {
 		obj client.Object
 		h   toolscache.ResourceEventHandler
 	}{
-		{&resourceapi.ResourceSlice{}, catalog},
-		{&resourceapi.DeviceClass{}, catalog},
-		{&gpuaas.GpuProfile{}, catalog},
+		{&resourceapi.ResourceSlice{}, catalogChanged},
+		{&resourceapi.DeviceClass{}, catalogChanged},
+		{&gpuaas.GpuProfile{}, catalogChanged},
 		{&corev1.Namespace{}, tenancy},
 		{&gpuaas.TenantQuota{}, quotaHandler(acct, n)},
 		{&resourceapi.ResourceClaim{}, claimHandler(acct, n)},
@@ -200,7 +180,7 @@ func quotaNames(c client.Reader) func(context.Context) ([]string, error) {
 // claimProfiles maps a claim to the profiles (= classes) it names.
 func claimProfiles(_ context.Context, obj client.Object) []reconcile.Request {
 	var reqs []reconcile.Request
-	for _, class := range claimClasses(obj) {
+	for _, class := range catalog.ClaimClasses(obj) {
 		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: class}})
 	}
 	return reqs

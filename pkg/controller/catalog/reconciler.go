@@ -1,4 +1,4 @@
-package controller
+package catalog
 
 import (
 	"context"
@@ -23,21 +23,53 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
 )
 
-// profileReconciler keeps each GpuProfile's DeviceClass as the profile
-// says (hand edits are reverted), removes a disabled profile's class once no
-// claim uses it, and reports matching, allocated and free devices.
-type profileReconciler struct {
+// Devices is what the catalog reads of the quota books: the devices a
+// profile's class selects, and the MIG profiles nodes publish. The books'
+// Accountant answers it from its pricing snapshot; the catalog needs
+// nothing else of them.
+type Devices interface {
+	// ProfileDevices counts the published devices the selectors (a
+	// class's) select, and how many of them claims hold.
+	ProfileDevices(ctx context.Context, selectors []string) (ProfileReport, error)
+	// PublishedMigProfiles are the MIG profile names nodes publish.
+	PublishedMigProfiles(ctx context.Context) (map[string]bool, error)
+}
+
+// ProfileReport is what the profile reconciler writes to a GpuProfile's
+// status.
+type ProfileReport struct {
+	Matching, Allocated int
+	// Free counts the matching devices a claim could be given now: not
+	// allocated, and not blocked by what shares their GPU (a whole GPU
+	// whose MIG partition is taken, a share device with no room left).
+	Free int
+}
+
+// Reconciler keeps each GpuProfile's DeviceClass as the profile says (hand
+// edits are reverted), removes a disabled profile's class once no claim
+// uses it, and reports matching, allocated and free devices.
+type Reconciler struct {
 	client  client.Client
-	acct    *Accountant
+	devices Devices
 	resync  time.Duration
 	started time.Time // see released
 	// beforeCreate runs before a DeviceClass is created and must succeed:
 	// it takes the name off the claim webhooks' foreign classes, so no
-	// claim naming a class of ours skips the webhook (matchconditions.go).
+	// claim naming a class of ours skips the webhook.
 	beforeCreate func(ctx context.Context, class string) error
 }
 
-func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+// NewReconciler reconciles profiles through c (the manager's client, whose
+// cache indexes claims by IndexClaimClasses), counting devices with
+// devices, every resync; started is when this controller started (see
+// released); beforeCreate, if set, runs before a DeviceClass is created and
+// must succeed.
+func NewReconciler(c client.Client, devices Devices, resync time.Duration, started time.Time,
+	beforeCreate func(ctx context.Context, class string) error) *Reconciler {
+	return &Reconciler{client: c, devices: devices, resync: resync, started: started, beforeCreate: beforeCreate}
+}
+
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var p gpuaas.GpuProfile
 	if err := r.client.Get(ctx, req.NamespacedName, &p); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -60,7 +92,7 @@ func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	ready.ObservedGeneration = p.Generation
 	meta.SetStatusCondition(&status.Conditions, ready)
-	report, rerr := r.acct.ProfileDevices(ctx, deviceclass.Selectors(&p.Spec.Selector))
+	report, rerr := r.devices.ProfileDevices(ctx, deviceclass.Selectors(&p.Spec.Selector))
 	if rerr != nil {
 		return reconcile.Result{}, rerr
 	}
@@ -76,7 +108,7 @@ func (r *profileReconciler) Reconcile(ctx context.Context, req reconcile.Request
 // syncClass brings the DeviceClass in line and returns the Ready condition.
 // An invalid profile leaves an existing class alone: claims already using it
 // keep working while the admin fixes the profile.
-func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) (metav1.Condition, error) {
+func (r *Reconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) (metav1.Condition, error) {
 	have, err := r.getClass(ctx, p.Name)
 	if err != nil {
 		return metav1.Condition{}, err
@@ -89,7 +121,7 @@ func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile,
 	if have != nil {
 		status.DeviceClassName = have.Name
 	}
-	migs, err := r.acct.PublishedMigProfiles(ctx)
+	migs, err := r.devices.PublishedMigProfiles(ctx)
 	if err != nil {
 		return metav1.Condition{}, err
 	}
@@ -110,7 +142,7 @@ func (r *profileReconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile,
 // addFinalizer makes a later deletion wait for the drain (drainDeleted),
 // unless the chart's uninstall released the profile after this controller
 // started (ReleasedAnnotation): the controller is going away with it.
-func (r *profileReconciler) addFinalizer(ctx context.Context, p *gpuaas.GpuProfile) error {
+func (r *Reconciler) addFinalizer(ctx context.Context, p *gpuaas.GpuProfile) error {
 	if controllerutil.ContainsFinalizer(p, gpuaas.DrainFinalizer) || r.released(p) {
 		return nil
 	}
@@ -123,14 +155,14 @@ func (r *profileReconciler) addFinalizer(ctx context.Context, p *gpuaas.GpuProfi
 	return nil
 }
 
-func (r *profileReconciler) released(p *gpuaas.GpuProfile) bool {
+func (r *Reconciler) released(p *gpuaas.GpuProfile) bool {
 	at, err := time.Parse(time.RFC3339, p.Annotations[gpuaas.ReleasedAnnotation])
 	return err == nil && !at.Before(r.started.Truncate(time.Second))
 }
 
 // drainDeleted treats a deleted profile like a disabled one: its class
 // stays while claims name it, then goes, and only then does the profile.
-func (r *profileReconciler) drainDeleted(ctx context.Context, p *gpuaas.GpuProfile) (reconcile.Result, error) {
+func (r *Reconciler) drainDeleted(ctx context.Context, p *gpuaas.GpuProfile) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(p, gpuaas.DrainFinalizer) {
 		return reconcile.Result{}, nil
 	}
@@ -159,7 +191,7 @@ func (r *profileReconciler) drainDeleted(ctx context.Context, p *gpuaas.GpuProfi
 	return reconcile.Result{}, nil
 }
 
-func (r *profileReconciler) getClass(ctx context.Context, name string) (*resourceapi.DeviceClass, error) {
+func (r *Reconciler) getClass(ctx context.Context, name string) (*resourceapi.DeviceClass, error) {
 	var dc resourceapi.DeviceClass
 	err := r.client.Get(ctx, types.NamespacedName{Name: name}, &dc)
 	if apierrors.IsNotFound(err) {
@@ -177,7 +209,7 @@ func ownedBy(dc *resourceapi.DeviceClass, p *gpuaas.GpuProfile) bool {
 }
 
 // apply creates the class or reverts it to what the profile renders.
-func (r *profileReconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) error {
+func (r *Reconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) error {
 	logger := klog.FromContext(ctx)
 	if have == nil {
 		if r.beforeCreate != nil {
@@ -261,13 +293,13 @@ func without(m map[string]string, keys ...string) map[string]string {
 
 // disable removes the class of a disabled (or deleted: why) profile once
 // no claim names it; until then pending claims can still be allocated.
-func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, have *resourceapi.DeviceClass,
+func (r *Reconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, have *resourceapi.DeviceClass,
 	status *gpuaas.GpuProfileStatus, why string) (metav1.Condition, error) {
 	if have == nil {
 		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile "+why+"; it has no DeviceClass"), nil
 	}
 	var claims resourceapi.ResourceClaimList
-	if err := r.client.List(ctx, &claims, client.MatchingFields{indexClaimClasses: p.Name}); err != nil {
+	if err := r.client.List(ctx, &claims, client.MatchingFields{IndexClaimClasses: p.Name}); err != nil {
 		return metav1.Condition{}, fmt.Errorf("listing claims of DeviceClass %s: %w", p.Name, err)
 	}
 	if n := len(claims.Items); n > 0 {
@@ -283,7 +315,7 @@ func (r *profileReconciler) disable(ctx context.Context, p *gpuaas.GpuProfile, h
 	return condition(gpuaas.ConditionReady, false, gpuaas.ReasonDisabled, "profile "+why+"; its DeviceClass was removed"), nil
 }
 
-func (r *profileReconciler) updateStatus(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) error {
+func (r *Reconciler) updateStatus(ctx context.Context, p *gpuaas.GpuProfile, status *gpuaas.GpuProfileStatus) error {
 	if equality.Semantic.DeepEqual(&p.Status, status) {
 		return nil
 	}
@@ -306,4 +338,27 @@ func condition(typ string, ok bool, reason, msg string) metav1.Condition {
 		status = metav1.ConditionTrue
 	}
 	return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}
+}
+
+// IndexClaimClasses indexes ResourceClaims by the DeviceClasses their
+// requests (and firstAvailable alternatives) name; the reconciler lists a
+// class's claims by it.
+const IndexClaimClasses = "spec.devices.requests.deviceClassName"
+
+// ClaimClasses is the IndexClaimClasses index function.
+func ClaimClasses(obj client.Object) []string {
+	claim, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, r := range claim.Spec.Devices.Requests {
+		if r.Exactly != nil {
+			out = append(out, r.Exactly.DeviceClassName)
+		}
+		for _, s := range r.FirstAvailable {
+			out = append(out, s.DeviceClassName)
+		}
+	}
+	return out
 }

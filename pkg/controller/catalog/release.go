@@ -1,11 +1,10 @@
-package controller
+package catalog
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -20,15 +19,7 @@ import (
 // fails on them. Each profile loses the finalizer and is marked released,
 // so the controller still running during the uninstall does not add it
 // back.
-func ReleaseFinalizers(ctx context.Context, cfg *rest.Config) error {
-	scheme, err := Scheme()
-	if err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
-	}
+func ReleaseFinalizers(ctx context.Context, c client.Client) error {
 	n, err := releaseFinalizers(ctx, c, time.Now())
 	if err != nil {
 		return err

@@ -1,0 +1,7 @@
+package catalog
+
+// Exported for the tests of package catalog_test.
+var (
+	OwnedBy             = ownedBy
+	ReleaseFinalizersAt = releaseFinalizers
+)
