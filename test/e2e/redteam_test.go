@@ -88,6 +88,10 @@ var redTeamRoutes = []redTeamRoute{
 	// peer's idle unit), then fails AlreadyExists; each reservation held
 	// the peer's unit for 35 s with nothing in the API.
 	{name: "RerunCreateHoldsQuota", attack: attackRerunCreate},
+	// Issue 26 item 4: a second controller replica whose ResourceClaim
+	// watch lags admits what the first one stopped reserving because its
+	// own cache showed it (redteam_replicas_test.go).
+	{name: "LaggingReplica", attack: attackLaggingReplica},
 }
 
 // redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:
@@ -104,6 +108,11 @@ type redTeamEnv struct {
 	spanning     string // a DeviceClass of every kind of device
 	attacker     *framework.Tenant
 	attackerDyn  dynamic.Interface
+	// webhook is the address the API server calls the webhook at,
+	// relayed to replica A, the controller whose options replicaA are:
+	// LaggingReplica puts a second replica behind it.
+	webhook  *framework.TCPSwitch
+	replicaA controller.Options
 }
 
 // claims are the attacker's ResourceClaims client.
@@ -115,12 +124,19 @@ func TestRedTeam(t *testing.T) {
 	startNode(t)
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
+	webhook := redTeamWebhookSwitch(t)
+	var replicaA controller.Options
 	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges)},
-		func(o *controller.Options) { o.ReclaimUnallocatedAfter = redTeamReclaimAfter })
+		func(o *controller.Options) {
+			o.ReclaimUnallocatedAfter = redTeamReclaimAfter
+			asReplicaBehind(o, webhook)
+			replicaA = *o
+		})
 	spanning := spanningClass(t)
 	for _, route := range redTeamRoutes {
 		t.Run(route.name, func(t *testing.T) {
 			env := newRedTeamEnv(t, spanning)
+			env.webhook, env.replicaA = webhook, replicaA
 			ctx := framework.Context(t, 5*time.Minute)
 			route.attack(t, ctx, env)
 			env.checkContained(t, ctx)
