@@ -142,11 +142,11 @@ func TestReplicaAndWholeClaimsOnALostGPUAreUnprepared(t *testing.T) {
 	var replica, whole string
 	for _, d := range e.devices {
 		switch {
-		case d.GPU.Index == 1 && d.Type == TypeTimeSlice && replica == "":
+		case d.GPU.Index == 1 && d.Type() == TypeTimeSlice && replica == "":
 			replica = d.Name()
-		case d.GPU.Index == 1 && d.Type == TypeGPU:
+		case d.GPU.Index == 1 && d.Type() == TypeGPU:
 			t.Fatalf("GPU 1 offered whole too: %s", d.Name())
-		case d.GPU.Index == 3 && d.Type == TypeGPU:
+		case d.GPU.Index == 3 && d.Type() == TypeGPU:
 			whole = d.Name()
 		}
 	}

@@ -97,7 +97,7 @@ func BenchmarkPrepareUnprepareDynamicMIG(b *testing.B) {
 	e := newTestEnvWith(b, "dgxh100", dynamicAll())
 	var name string
 	for _, d := range e.devices {
-		if d.Partition != nil && d.Partition.Profile.Name == "1g.10gb" {
+		if d.Partition() != nil && d.Partition().Profile.Name == "1g.10gb" {
 			name = d.Name()
 			break
 		}

@@ -336,13 +336,13 @@ func (h *crashHarness) claimOfKind(uid types.UID, kind string) *resourceapi.Reso
 func (h *crashHarness) fits(kind string, d *AllocatableDevice) bool {
 	switch {
 	case kind == "share":
-		return d.Type == TypeShared
-	case kind == "whole" && (d.Type != TypeGPU || d.Mode != ""),
-		kind == "static MIG" && d.Static == nil,
-		kind == "dynamic MIG" && d.Partition == nil,
-		kind == "dynamic whole" && (d.Type != TypeGPU || d.Mode != configapi.MigDynamic),
-		kind == "replica" && (d.Type != TypeTimeSlice || d.GPU.Index != 4),
-		kind == "MPS" && (d.Type != TypeTimeSlice || d.GPU.Index != 6):
+		return d.Type() == TypeShared
+	case kind == "whole" && (d.Type() != TypeGPU || d.onDynamicMIG()),
+		kind == "static MIG" && d.staticInstance() == nil,
+		kind == "dynamic MIG" && d.Partition() == nil,
+		kind == "dynamic whole" && (d.Type() != TypeGPU || !d.onDynamicMIG()),
+		kind == "replica" && (d.Type() != TypeTimeSlice || d.GPU.Index != 4),
+		kind == "MPS" && (d.Type() != TypeTimeSlice || d.GPU.Index != 6):
 		return false
 	}
 	return h.free(d)
@@ -364,7 +364,7 @@ func (h *crashHarness) free(d *AllocatableDevice) bool {
 			}
 		}
 	}
-	if d.Partition == nil && d.Mode != configapi.MigDynamic {
+	if !d.onDynamicMIG() {
 		return true
 	}
 	// A whole GPU offered in dynamic mode consumes every counter: it fits
@@ -374,7 +374,7 @@ func (h *crashHarness) free(d *AllocatableDevice) bool {
 
 func (h *crashHarness) wholeGPU(index int) *AllocatableDevice {
 	for i, d := range h.e.devices {
-		if d.Type == TypeGPU && d.GPU.Index == index {
+		if d.Type() == TypeGPU && d.GPU.Index == index {
 			return &h.e.devices[i]
 		}
 	}

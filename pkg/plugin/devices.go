@@ -33,42 +33,43 @@ const (
 
 // AllocatableDevice is one device the plugin publishes and can prepare.
 type AllocatableDevice struct {
-	// Type says how the device maps onto its GPU.
-	Type DeviceType
 	// GPU is the physical GPU the device lives on; its UUID is the lock key.
 	GPU nvdev.GPU
-	// Mode is the GPU's MIG strategy ("" when offered whole).
-	Mode configapi.MigStrategy
 	// API is the device as published in the ResourceSlice.
 	API resourceapi.Device
-	// Partition is the MIG device prepare creates (dynamic MIG).
-	Partition *mig.Partition
-	// Static is the existing MIG device (static MIG).
-	Static *mig.Instance
-	// TimeSlicing is the GPU's mode when the device is a replica.
-	TimeSlicing *configapi.TimeSlicingMode
-	// Sharing are the GPU's settings when the device is a replica or a
-	// share (the node configuration's; claims cannot change them).
-	Sharing *timeslice.Settings
+	// kind is how the device maps onto its GPU, and what preparing it
+	// does (kinds.go).
+	kind deviceKind
 }
+
+// Type says how the device maps onto its GPU.
+func (d *AllocatableDevice) Type() DeviceType { return d.kind.Type() }
 
 // multiAllocatable reports whether several claims may hold the device.
 func (d *AllocatableDevice) multiAllocatable() bool {
 	return d.API.AllowMultipleAllocations != nil && *d.API.AllowMultipleAllocations
 }
 
-// modeName is the GPU's mode as recorded in the checkpoint, so a restart
-// keeps a busy GPU's mode: "" whole, "static"/"dynamic" MIG,
-// "timeSlicing/<replicas>", "shared", with "/MPS" or "/<interval>" when
-// the GPU's sharing settings are not the default.
-func (d *AllocatableDevice) modeName() string {
-	switch d.Type {
-	case TypeTimeSlice:
-		return fmt.Sprintf("%s/%d", modeTimeSlicing, d.TimeSlicing.Replicas) + settingsSuffix(*d.Sharing)
-	case TypeShared:
-		return modeShared + settingsSuffix(*d.Sharing)
+// onDynamicMIG reports whether the device is of a dynamic-MIG GPU: one of
+// its MIG devices, or the GPU whole.
+func (d *AllocatableDevice) onDynamicMIG() bool {
+	return d.kind.modeName() == string(configapi.MigDynamic)
+}
+
+// Partition is the MIG device prepare creates; nil but for dynamic MIG.
+func (d *AllocatableDevice) Partition() *mig.Partition {
+	if k, ok := d.kind.(dynamicMIG); ok {
+		return k.part
 	}
-	return string(d.Mode)
+	return nil
+}
+
+// staticInstance is the existing MIG device; nil but for static MIG.
+func (d *AllocatableDevice) staticInstance() *mig.Instance {
+	if k, ok := d.kind.(staticMIG); ok {
+		return k.inst
+	}
+	return nil
 }
 
 // Name is the device's name in its pool.
@@ -84,8 +85,8 @@ func WholeGPUDevice(gpu nvdev.GPU, sys nvdev.SystemInfo) AllocatableDevice {
 	attrs := gpuAttributes(gpu, sys)
 	attrs["type"] = stringAttr(string(TypeGPU))
 	return AllocatableDevice{
-		Type: TypeGPU,
 		GPU:  gpu,
+		kind: wholeGPU{},
 		API: resourceapi.Device{
 			Name:       GPUDeviceName(gpu.Index),
 			Attributes: attrs,

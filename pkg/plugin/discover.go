@@ -128,7 +128,7 @@ func (inv *Inventory) addStatic(lib nvdev.Interface, gpu nvdev.GPU) error {
 	}
 	totals, set := mig.Totals(profiles), inv.unitSet(gpu)
 	for i := range insts {
-		inv.add(AllocatableDevice{Type: TypeMIG, GPU: gpu, Mode: configapi.MigStatic, Static: &insts[i],
+		inv.add(AllocatableDevice{GPU: gpu, kind: staticMIG{inst: &insts[i]},
 			API: mig.StaticDevice(parentOf(gpu, lib.System()), ps[i], insts[i], totals, set)})
 	}
 	return nil
@@ -164,13 +164,13 @@ func (inv *Inventory) addDynamic(lib nvdev.Interface, gpu nvdev.GPU, mode config
 	if toggles {
 		// Hopper and newer switch MIG off for a whole-GPU claim at once.
 		whole := WholeGPUDevice(gpu, lib.System())
-		whole.Mode = configapi.MigDynamic
+		whole.kind = dynamicWholeGPU{}
 		whole.API.ConsumesCounters = layout.WholeGPU
 		inv.add(whole)
 	}
 	for i := range layout.Partitions {
 		part := &layout.Partitions[i]
-		inv.add(AllocatableDevice{Type: TypeMIG, GPU: gpu, Mode: configapi.MigDynamic, Partition: part, API: part.Device})
+		inv.add(AllocatableDevice{GPU: gpu, kind: dynamicMIG{part: part}, API: part.Device})
 	}
 	inv.ownSlice[len(inv.Devices)] = true // whatever follows starts anew
 	return nil
@@ -200,8 +200,7 @@ func sharingParent(gpu nvdev.GPU, sys nvdev.SystemInfo) timeslice.Parent {
 func (inv *Inventory) addReplicas(lib nvdev.Interface, gpu nvdev.GPU, mode configapi.TimeSlicingMode) {
 	units := mig.MilliunitsConsumption(inv.unitSet(gpu), timeslice.ReplicaShare(mig.GPUMilliunits, mode.Replicas))
 	for _, api := range timeslice.ReplicaDevices(sharingParent(gpu, lib.System()), mode, units) {
-		set := timeslice.GPUSettings(mode.Strategy, mode.Interval)
-		inv.add(AllocatableDevice{Type: TypeTimeSlice, GPU: gpu, API: api, TimeSlicing: &mode, Sharing: &set})
+		inv.add(AllocatableDevice{GPU: gpu, API: api, kind: replicaOf(mode)})
 	}
 }
 
@@ -215,7 +214,6 @@ func (inv *Inventory) addShared(lib nvdev.Interface, gpu nvdev.GPU, mode configa
 	if err := timeslice.ValidateShared(parent, mode); err != nil {
 		return err
 	}
-	set := timeslice.GPUSettings(mode.Strategy, "")
-	inv.add(AllocatableDevice{Type: TypeShared, GPU: gpu, API: timeslice.SharedDevice(parent, mode), Sharing: &set})
+	inv.add(AllocatableDevice{GPU: gpu, API: timeslice.SharedDevice(parent, mode), kind: sharedGPU(mode)})
 	return nil
 }

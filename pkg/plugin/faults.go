@@ -24,15 +24,7 @@ type noFaults struct{}
 func (noFaults) SetCleanupBlocked(context.Context, string, *health.MIGScope, error) {}
 
 // migScope is the MIG device a device stands for, nil for the others.
-func (d *AllocatableDevice) migScope() *health.MIGScope {
-	switch {
-	case d.Partition != nil:
-		return &health.MIGScope{GIProfileID: d.Partition.Profile.GIProfileID, Placement: d.Partition.Placement}
-	case d.Static != nil:
-		return &health.MIGScope{GIProfileID: d.Static.GIProfileID, Placement: d.Static.Placement, GIID: d.Static.GIID}
-	}
-	return nil
-}
+func (d *AllocatableDevice) migScope() *health.MIGScope { return d.kind.migScope() }
 
 // faultsOf returns the faults that concern dev: those of its GPU as a
 // whole, and those of its own MIG device. A fault of one MIG device does

@@ -46,7 +46,7 @@ func TestGPUFaultTaintsEveryDeviceOfItsGPU(t *testing.T) {
 			if d.GPU.UUID == gpu.UUID {
 				want++
 				if !got[d.Name()] {
-					t.Errorf("GPU %d: device %s (%s) not tainted", index, d.Name(), d.Type)
+					t.Errorf("GPU %d: device %s (%s) not tainted", index, d.Name(), d.Type())
 				}
 			}
 		}
@@ -63,13 +63,13 @@ func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
 	var target AllocatableDevice
 	for _, d := range e.devices {
-		if d.Partition != nil && d.Partition.Profile.Name == "1g.10gb" {
+		if d.Partition() != nil && d.Partition().Profile.Name == "1g.10gb" {
 			target = d
 			break
 		}
 	}
 	fault := health.Fault{Kind: health.KindXID, Value: "94", GPU: target.GPU.UUID, Effect: resourceapi.DeviceTaintEffectNoSchedule,
-		MIG: &health.MIGScope{GIProfileID: target.Partition.Profile.GIProfileID, Placement: target.Partition.Placement}}
+		MIG: &health.MIGScope{GIProfileID: target.Partition().Profile.GIProfileID, Placement: target.Partition().Placement}}
 	inv := Inventory{Devices: e.devices}
 	got := tainted(inv.withFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
 	if len(got) != 1 || !got[target.Name()] {

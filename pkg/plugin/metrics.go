@@ -114,7 +114,7 @@ func (m *Metrics) setPublished(devices []AllocatableDevice) {
 	m.publishedDevices.Reset()
 	counts := map[DeviceType]int{}
 	for _, d := range devices {
-		counts[d.Type]++
+		counts[d.Type()]++
 	}
 	for t, n := range counts {
 		m.publishedDevices.WithLabelValues(string(t)).Set(float64(n))

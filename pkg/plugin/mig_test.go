@@ -36,7 +36,7 @@ func (e *testEnv) migDevices(t *testing.T, gpuIndex int) []mig.Instance {
 func (e *testEnv) partition(t *testing.T, gpuIndex int, profile string) string {
 	t.Helper()
 	for _, d := range e.devices {
-		if d.Partition != nil && d.GPU.Index == gpuIndex && d.Partition.Profile.Name == profile {
+		if d.Partition() != nil && d.GPU.Index == gpuIndex && d.Partition().Profile.Name == profile {
 			return d.Name()
 		}
 	}
@@ -142,13 +142,13 @@ func TestDynamicMIGRollbackOnFailure(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicAll())
 	var a, b string
 	for _, d := range e.devices {
-		if d.Partition == nil || d.GPU.Index != 1 {
+		if d.Partition() == nil || d.GPU.Index != 1 {
 			continue
 		}
-		if d.Partition.Profile.Name == "7g.80gb" {
+		if d.Partition().Profile.Name == "7g.80gb" {
 			a = d.Name()
 		}
-		if d.Partition.Profile.Name == "1g.10gb" && b == "" {
+		if d.Partition().Profile.Name == "1g.10gb" && b == "" {
 			b = d.Name()
 		}
 	}
@@ -239,7 +239,7 @@ func TestStaticMIGIsNeverCreatedOrDestroyed(t *testing.T) {
 	var static string
 	for _, d := range e.devices {
 		if d.GPU.Index == 6 {
-			if d.Static == nil {
+			if d.staticInstance() == nil {
 				t.Fatalf("GPU 6 offers %s, want only its existing MIG device", d.Name())
 			}
 			static = d.Name()
@@ -264,8 +264,8 @@ func TestAmpereDynamicWithoutAdminFallsBackToWhole(t *testing.T) {
 	for _, d := range e.devices {
 		// A whole GPU consumes only its milliunits, from its unit-only set.
 		units := mig.MilliunitsConsumption(mig.CounterSetName(d.GPU.Index), mig.GPUMilliunits)
-		if d.Type != TypeGPU || d.Mode != "" || !reflect.DeepEqual(d.API.ConsumesCounters, units) {
-			t.Fatalf("A100 with MIG off offered %s (mode %q, consuming %v) under dynamic MIG; want whole GPUs", d.Name(), d.Mode, d.API.ConsumesCounters)
+		if d.Type() != TypeGPU || d.kind.modeName() != "" || !reflect.DeepEqual(d.API.ConsumesCounters, units) {
+			t.Fatalf("A100 with MIG off offered %s (mode %q, consuming %v) under dynamic MIG; want whole GPUs", d.Name(), d.kind.modeName(), d.API.ConsumesCounters)
 		}
 	}
 	if len(e.devices) != 8 {
@@ -282,11 +282,11 @@ func TestModeChangeOfBusyGPUIsRefused(t *testing.T) {
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
 	cfg := pinModes(logger, &configapi.NodeConfig{}, e.lib.GPUs(), records) // admin asks for "whole" everywhere
 	inv := Discover(logger, e.lib, cfg)
-	modes := map[int]configapi.MigStrategy{}
+	modes := map[int]string{}
 	for _, d := range inv.Devices {
-		modes[d.GPU.Index] = d.Mode
+		modes[d.GPU.Index] = d.kind.modeName()
 	}
-	if modes[0] != configapi.MigDynamic || modes[1] != "" {
+	if modes[0] != string(configapi.MigDynamic) || modes[1] != "" {
 		t.Errorf("modes after the change = %v, want GPU 0 kept dynamic, GPU 1 whole", modes)
 	}
 }

@@ -152,7 +152,7 @@ func TestRetriedPrepareUndoesMIGInstanceOfKilledAttempt(t *testing.T) {
 func TestFailedCreateLeavesOthersMIGDevice(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicAll())
 	name := e.partition(t, 2, "1g.10gb")
-	admin := e.adminMIG(t, 2, e.device(name).Partition.Profile, e.device(name).Partition.Placement)
+	admin := e.adminMIG(t, 2, e.device(name).Partition().Profile, e.device(name).Partition().Placement)
 	claim := newClaim("k").device("mig", name).build()
 	if _, err := e.state.Prepare(e.ctx, claim); err == nil {
 		t.Fatal("prepared a MIG device on an occupied placement")
@@ -181,7 +181,7 @@ func (e *testEnv) adminMIG(t *testing.T, index int, p mig.Profile, pl mig.Placem
 func (e *testEnv) partitionAt(t *testing.T, index int, profile string, start int) *AllocatableDevice {
 	t.Helper()
 	for i, d := range e.devices {
-		if p := d.Partition; p != nil && d.GPU.Index == index && p.Profile.Name == profile && p.Placement.Start == start {
+		if p := d.Partition(); p != nil && d.GPU.Index == index && p.Profile.Name == profile && p.Placement.Start == start {
 			return &e.devices[i]
 		}
 	}
@@ -199,13 +199,13 @@ func TestRestoreWithholdsPlacementsOfUnownedMIG(t *testing.T) {
 		t.Fatal(err)
 	}
 	two := e.partitionAt(t, 3, "2g.20gb", 0)
-	admin := e.adminMIG(t, 3, two.Partition.Profile, two.Partition.Placement)
+	admin := e.adminMIG(t, 3, two.Partition().Profile, two.Partition().Placement)
 	e.killDuringCreate(t, 3, afterGPUInstance) // a bare GPU instance at slice 4
-	one := e.partitionAt(t, 3, "1g.10gb", 4).Partition
+	one := e.partitionAt(t, 3, "1g.10gb", 4).Partition()
 	if !killedDuring(func() { _, _ = mig.Create(e.mockGPU(t, 3), one.Profile, one.Placement) }) {
 		t.Fatal("no bare GPU instance made")
 	}
-	full := e.partitionAt(t, 5, "7g.80gb", 0).Partition
+	full := e.partitionAt(t, 5, "7g.80gb", 0).Partition()
 	e.adminMIG(t, 5, full.Profile, full.Placement)
 
 	s := restartWith(t, e, owned)
@@ -247,7 +247,7 @@ func checkWithheld(t *testing.T, e *testEnv, inv Inventory) {
 		published[d.Name()] = true
 	}
 	for _, d := range e.devices {
-		p := d.Partition
+		p := d.Partition()
 		occupied := p != nil && d.GPU.Index == 3 && (p.Placement.Overlaps(mig.Placement{Start: 0, Size: 2}) || p.Placement.Overlaps(mig.Placement{Start: 4, Size: 1}))
 		want := !occupied && d.Name() != GPUDeviceName(3) && d.GPU.Index != 5
 		if published[d.Name()] != want {

@@ -23,8 +23,8 @@ func TestDiscoverOffersOnlyTheListedMIGProfiles(t *testing.T) {
 	some := Discover(klog.Background(), e.lib, migProfilesOnly("1g.10gb", "7g.80gb"))
 	profiles := map[string]int{}
 	for _, d := range some.Devices {
-		if d.Partition != nil {
-			profiles[d.Partition.Profile.Name]++
+		if d.Partition() != nil {
+			profiles[d.Partition().Profile.Name]++
 		}
 	}
 	// 8 GPUs: 7 placements of 1g.10gb and 1 of 7g.80gb each.
@@ -39,7 +39,7 @@ func TestDiscoverOffersOnlyTheListedMIGProfiles(t *testing.T) {
 	}
 	bad := Discover(klog.Background(), e.lib, migProfilesOnly("1g.10gb", "9g.99gb"))
 	for _, d := range bad.Devices {
-		if d.Partition != nil {
+		if d.Partition() != nil {
 			t.Fatalf("a GPU without profile 9g.99gb offers MIG device %s", d.API.Name)
 		}
 	}

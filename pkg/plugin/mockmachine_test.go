@@ -78,8 +78,8 @@ func TestPersistentMockMachineReboot(t *testing.T) {
 	}
 	restartWith(t, e, claim)
 	now := e.migDevices(t, 2)
-	if len(now) != 1 || now[0].Profile != "2g.20gb" || now[0].Placement != part.Partition.Placement {
-		t.Fatalf("after the restart: %+v, want one 2g.20gb at %+v", now, part.Partition.Placement)
+	if len(now) != 1 || now[0].Profile != "2g.20gb" || now[0].Placement != part.Partition().Placement {
+		t.Fatalf("after the restart: %+v, want one 2g.20gb at %+v", now, part.Partition().Placement)
 	}
 	rec := e.record(t, "m")
 	if rec.BootID != bootID || rec.Devices[0].CreatedMIG == nil || rec.Devices[0].CreatedMIG.UUID != now[0].UUID {

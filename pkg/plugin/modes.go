@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"cmp"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -13,7 +12,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Recorded names of the sharing modes (see AllocatableDevice.modeName).
+// Recorded names of the sharing modes (see deviceKind.modeName).
 const (
 	modeTimeSlicing = "timeSlicing"
 	modeShared      = "shared"
@@ -61,10 +60,9 @@ func pinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 func configuredMode(m configapi.GpuMode) string {
 	switch {
 	case m.TimeSlicing != nil:
-		return fmt.Sprintf("%s/%d", modeTimeSlicing, m.TimeSlicing.Replicas) +
-			settingsSuffix(timeslice.GPUSettings(m.TimeSlicing.Strategy, m.TimeSlicing.Interval))
+		return replicaOf(*m.TimeSlicing).modeName()
 	case m.Shared != nil:
-		return modeShared + settingsSuffix(timeslice.GPUSettings(m.Shared.Strategy, ""))
+		return sharedGPU(*m.Shared).modeName()
 	}
 	return string(m.MIG)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -110,7 +109,7 @@ func (inv Inventory) withoutCounters() (Inventory, []string, int) {
 		had := len(d.API.ConsumesCounters) > 0
 		// d is a copy: the consumption is replaced, never changed in place.
 		d.API.ConsumesCounters = mig.WithoutMilliunits(d.API.ConsumesCounters)
-		if d.Mode == configapi.MigDynamic || len(d.API.ConsumesCounters) > 0 {
+		if d.onDynamicMIG() || len(d.API.ConsumesCounters) > 0 {
 			gpus = append(gpus, d.GPU.UUID)
 			continue
 		}
@@ -138,7 +137,7 @@ func (inv Inventory) deferPlacements() Inventory {
 	newSlice := false // a moved device's slice start passes to the next
 	for i, d := range inv.Devices {
 		newSlice = newSlice || inv.ownSlice[i]
-		if l := inv.layouts[d.GPU.UUID]; d.Mode == configapi.MigDynamic && d.Partition != nil && l != nil && l.Deferred(*d.Partition) {
+		if l, part := inv.layouts[d.GPU.UUID], d.Partition(); part != nil && l != nil && l.Deferred(*part) {
 			deferred = append(deferred, d)
 			continue
 		}

@@ -141,9 +141,6 @@ func (s *State) reestablish(ctx context.Context, rec *checkpoint.Claim) error {
 	if err := s.setUpAll(ctx, plan, rec); err != nil {
 		return err
 	}
-	if err := s.acquireSharing(ctx, plan, rec); err != nil {
-		return err
-	}
 	if err := s.writeSpec(plan, rec); err != nil {
 		return err
 	}

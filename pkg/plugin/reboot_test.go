@@ -77,8 +77,8 @@ func TestRebootRecreatesDynamicMIG(t *testing.T) {
 	e.rebootMachine(t, dynamicAll(), false)
 	s := restartWith(t, e, claim)
 	now := e.migDevices(t, 2)
-	if len(now) != 1 || now[0].Profile != "2g.20gb" || now[0].Placement != part.Partition.Placement {
-		t.Fatalf("MIG devices after the reboot: %+v; want one 2g.20gb at %+v", now, part.Partition.Placement)
+	if len(now) != 1 || now[0].Profile != "2g.20gb" || now[0].Placement != part.Partition().Placement {
+		t.Fatalf("MIG devices after the reboot: %+v; want one 2g.20gb at %+v", now, part.Partition().Placement)
 	}
 	if rec := e.record(t, "m"); rec.State != checkpoint.PrepareCompleted || rec.Devices[0].CreatedMIG == nil ||
 		rec.Devices[0].CreatedMIG.UUID != now[0].UUID || rec.BootID != "boot-2" {
@@ -205,7 +205,7 @@ func TestRebootWithPlacementTakenFailsPrepareClearly(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.rebootMachine(t, dynamicAll(), false)
-	admin := e.adminMIG(t, 2, part.Partition.Profile, part.Partition.Placement)
+	admin := e.adminMIG(t, 2, part.Partition().Profile, part.Partition().Placement)
 	s := restartWith(t, e, claim)
 	if e.cdiSpecExists("m") || e.record(t, "m").State != checkpoint.PrepareLost {
 		t.Errorf("spec kept %v, record %+v; want no spec and the claim recorded as lost", e.cdiSpecExists("m"), e.record(t, "m"))
@@ -260,7 +260,7 @@ func TestRebootUndoOfInterruptedPrepareDestroysNothing(t *testing.T) {
 		t.Fatal("prepare was not killed")
 	}
 	e.rebootMachine(t, dynamicAll(), false)
-	admin := e.adminMIG(t, 2, part.Partition.Profile, part.Partition.Placement)
+	admin := e.adminMIG(t, 2, part.Partition().Profile, part.Partition().Placement)
 	restartWith(t, e, claim)
 	if now := e.migDevices(t, 2); len(now) != 1 || now[0] != admin {
 		t.Errorf("MIG devices %+v, want the admin's %s untouched", now, admin.UUID)

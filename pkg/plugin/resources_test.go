@@ -195,22 +195,22 @@ func TestUnitCountersEveryMode(t *testing.T) {
 		set, milli := milliunits(d.API)
 		want := int64(mig.GPUMilliunits)
 		switch {
-		case d.Type == TypeShared:
+		case d.Type() == TypeShared:
 			want = 0
-		case d.Type == TypeTimeSlice:
+		case d.Type() == TypeTimeSlice:
 			want = 333
-		case d.Static != nil:
-			want = wantStatic[d.Static.Profile]
-		case d.Partition != nil:
-			want = mig.Milliunits(d.Partition.Profile.ComputeSlices, 7)
+		case d.staticInstance() != nil:
+			want = wantStatic[d.staticInstance().Profile]
+		case d.Partition() != nil:
+			want = mig.Milliunits(d.Partition().Profile.ComputeSlices, 7)
 		}
 		if milli != want || (want > 0 && set != mig.CounterSetName(d.GPU.Index)) {
 			t.Errorf("%s takes %d milliunits of %q, want %d of %s", d.Name(), milli, set, want, mig.CounterSetName(d.GPU.Index))
 		}
-		if d.Mode != configapi.MigDynamic && len(d.API.ConsumesCounters) > 0 && len(sets[set].Counters) != 1 {
+		if !d.onDynamicMIG() && len(d.API.ConsumesCounters) > 0 && len(sets[set].Counters) != 1 {
 			t.Errorf("%s consumes set %s, which holds more than GPU milliunits", d.Name(), set)
 		}
-		if d.Mode != configapi.MigDynamic {
+		if !d.onDynamicMIG() {
 			perGPU[d.GPU.Index] += milli
 		}
 	}
@@ -236,10 +236,10 @@ func TestUnitCountersOff(t *testing.T) {
 		if _, milli := milliunits(d.API); milli != 0 {
 			t.Errorf("%s takes %d milliunits", d.Name(), milli)
 		}
-		if d.Mode != configapi.MigDynamic && len(d.API.ConsumesCounters) > 0 {
+		if !d.onDynamicMIG() && len(d.API.ConsumesCounters) > 0 {
 			t.Errorf("%s consumes %v", d.Name(), d.API.ConsumesCounters)
 		}
-		if d.Mode == configapi.MigDynamic && len(d.API.ConsumesCounters) != 1 {
+		if d.onDynamicMIG() && len(d.API.ConsumesCounters) != 1 {
 			t.Errorf("dynamic %s consumes %v", d.Name(), d.API.ConsumesCounters)
 		}
 	}

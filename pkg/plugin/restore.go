@@ -119,7 +119,7 @@ func (s *State) adoptAll(ctx context.Context, records []*checkpoint.Claim) {
 		if s.fromOtherBoot(rec) {
 			continue
 		}
-		if err := s.adoptSharing(rec, allGPUs); err != nil {
+		if err := s.adoptRecord(rec, allGPUs); err != nil {
 			klog.FromContext(ctx).Error(err, "Restoring sharing settings", "claimUID", rec.UID)
 		}
 		if indexed(rec) {

@@ -139,7 +139,7 @@ func TestReplicaDevicesAndCapacities(t *testing.T) {
 func TestSharedDeviceShape(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	d := e.device("gpu-5-shared")
-	if d == nil || d.Type != TypeShared || !d.multiAllocatable() {
+	if d == nil || d.Type() != TypeShared || !d.multiAllocatable() {
 		t.Fatalf("shared device = %+v", d)
 	}
 	if *d.API.Attributes["type"].StringValue != "shared" || *d.API.Attributes["parentUUID"].StringValue != e.gpuUUID(5) ||
@@ -442,9 +442,9 @@ func TestClaimConfigErrors(t *testing.T) {
 }
 
 func TestSharingOnMIGRefused(t *testing.T) {
-	p := plannedDevice{device: &AllocatableDevice{Type: TypeMIG},
+	p := plannedDevice{device: &AllocatableDevice{kind: staticMIG{}},
 		config: &configapi.MigConfig{Sharing: &configapi.Sharing{Strategy: configapi.TimeSlicingStrategy}}}
-	if _, err := (&State{}).planSharing(p); err == nil || !strings.Contains(err.Error(), "not supported on MIG devices") {
+	if _, err := p.device.kind.planSharing(p); err == nil || !strings.Contains(err.Error(), "not supported on MIG devices") {
 		t.Errorf("err = %v", err)
 	}
 }
@@ -505,8 +505,11 @@ func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
 	inv := Discover(logger, e.lib, pinModes(logger, changed, e.lib.GPUs(), records))
 	got := map[string]string{}
 	for _, d := range inv.Devices {
-		if d.Sharing != nil {
-			got[d.Name()] = d.Sharing.String()
+		switch k := d.kind.(type) {
+		case timeSliceReplica:
+			got[d.Name()] = k.settings.String()
+		case memoryShare:
+			got[d.Name()] = k.settings.String()
 		}
 	}
 	if got["gpu-6-ts-1"] != "MPS" || got["gpu-4-ts-0"] != "TimeSlicing (interval Medium)" {

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	resourceapi "k8s.io/api/resource/v1"
@@ -80,7 +79,7 @@ func ownedMIG(records []*checkpoint.Claim) map[migKey]bool {
 func (s *State) dynamicGPUs() []string {
 	var out []string
 	for _, d := range s.deviceMap() {
-		if d.Mode == configapi.MigDynamic {
+		if d.onDynamicMIG() {
 			out = append(out, d.GPU.UUID)
 		}
 	}

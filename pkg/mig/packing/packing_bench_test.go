@@ -178,11 +178,11 @@ func publish(tb testing.TB, machine string) *publishedNode {
 	n := &publishedNode{shape: shape, gpus: len(lib.GPUs()), places: map[string]packing.Place{},
 		slices: apiSlices(plugin.Resources(benchNode, inv).Pools[benchNode].Slices)}
 	for _, d := range inv.Devices {
-		if d.Partition == nil {
+		if d.Partition() == nil {
 			continue
 		}
-		if i := slices.IndexFunc(shape.Profiles, func(p mig.Profile) bool { return p.Name == d.Partition.Profile.Name }); i >= 0 {
-			n.places[d.API.Name] = packing.Place{GPU: d.GPU.Index, Profile: i, Placement: d.Partition.Placement}
+		if i := slices.IndexFunc(shape.Profiles, func(p mig.Profile) bool { return p.Name == d.Partition().Profile.Name }); i >= 0 {
+			n.places[d.API.Name] = packing.Place{GPU: d.GPU.Index, Profile: i, Placement: d.Partition().Placement}
 		}
 	}
 	if len(n.places) == 0 {

@@ -4,31 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 )
 
-// needsSetUp reports whether preparing the plan changes a GPU (creates a MIG
-// device or switches MIG mode), which must be recorded before it happens.
-func needsSetUp(plan []plannedDevice) bool {
-	for _, p := range plan {
-		if p.device.Mode == configapi.MigDynamic {
-			return true
-		}
-	}
-	return false
-}
-
-// setUpAll prepares the GPUs of a plan: a dynamic MIG device is created
-// (MIG mode enabled first where that needs no reset); a whole GPU offered
-// in dynamic mode gets MIG mode switched off. Each MIG device is recorded
-// in rec before and after it is created (see createMIG), so a later
-// failure or a crash can tear it down. Admin access changes no GPU: it gets
-// the MIG device already there.
+// dynamicMIG is a (profile, placement) of a dynamic-MIG GPU: prepare
+// creates the MIG device (MIG mode enabled first where that needs no
+// reset) and unprepare destroys it. Admin access creates nothing: it gets
+// the MIG device another claim made (observedPartition).
 //
 // A mode switch is not final on real GPUs: one another process holds is
 // refused for a while (retried, then a claim error naming the holder), one
@@ -36,45 +24,108 @@ func needsSetUp(plan []plannedDevice) bool {
 // takes effect may re-bind the GPU with a new minor number, so the GPU is
 // asked again (requery) before its MIG device is made and its CDI spec
 // written.
-func (s *State) setUpAll(ctx context.Context, plan []plannedDevice, rec *checkpoint.Claim) error {
-	for i, p := range plan {
-		if p.device.Mode != configapi.MigDynamic {
-			continue
-		}
-		if p.adminAccess() {
-			observed, err := s.observedPartition(p.device)
-			if err != nil {
-				return err
-			}
-			// The claim that made the MIG device may have re-bound the GPU
-			// in the other plugin instance of a rolling update.
-			if _, observed, err = s.requery(ctx, observed); err != nil {
-				return err
-			}
-			plan[i].device = observed
-			continue
-		}
-		dev, err := s.nvml.DeviceByUUID(p.device.GPU.UUID)
+type dynamicMIG struct{ part *mig.Partition }
+
+func (dynamicMIG) Type() DeviceType { return TypeMIG }
+
+func (dynamicMIG) modeName() string { return string(configapi.MigDynamic) }
+
+func (dynamicMIG) planSharing(p plannedDevice) (*sharingPlan, error) { return migSharing(p) }
+
+func (dynamicMIG) changesGPU(plannedDevice) bool { return true }
+
+func (dynamicMIG) setUp(ctx context.Context, s *State, p *plannedDevice, rec *checkpoint.Claim, i int) error {
+	if p.adminAccess() {
+		observed, err := s.observedPartition(p.device)
 		if err != nil {
 			return err
 		}
-		change, what := mig.EnableMigMode, "preparing "+p.device.Name()
-		if p.device.Partition == nil {
-			change, what = mig.DisableMigMode, "preparing whole GPU "+p.device.Name()
-		}
-		if err := mig.RetryInUse(ctx, dev, s.modeRetry(), change); err != nil {
-			return fmt.Errorf("%s (GPU %d): %w", what, p.device.GPU.Index, err)
-		}
-		if dev, plan[i].device, err = s.requery(ctx, p.device); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		if p.device.Partition == nil {
-			continue
-		}
-		if err := s.createMIG(dev, plan[i], rec, i); err != nil {
-			return err
-		}
+		return s.observe(ctx, p, observed)
 	}
+	dev, err := s.switchMIGMode(ctx, p, mig.EnableMigMode, "preparing "+p.device.Name())
+	if err != nil {
+		return err
+	}
+	return s.createMIG(dev, *p, rec, i)
+}
+
+func (dynamicMIG) cdiDevice(s *State, p plannedDevice, d *checkpoint.Device) (cdi.Device, error) {
+	if d.CreatedMIG == nil {
+		return gpuCDIDevice(p), nil
+	}
+	return s.migCDIDevice(p, d.CreatedMIG)
+}
+
+// tearDown destroys the MIG device the record names. Until a retry
+// succeeds the placement is tainted, so that no other claim is given a
+// device that cannot be made.
+func (dynamicMIG) tearDown(ctx context.Context, s *State, rec *checkpoint.Claim, i int) error {
+	d := &rec.Devices[i]
+	if d.CreatedMIG == nil && d.MIGIntent == nil {
+		return nil
+	}
+	scope := cleanupScope(d)
+	err := s.destroyMIG(d)
+	s.faults.SetCleanupBlocked(ctx, d.GPUUUID, scope, err)
+	if err != nil {
+		return err
+	}
+	d.CreatedMIG, d.MIGIntent = nil, nil
+	return nil
+}
+
+func (dynamicMIG) adopt(*State, string, *checkpoint.Device) error { return nil }
+
+func (k dynamicMIG) migScope() *health.MIGScope {
+	return &health.MIGScope{GIProfileID: k.part.Profile.GIProfileID, Placement: k.part.Placement}
+}
+
+// dynamicWholeGPU is the whole GPU of a dynamic-MIG GPU whose MIG mode
+// switches without a reset (Hopper and newer): prepare switches MIG mode
+// off, then it is a whole GPU. Admin access switches nothing.
+type dynamicWholeGPU struct{ wholeGPU }
+
+func (dynamicWholeGPU) modeName() string { return string(configapi.MigDynamic) }
+
+func (dynamicWholeGPU) changesGPU(plannedDevice) bool { return true }
+
+func (k dynamicWholeGPU) setUp(ctx context.Context, s *State, p *plannedDevice, rec *checkpoint.Claim, i int) error {
+	if p.adminAccess() {
+		// The claim that switched MIG off may have re-bound the GPU in the
+		// other plugin instance of a rolling update.
+		return s.observe(ctx, p, p.device)
+	}
+	if _, err := s.switchMIGMode(ctx, p, mig.DisableMigMode, "preparing whole GPU "+p.device.Name()); err != nil {
+		return err
+	}
+	return k.wholeGPU.setUp(ctx, s, p, rec, i)
+}
+
+// switchMIGMode sets the MIG mode of p's GPU, waiting for a GPU another
+// process holds, and makes p's device the GPU as it is after the change.
+func (s *State) switchMIGMode(ctx context.Context, p *plannedDevice, change func(nvml.Device) error, what string) (nvml.Device, error) {
+	dev, err := s.nvml.DeviceByUUID(p.device.GPU.UUID)
+	if err != nil {
+		return nil, err
+	}
+	if err := mig.RetryInUse(ctx, dev, s.modeRetry(), change); err != nil {
+		return nil, fmt.Errorf("%s (GPU %d): %w", what, p.device.GPU.Index, err)
+	}
+	if dev, p.device, err = s.requery(ctx, p.device); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return dev, nil
+}
+
+// observe makes p's device what admin access observes, on its GPU as it
+// is now: the claim that made it may have re-bound the GPU in the other
+// plugin instance of a rolling update.
+func (s *State) observe(ctx context.Context, p *plannedDevice, observed *AllocatableDevice) error {
+	_, now, err := s.requery(ctx, observed)
+	if err != nil {
+		return err
+	}
+	p.device = now
 	return nil
 }
 
@@ -97,7 +148,7 @@ func (s *State) modeRetry() mig.InUseRetry {
 // says where to look, and the undo (rollback, retry or Restore) destroys
 // what is there. Once created, the device is recorded by identity.
 func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Claim, i int) error {
-	part, d := p.device.Partition, &rec.Devices[i]
+	part, d := p.device.Partition(), &rec.Devices[i]
 	intent := mig.IntentOf(part.Profile, part.Placement)
 	d.MIGIntent = &intent
 	// Staged, not saved durably: the MIG device it announces does not
@@ -120,29 +171,6 @@ func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Clai
 	d.CreatedMIG = &inst
 	// Recorded at once: from here on the undo destroys exactly this device.
 	return s.store.Stage(rec)
-}
-
-// tearDown destroys the MIG devices the plugin created for a claim and
-// releases its sharing settings.
-func (s *State) tearDown(ctx context.Context, rec *checkpoint.Claim) error {
-	errs := []error{s.releaseSharing(ctx, rec)}
-	for i := range rec.Devices {
-		d := &rec.Devices[i]
-		if d.CreatedMIG == nil && d.MIGIntent == nil {
-			continue
-		}
-		scope := cleanupScope(d)
-		err := s.destroyMIG(d)
-		// Until a retry succeeds the placement is tainted, so that no other
-		// claim is given a device that cannot be made.
-		s.faults.SetCleanupBlocked(ctx, d.GPUUUID, scope, err)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		d.CreatedMIG, d.MIGIntent = nil, nil
-	}
-	return errors.Join(errs...)
 }
 
 // destroyMIG destroys the MIG device a record names: exactly the one it
@@ -182,7 +210,7 @@ func (s *State) destroyMIG(d *checkpoint.Device) error {
 // observedPartition is what admin access to a dynamic MIG partition gets:
 // the MIG device another claim created at the partition's placement, as if
 // it were static (this claim created nothing, so its unprepare destroys
-// nothing). A whole GPU offered in dynamic mode is returned as it is.
+// nothing).
 //
 // Admin access never creates the MIG device. The scheduler does not count
 // admin-access allocations against the GPU's counters, so one created here
@@ -193,9 +221,6 @@ func (s *State) destroyMIG(d *checkpoint.Device) error {
 // partition it was allocated. What a MIG device needs of its parent, the
 // parent's /dev/nvidiaN, comes with the MIG device's capability nodes.
 func (s *State) observedPartition(d *AllocatableDevice) (*AllocatableDevice, error) {
-	if d.Partition == nil {
-		return d, nil
-	}
 	dev, err := s.nvml.DeviceByUUID(d.GPU.UUID)
 	if err != nil {
 		return nil, err
@@ -204,35 +229,14 @@ func (s *State) observedPartition(d *AllocatableDevice) (*AllocatableDevice, err
 	if err != nil {
 		return nil, fmt.Errorf("admin access to %s: listing MIG devices: %w", d.Name(), err)
 	}
-	part := d.Partition
+	part := d.Partition()
 	for _, inst := range insts {
 		if inst.Placement == part.Placement && inst.GIProfileID == part.Profile.GIProfileID {
 			observed := *d
-			observed.Static = &inst
+			observed.kind = staticMIG{inst: &inst}
 			return &observed, nil
 		}
 	}
 	return nil, fmt.Errorf("admin access to %s: no MIG device exists at its placement (%s at memory slice %d); admin access observes the MIG devices other claims prepared and never creates one",
 		d.Name(), part.Profile.Name, part.Placement.Start)
-}
-
-// migInstance is the MIG device behind a planned device, if any.
-func migInstance(p plannedDevice, d checkpoint.Device) *mig.Instance {
-	if d.CreatedMIG != nil {
-		return d.CreatedMIG
-	}
-	return p.device.Static
-}
-
-// capNodes returns the /dev/nvidia-caps nodes that grant access to a MIG
-// device. Without the driver's minors file (simulated GPUs) there are none.
-func (s *State) capNodes(gpuMinor int, inst *mig.Instance) ([]mig.CapNode, error) {
-	nodes, err := mig.CapDeviceNodes(s.migCaps, gpuMinor, inst.GIID, inst.CIID)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("MIG capability nodes of %s: %w", inst.UUID, err)
-	}
-	return nodes, nil
 }
