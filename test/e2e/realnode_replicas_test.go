@@ -253,16 +253,7 @@ func waitForReadyz(t *testing.T, ctx context.Context, p *framework.Process, url 
 		if exited, err := p.Exited(); exited {
 			return false, fmt.Errorf("exited: %w", err)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		return answersOK(ctx, url)
 	})
 	if err != nil {
 		t.Fatalf("second replica not ready: %v\n%s", err, p.Tail(30))
@@ -356,4 +347,19 @@ func checkChartTrimsAlternatives(t *testing.T, ctx context.Context, ns, class st
 		t.Errorf("stored alternatives %+v, want \"one\" alone", alts)
 	}
 	deleteClaims(t, ctx, ns)
+}
+
+// answersOK: a GET of url answers 200 OK; an error to connect is not yet,
+// not a failure (the server is starting).
+func answersOK(ctx context.Context, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, nil
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK, nil
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -182,16 +181,7 @@ func waitForReplicaReady(t *testing.T, ctx context.Context, rc *runningControlle
 	t.Helper()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		rc.alive(t)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		return answersOK(ctx, url)
 	})
 	if err != nil {
 		t.Fatalf("replica B not ready: %v", err)
