@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // The backstop: for what Kubernetes can count itself, the API server's own
@@ -107,17 +108,26 @@ func (r *backstopReconciler) desired(ctx context.Context) (map[string]*corev1.Re
 	if err := r.client.List(ctx, &nsList); err != nil {
 		return nil, fmt.Errorf("listing Namespaces: %w", err)
 	}
-	ten := newTenancy(0, quotas.Items, nsList.Items)
+	sorted := make([]*gpuaas.TenantQuota, 0, len(quotas.Items))
+	for i := range quotas.Items {
+		sorted = append(sorted, &quotas.Items[i])
+	}
+	quota.SortByAge(sorted) // the older quota keeps a namespace two select
+	nss := make([]*corev1.Namespace, 0, len(nsList.Items))
+	for i := range nsList.Items {
+		nss = append(nss, &nsList.Items[i])
+	}
+	assign := quota.Assign(sorted, nss)
 	want := map[string]*corev1.ResourceQuota{}
-	for _, q := range ten.quotas {
-		if _, invalid := ten.invalid[q.Name]; invalid || len(q.Spec.Limits.Devices) == 0 || (r.skipKueue && q.Spec.Kueue != nil) {
+	for _, q := range sorted {
+		if invalid := len(q.Validate()) > 0; invalid || len(q.Spec.Limits.Devices) == 0 || (r.skipKueue && q.Spec.Kueue != nil) {
 			continue
 		}
 		hard := corev1.ResourceList{}
 		for class, n := range q.Spec.Limits.Devices {
 			hard[corev1.ResourceName(class+".deviceclass.resource.k8s.io/devices")] = *resource.NewQuantity(n, resource.DecimalSI)
 		}
-		for _, ns := range ten.assign.Namespaces[q.Name] {
+		for _, ns := range assign.Namespaces[q.Name] {
 			want[ns] = &corev1.ResourceQuota{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: backstopName,
 					Labels: map[string]string{managedByLabel: managedByController, backstopTenantLabel: q.Name}},

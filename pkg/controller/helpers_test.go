@@ -5,37 +5,22 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // The fixtures are testworld's, under the names these tests use.
-const driver = testworld.Driver
-
 var (
-	attr          = testworld.Attr
-	intAttr       = testworld.IntAttr
-	wholeGPU      = testworld.WholeGPU
-	mig1g         = testworld.Mig1g
-	resourceSlice = testworld.ResourceSlice
-	gpuProfile    = testworld.GpuProfile
-	classOf       = testworld.ClassOf
 	tenantQuota   = testworld.TenantQuota
+	teamQuota     = testworld.TeamQuota
 	qty           = testworld.Qty
 	ns            = testworld.Namespace
 	claim         = testworld.Claim
 	allocatedTo   = testworld.AllocatedTo
-	ownedByPod    = testworld.OwnedByPod
 	world         = testworld.World
 	newFakeClient = testworld.NewFakeClient
 )
-
-func newAccountant(t testing.TB, objs ...client.Object) (*Accountant, client.WithWatch) {
-	c := newFakeClient(t, objs...)
-	return NewAccountant(c, c, NewLedger(c, "gpuaas")), c
-}
 
 func ctx(t testing.TB) context.Context { return t.Context() }
 

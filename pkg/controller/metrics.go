@@ -7,6 +7,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -36,33 +38,6 @@ var (
 		Name: "gpuaas_tenant_gpu_unit_seconds_total",
 		Help: "GPU units held by allocated claims, integrated over time: the billing counter.",
 	}, []string{"tenant"})
-	admissions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpuaas_claim_admissions_total",
-		Help: "ResourceClaims the quota webhook decided on, by tenant and result (admitted, denied, overruled: over quota but admitted because Kueue admitted its workload).",
-	}, []string{"tenant", "result"})
-	denials = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpuaas_claim_denials_total",
-		Help: "ResourceClaims denied, by tenant and the first resource exceeded.",
-	}, []string{"tenant", "resource"})
-	alternativesDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpuaas_claim_alternatives_dropped_total",
-		Help: "firstAvailable alternatives the alternatives webhook dropped from new ResourceClaims because the tenant's quota did not admit them, by tenant.",
-	}, []string{"tenant"})
-	reclaimedClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpuaas_quota_reclaimed_claims_total",
-		Help: "Unallocated ResourceClaims of a borrowing tenant deleted to give a cohort lender its own quota back (reclaim.go), by the borrowing tenant.",
-	}, []string{"tenant"})
-	// A quota check that fails answers the webhook with an error, which
-	// the API server turns into a refused claim (failurePolicy Fail) and
-	// controller-runtime counts as a 200: these say so.
-	admissionErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "gpuaas_claim_admission_errors_total",
-		Help: "ResourceClaim admissions that failed (the claim is refused and retried): the quota could not be checked.",
-	})
-	ledgerErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "gpuaas_quota_ledger_errors_total",
-		Help: "Reads and writes of a quota book (the reservations every replica sees) that failed, other than losing a race to another replica; each fails its admissions closed.",
-	})
 
 	tenantGauges = []*prometheus.GaugeVec{tenantUnitsUsed, tenantUnitsReserved, tenantUnitsBorrowed, tenantUnitsLimit,
 		tenantMemUsed, tenantMemReserved, tenantMemBorrowed, tenantMemLimit, tenantDevUsed, tenantDevReserved, tenantDevLimit}
@@ -75,26 +50,11 @@ func registerMetrics() {
 		for _, g := range tenantGauges {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
-		ctrlmetrics.Registry.MustRegister(unitSeconds, admissions, denials, alternativesDropped,
-			reclaimedClaims, admissionErrors, ledgerErrors)
+		ctrlmetrics.Registry.MustRegister(unitSeconds)
+		admission.RegisterMetrics()
+		webhook.RegisterMetrics()
 		webhookcert.RegisterMetrics()
 	})
-}
-
-func recordAdmission(tenant string, adm Admission) {
-	if tenant == "" {
-		tenant = "none"
-	}
-	if adm.OverruledBy != "" {
-		admissions.WithLabelValues(tenant, "overruled").Inc()
-		return
-	}
-	if adm.Allowed {
-		admissions.WithLabelValues(tenant, "admitted").Inc()
-		return
-	}
-	admissions.WithLabelValues(tenant, "denied").Inc()
-	denials.WithLabelValues(tenant, adm.Resource).Inc()
 }
 
 func tenantGauge(name, help string) *prometheus.GaugeVec {
@@ -110,7 +70,7 @@ func tenantProfileGauge(name, help string) *prometheus.GaugeVec {
 // labels: DeletePartialMatch scans every series of a gauge, and running it
 // for each status update made the metrics 16% of the controller's CPU at
 // 1,000 tenants.
-func setTenantMetrics(q *gpuaas.TenantQuota, r TenantReport, borrowed quota.Charge) {
+func setTenantMetrics(q *gpuaas.TenantQuota, r admission.TenantReport, borrowed quota.Charge) {
 	name := q.Name
 	tenantUnitsUsed.WithLabelValues(name).Set(r.Usage.Used.Units.Float64())
 	tenantUnitsReserved.WithLabelValues(name).Set(r.Usage.Reserved.Units.Float64())
@@ -131,26 +91,7 @@ func setTenantMetrics(q *gpuaas.TenantQuota, r TenantReport, borrowed quota.Char
 	profileSeries.set(tenantDevUsed, name, r.Usage.Used.Devices)
 	profileSeries.set(tenantDevReserved, name, r.Usage.Reserved.Devices)
 	profileSeries.set(tenantDevLimit, name, r.Tenant.Limits.Devices)
-	startDenialSeries(name, r.Tenant.Limits)
-}
-
-// startDenialSeries creates, at 0, the denial and admission series a
-// tenant's limits can produce. A counter's series otherwise appears at its
-// first increment, already at 1, and increase() never sees that first
-// denial: a tenant refused once was never reported at its limit.
-func startDenialSeries(tenant string, l quota.Limits) {
-	for _, result := range []string{"admitted", "denied", "overruled"} {
-		admissions.WithLabelValues(tenant, result).Add(0)
-	}
-	if l.Units != nil {
-		denials.WithLabelValues(tenant, quota.ResourceGpuUnits).Add(0)
-	}
-	if l.Memory != nil {
-		denials.WithLabelValues(tenant, quota.ResourceGpuMemory).Add(0)
-	}
-	for class := range l.Devices {
-		denials.WithLabelValues(tenant, "devices/"+class).Add(0)
-	}
+	webhook.StartTenantSeries(name, r.Tenant.Limits)
 }
 
 // profileSeries remembers which profiles each tenant has a series of, per
@@ -196,8 +137,6 @@ func deleteTenantMetrics(name string) {
 	}
 	// Counters too: a deleted tenant's series would otherwise be exported
 	// for ever (the billing counter is kept: it is what is billed).
-	for _, v := range []*prometheus.CounterVec{admissions, denials, alternativesDropped} {
-		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
-	}
+	webhook.DeleteTenantSeries(name)
 	profileSeries.forget(name)
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -17,7 +18,7 @@ import (
 // or a profile that is gone leaves no stale series.
 func TestTenantMetricsAreSeparateGauges(t *testing.T) {
 	q := &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: "team-m"}}
-	r := TenantReport{
+	r := admission.TenantReport{
 		Tenant: quota.Tenant{Name: "team-m", Limits: quota.Limits{Units: ptr.To(quota.NewUnits(4, 1)), Devices: map[string]int64{"h100": 2}}},
 		Usage: quota.Usage{
 			Used:     quota.Charge{Units: quota.NewUnits(3, 2), Memory: 80 << 30, Devices: map[string]int64{"h100": 1}},
@@ -59,7 +60,7 @@ func TestTenantMetricsAreSeparateGauges(t *testing.T) {
 // 1,000 (each with two profiles). Deleting a tenant's series by partial
 // match scanned all 1,000 tenants' series per update.
 func BenchmarkTenantMetricsAt1000Tenants(b *testing.B) {
-	r := TenantReport{
+	r := admission.TenantReport{
 		Tenant: quota.Tenant{Limits: quota.Limits{Units: ptr.To(quota.NewUnits(4, 1)), Devices: map[string]int64{"h100": 2, "a100": 1}}},
 		Usage:  quota.Usage{Used: quota.Charge{Devices: map[string]int64{"h100": 1, "a100": 1}}},
 	}

@@ -1,22 +1,18 @@
 package controller
 
 import (
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 )
 
 // Defaults.
 const (
-	DefaultWebhookConfigName = "gpuaas-dra-controller"
+	DefaultWebhookConfigName = webhook.DefaultConfigName
 	DefaultLeaderElectionID  = "gpuaas-dra-controller"
-	DefaultWebhookPort       = 9443
+	DefaultWebhookPort       = webhook.DefaultPort
 	defaultResync            = 30 * time.Second
 	// DefaultReclaimUnallocatedAfter is long enough for a pod's claim to
 	// be scheduled on a busy cluster, short enough that a lender is not
@@ -57,7 +53,7 @@ type Options struct {
 	LeaderElectionNamespace string
 	LeaderElectionID        string
 
-	Webhook WebhookOptions
+	Webhook webhook.Options
 
 	// LedgerNamespace holds the quota ledger: the reservations of claims
 	// admitted a moment ago, shared by all replicas; default "default".
@@ -104,7 +100,7 @@ type Options struct {
 	// ReclaimUnallocatedAfter: a cohort lender refused within its own
 	// limit because its quota is lent out gets it back from the borrowers'
 	// claims that have stayed unallocated for longer than this: they are
-	// deleted (reclaim.go). Zero: lenders wait until borrowers give back.
+	// deleted (admission/reclaim.go). Zero: lenders wait until borrowers give back.
 	ReclaimUnallocatedAfter time.Duration
 
 	// Resync is how often quota status (and the gpu-unit-seconds billing
@@ -113,45 +109,8 @@ type Options struct {
 }
 
 // WebhookOptions say where the webhook listens and how the apiserver
-// reaches it.
-type WebhookOptions struct {
-	Host    string
-	Port    int
-	CertDir string
-
-	// Exactly one of Service (in-cluster) or URL (tests, demo: the
-	// apiserver on the same host) is the webhook's address.
-	ServiceNamespace, ServiceName string
-	ServicePort                   int32
-	URL                           string
-
-	// CertSecret ("namespace/name") shares the self-signed CA and serving
-	// certificate between replicas; without it each process makes its own,
-	// which suits one replica.
-	CertSecret string
-
-	// ExternalCerts: the certificate files in CertDir come from elsewhere
-	// (cert-manager); the controller neither writes them nor the caBundle,
-	// unless CAFile names the CA to inject.
-	ExternalCerts bool
-	CAFile        string
-
-	// ConfigName names the ValidatingWebhookConfiguration and the
-	// MutatingWebhookConfiguration the controller creates and keeps
-	// current (or, ConfigOwnedByChart, injects its CA into).
-	ConfigName string
-	// TimeoutSeconds of each webhook call (1-30); default 5.
-	TimeoutSeconds int32
-	// RemoveOnExit deletes the webhook configuration on shutdown (tests,
-	// demo): a configuration pointing at a stopped controller with
-	// failurePolicy Fail blocks claims.
-	RemoveOnExit bool
-	// ConfigOwnedByChart: the Helm chart installs (and uninstall removes)
-	// the webhook configuration; the controller only injects its CA
-	// bundle and never creates or deletes it, so nothing it wrote outlives
-	// the release.
-	ConfigOwnedByChart bool
-}
+// reaches it (cmd/dra-controller fills them from flags).
+type WebhookOptions = webhook.Options
 
 // Validate checks and defaults the options.
 func (o *Options) Validate() error {
@@ -170,67 +129,5 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS < 0 || o.KubeAPIBurst < 0 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must not be negative", o.KubeAPIQPS, o.KubeAPIBurst)
 	}
-	return o.Webhook.validate()
-}
-
-func (w *WebhookOptions) validate() error {
-	if w.ConfigName == "" {
-		w.ConfigName = DefaultWebhookConfigName
-	}
-	if w.Port == 0 {
-		w.Port = DefaultWebhookPort
-	}
-	if w.ServicePort == 0 {
-		w.ServicePort = 443
-	}
-	if w.TimeoutSeconds == 0 {
-		w.TimeoutSeconds = 5
-	}
-	hasService, hasURL := w.ServiceName != "", w.URL != ""
-	switch {
-	case hasService == hasURL:
-		return errors.New("webhook: set exactly one of the service (namespace/name) and the URL")
-	case hasService && w.ServiceNamespace == "":
-		return errors.New("webhook: the service needs a namespace")
-	case hasURL:
-		u, err := url.Parse(w.URL)
-		if err != nil || u.Scheme != "https" || u.Host == "" {
-			return fmt.Errorf("webhook: URL %q must be https://host:port", w.URL)
-		}
-	}
-	if w.CertSecret != "" && !strings.Contains(w.CertSecret, "/") {
-		return fmt.Errorf("webhook: cert secret %q must be namespace/name", w.CertSecret)
-	}
-	if w.ConfigOwnedByChart && w.RemoveOnExit {
-		return errors.New("webhook: a configuration owned by the chart is removed by helm uninstall, not on exit")
-	}
-	if w.TimeoutSeconds < 1 || w.TimeoutSeconds > 30 {
-		return fmt.Errorf("webhook: timeout %ds out of 1-30", w.TimeoutSeconds)
-	}
-	return nil
-}
-
-// dnsNames are the names the serving certificate must carry.
-func (w *WebhookOptions) dnsNames() (dns []string, ips []string) {
-	if w.URL != "" {
-		u, _ := url.Parse(w.URL)
-		host := u.Hostname()
-		if isIP(host) {
-			return nil, []string{host}
-		}
-		return []string{host}, nil
-	}
-	svc := w.ServiceName + "." + w.ServiceNamespace
-	return []string{w.ServiceName, svc, svc + ".svc", svc + ".svc.cluster.local"}, nil
-}
-
-func isIP(host string) bool { return net.ParseIP(host) != nil }
-
-// certConfig is what the webhook's certificates need of the options.
-func (w *WebhookOptions) certConfig() *webhookcert.Config {
-	dns, ips := w.dnsNames()
-	return &webhookcert.Config{
-		CertDir: w.CertDir, CertSecret: w.CertSecret, ExternalCerts: w.ExternalCerts, CAFile: w.CAFile,
-		ConfigName: w.ConfigName, DNSNames: dns, IPs: ips,
-	}
+	return o.Webhook.Validate()
 }

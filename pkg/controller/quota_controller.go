@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -24,7 +25,7 @@ import (
 // tenant's metrics and billing counter current.
 type quotaReconciler struct {
 	client  client.Client
-	acct    *Accountant
+	acct    *admission.Accountant
 	billing *billing
 	resync  time.Duration
 	now     func() time.Time
@@ -64,7 +65,7 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 }
 
 // quotaStatus renders the status (conditions keep their transition times).
-func quotaStatus(q *gpuaas.TenantQuota, rep TenantReport) *gpuaas.TenantQuotaStatus {
+func quotaStatus(q *gpuaas.TenantQuota, rep admission.TenantReport) *gpuaas.TenantQuotaStatus {
 	status := q.Status.DeepCopy()
 	status.ObservedGeneration = q.Generation
 	status.Namespaces = rep.Namespaces
@@ -79,7 +80,7 @@ func quotaStatus(q *gpuaas.TenantQuota, rep TenantReport) *gpuaas.TenantQuotaSta
 	return status
 }
 
-func quotaConditions(rep TenantReport) []metav1.Condition {
+func quotaConditions(rep admission.TenantReport) []metav1.Condition {
 	ready := condition(gpuaas.ConditionReady, true, gpuaas.ReasonEnforced, "limits are enforced on new ResourceClaims")
 	if rep.Invalid != "" {
 		ready = condition(gpuaas.ConditionReady, false, gpuaas.ReasonInvalidSpec,
@@ -98,7 +99,7 @@ func quotaConditions(rep TenantReport) []metav1.Condition {
 }
 
 // borrowed is how far usage exceeds the own limits (units and memory).
-func borrowed(rep TenantReport) quota.Charge {
+func borrowed(rep admission.TenantReport) quota.Charge {
 	total := rep.Usage.Total()
 	var b quota.Charge
 	if l := rep.Tenant.Limits.Units; l != nil && total.Units.Cmp(*l) > 0 {
@@ -114,7 +115,7 @@ func borrowed(rep TenantReport) quota.Charge {
 // hold even with borrowing: the limit was lowered, or an allocation cost
 // more than the worst case admitted (a device republished with another
 // weight).
-func overLimits(rep TenantReport) []string {
+func overLimits(rep admission.TenantReport) []string {
 	t, total := rep.Tenant, rep.Usage.Total()
 	var out []string
 	for class, limit := range t.Limits.Devices {

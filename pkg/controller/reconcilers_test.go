@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,15 +15,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 func reconcileQuota(t *testing.T, c client.Client, name string) *gpuaas.TenantQuota {
 	t.Helper()
-	r := &quotaReconciler{client: c, acct: NewAccountant(c, c, NewLedger(c, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
+	r := &quotaReconciler{client: c, acct: admission.NewAccountant(c, c, admission.NewLedger(c, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -183,7 +184,7 @@ func TestStatusWriteConflictIsNoError(t *testing.T) {
 			return apierrors.NewConflict(gpuaas.GroupVersion.WithResource("tenantquotas").GroupResource(), obj.GetName(), errors.New("the object has been modified"))
 		},
 	})
-	r := &quotaReconciler{client: conflicting, acct: NewAccountant(api, api, NewLedger(api, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
+	r := &quotaReconciler{client: conflicting, acct: admission.NewAccountant(api, api, admission.NewLedger(api, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
 	res, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: "team-a"}})
 	if err != nil || res.RequeueAfter == 0 {
 		t.Fatalf("reconcile after a conflicting status write: %+v, %v; want a requeue and no error", res, err)
@@ -197,16 +198,20 @@ func TestDenialSeriesStartAtZero(t *testing.T) {
 	c := newFakeClient(t, append(world(t), ns("a", nil),
 		tenantQuota("zero-series", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
 			Limits: gpuaas.QuotaLimits{GpuUnits: qty("1"), Devices: map[string]int64{"mig-1g": 2}}}))...)
+	registerMetrics()
 	reconcileQuota(t, c, "zero-series")
 	got := map[string]float64{}
-	ch := make(chan prometheus.Metric, 1024)
-	denials.Collect(ch)
-	close(ch)
-	for m := range ch {
-		var d dto.Metric
-		if err := m.Write(&d); err != nil {
-			t.Fatal(err)
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series []*dto.Metric
+	for _, f := range families {
+		if f.GetName() == "gpuaas_claim_denials_total" {
+			series = f.GetMetric()
 		}
+	}
+	for _, d := range series {
 		labels := map[string]string{}
 		for _, l := range d.GetLabel() {
 			labels[l.GetName()] = l.GetValue()

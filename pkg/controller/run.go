@@ -13,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -29,13 +28,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 )
 
@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			return err
 		}
 	}
-	certs := opts.Webhook.certConfig()
+	certs := opts.Webhook.CertConfig()
 	caBundle, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)
@@ -137,7 +137,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionID:              opts.LeaderElectionID,
 		LeaderElectionReleaseOnCancel: true,
-		WebhookServer: webhook.NewServer(webhook.Options{
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
 			Host: opts.Webhook.Host, Port: opts.Webhook.Port, CertDir: opts.Webhook.CertDir,
 			TLSOpts: tlsOpts,
 		}),
@@ -163,23 +163,22 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err != nil {
 		return fmt.Errorf("indexing ResourceClaims: %w", err)
 	}
-	acct := NewAccountant(mgr.GetCache(), mgr.GetAPIReader(), NewLedger(direct, opts.LedgerNamespace))
+	acct := admission.NewAccountant(mgr.GetCache(), mgr.GetAPIReader(), admission.NewLedger(direct, opts.LedgerNamespace))
 	acct.DenyUnassigned = opts.DenyUnassigned
 	acct.ReclaimAfter, acct.ReclaimEvents = opts.ReclaimUnallocatedAfter, mgr.GetEventRecorder("gpuaas-dra-controller")
-	nudge := newNudger(mgr.GetClient(), opts.NudgeWaitingPods)
-	if err := watchChanges(ctx, mgr.GetCache(), acct, nudge); err != nil {
+	nudge := admission.NewNudger(mgr.GetClient(), opts.NudgeWaitingPods)
+	if err := admission.Watch(ctx, mgr.GetCache(), acct, nudge); err != nil {
 		return err
 	}
-	conditions := newMatchConditionSyncer(direct, acct, opts)
-	if err := watchForeignClasses(ctx, mgr.GetCache(), acct, conditions); err != nil {
+	conditions := webhook.NewMatchConditionSyncer(direct, acct.ForeignClasses, opts.Webhook.ConfigName, opts.Resync)
+	if err := webhook.WatchForeignClasses(ctx, mgr.GetCache(), acct.InvalidateCatalog, conditions); err != nil {
 		return err
 	}
-	var gate *kueueGate
+	var gate *admission.KueueGate
 	if opts.Kueue {
-		gate = &kueueGate{live: mgr.GetAPIReader(), creators: sets.New(opts.KueueClaimCreators...), acct: acct,
-			book: &overruleBook{client: direct, namespace: opts.LedgerNamespace}}
+		gate = admission.NewKueueGate(mgr.GetAPIReader(), direct, opts.LedgerNamespace, opts.KueueClaimCreators, acct)
 	}
-	registerWebhooks(mgr, acct, nudge, gate, opts.exemptNamespaces())
+	webhook.Register(mgr, acct, nudge, gate, opts.ExemptNamespaces)
 	bill := newBilling()
 	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
 	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {
@@ -199,10 +198,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 			return err
 		}
 	}
-	registrar := &webhookRegistrar{
-		client: direct, opts: opts, caBundle: caBundle, started: mgr.GetWebhookServer().StartedChecker(),
-	}
-	sweeper := &bookSweeper{client: direct, namespace: opts.LedgerNamespace, now: time.Now}
+	registrar := webhook.NewRegistrar(direct, &opts.Webhook, opts.ExemptNamespaces, caBundle, mgr.GetWebhookServer().StartedChecker())
+	sweeper := admission.NewBookSweeper(direct, opts.LedgerNamespace)
 	checkpointer := &billingCheckpointer{billing: bill, period: cmp.Or(opts.Resync, defaultResync)}
 	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper, checkpointer}
 	for _, r := range runnables {
@@ -240,21 +237,7 @@ func cachesSynced(c cache.Cache) healthz.Checker {
 	}
 }
 
-func registerWebhooks(mgr manager.Manager, acct *Accountant, nudge *nudger, gate *kueueGate, exempt []string) {
-	dec := admission.NewDecoder(mgr.GetScheme())
-	srv := mgr.GetWebhookServer()
-	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
-		exempt: sets.New(exempt...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
-	}})
-	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
-		exempt: sets.New(exempt...), acct: acct, decoder: dec,
-	}})
-	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
-	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})
-	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
-}
-
-func setupReconcilers(mgr manager.Manager, acct *Accountant, conditions *matchConditionSyncer, bill *billing, opts *Options) error {
+func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, conditions *webhook.MatchConditionSyncer, bill *billing, opts *Options) error {
 	c := mgr.GetClient()
 	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
 		For(&gpuaas.GpuProfile{}).

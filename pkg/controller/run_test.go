@@ -7,83 +7,24 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
-	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache/informertest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
-func TestWebhookConfiguration(t *testing.T) {
-	o := &Options{ExemptNamespaces: []string{"gpuaas-system"}, Webhook: WebhookOptions{URL: "https://127.0.0.1:9443"}}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	cfg := webhookConfiguration(o, []byte("CA"))
-	if cfg.Name != DefaultWebhookConfigName || len(cfg.Webhooks) != 4 {
-		t.Fatalf("config = %s with %d webhooks", cfg.Name, len(cfg.Webhooks))
-	}
-	claims := cfg.Webhooks[0]
-	if *claims.FailurePolicy != admissionregv1.Fail || *claims.ClientConfig.URL != "https://127.0.0.1:9443"+pathClaim ||
-		string(claims.ClientConfig.CABundle) != "CA" || claims.Rules[0].Operations[0] != admissionregv1.Create {
-		t.Fatalf("claim webhook = %+v", claims)
-	}
-	sel := claims.NamespaceSelector.MatchExpressions
-	if len(sel) != 2 || !strings.Contains(strings.Join(sel[0].Values, ","), "kube-system") ||
-		!strings.Contains(strings.Join(sel[0].Values, ","), "gpuaas-system") || sel[1].Key != "gpuaas.io/quota-exempt" {
-		t.Fatalf("namespace selector = %+v", sel)
-	}
-	if cfg.Webhooks[2].NamespaceSelector != nil {
-		t.Fatal("cluster-scoped webhook has a namespace selector")
-	}
-	// The catalog and quota validators fail open: a controller not ready yet
-	// must not refuse the release's own GpuProfiles at helm install.
-	for _, wh := range cfg.Webhooks[2:] {
-		if *wh.FailurePolicy != admissionregv1.Ignore {
-			t.Errorf("webhook %s fails %s, want Ignore", wh.Name, *wh.FailurePolicy)
-		}
-	}
-
-	o = &Options{Webhook: WebhookOptions{ServiceNamespace: "gpuaas", ServiceName: "ctrl"}}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	svc := webhookConfiguration(o, nil).Webhooks[1].ClientConfig.Service
-	if svc == nil || svc.Name != "ctrl" || *svc.Port != 443 || *svc.Path != pathTemplate {
-		t.Fatalf("service = %+v", svc)
-	}
-	if dns, _ := o.Webhook.dnsNames(); !strings.Contains(strings.Join(dns, ","), "ctrl.gpuaas.svc") {
-		t.Fatalf("DNS names %v", dns)
-	}
-}
-
-func TestOptionsValidate(t *testing.T) {
-	for _, w := range []WebhookOptions{
-		{},
-		{URL: "https://127.0.0.1:1", ServiceName: "x", ServiceNamespace: "y"},
-		{ServiceName: "x"},
-		{URL: "http://127.0.0.1:1"},
-		{URL: "https://127.0.0.1:1", CertSecret: "nonamespace"},
-	} {
-		o := Options{Webhook: w}
-		if err := o.Validate(); err == nil {
-			t.Errorf("%+v accepted", w)
-		}
-	}
-}
-
 func TestMetricsRegistered(t *testing.T) {
 	registerMetrics()
 	registerMetrics() // a second controller in the process must not panic
-	recordAdmission("t", Admission{Decision: quota.Decision{Allowed: false, Resource: "gpuUnits"}})
+	webhook.StartTenantSeries("t", quota.Limits{Units: ptr.To(quota.NewUnits(1, 1))})
 	families, err := ctrlmetrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +62,7 @@ func TestWebhookServerSpeaksHTTP1Only(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir,
+	srv := crwebhook.NewServer(crwebhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir,
 		TLSOpts: []func(*tls.Config){webhookHTTP1Only}})
 	go func() { _ = srv.Start(ctx(t)) }()
 	var state tls.ConnectionState

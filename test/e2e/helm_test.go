@@ -36,6 +36,7 @@ import (
 
 	gpuv1alpha1 "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -560,8 +561,8 @@ func TestHelmWebhookConfigMatchesController(t *testing.T) {
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	sameJSON(t, "validating webhooks", validating.Webhooks, controller.WebhookConfiguration(opts).Webhooks)
-	sameJSON(t, "mutating webhooks", mutating.Webhooks, controller.MutatingWebhookConfiguration(opts).Webhooks)
+	sameJSON(t, "validating webhooks", validating.Webhooks, webhook.ValidatingConfiguration(&opts.Webhook, opts.ExemptNamespaces).Webhooks)
+	sameJSON(t, "mutating webhooks", mutating.Webhooks, webhook.MutatingConfiguration(&opts.Webhook, opts.ExemptNamespaces).Webhooks)
 	if validating.Name != mutating.Name {
 		t.Errorf("the controller injects its CA into configurations of one name; the chart names them %q and %q", validating.Name, mutating.Name)
 	}

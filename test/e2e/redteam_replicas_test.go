@@ -33,7 +33,7 @@ import (
 // replica, which a switch does at once while a Service's endpoints change
 // only for connections the API server has yet to open.
 
-// redTeamSettleWait is past the controller's settleDelay (3 s, ledger.go):
+// redTeamSettleWait is past the controller's settleDelay (3 s, pkg/controller/admission/reservation.go):
 // after it, a replica whose cache shows a claim drops the claim's
 // reservation at its next write of the book.
 const redTeamSettleWait = 4 * time.Second

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 )
@@ -26,7 +26,7 @@ import (
 // books is the quota books' Accountant over c, which counts the devices
 // the reconciler reports.
 func books(c client.Client) catalog.Devices {
-	return controller.NewAccountant(c, c, controller.NewLedger(c, "gpuaas"))
+	return admission.NewAccountant(c, c, admission.NewLedger(c, "gpuaas"))
 }
 
 func ctx(t testing.TB) context.Context { return t.Context() }

@@ -91,6 +91,11 @@ func TenantQuota(name string, created int, spec gpuaas.TenantQuotaSpec) *gpuaas.
 	}
 }
 
+// TeamQuota is a quota of units GPU units over one namespace.
+func TeamQuota(name, namespace, units string) *gpuaas.TenantQuota {
+	return TenantQuota(name, 0, gpuaas.TenantQuotaSpec{Namespaces: []string{namespace}, Limits: gpuaas.QuotaLimits{GpuUnits: Qty(units)}})
+}
+
 func Qty(s string) *resource.Quantity { return ptr.To(resource.MustParse(s)) }
 
 func Namespace(name string, labels map[string]string) *corev1.Namespace {
@@ -146,7 +151,7 @@ func World(t testing.TB) []client.Object {
 
 func NewFakeClient(t testing.TB, objs ...client.Object) client.WithWatch {
 	t.Helper()
-	s, err := scheme()
+	s, err := Scheme()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +162,8 @@ func NewFakeClient(t testing.TB, objs ...client.Object) client.WithWatch {
 		Build()
 }
 
-// scheme knows the built-in types and ours, as the controller's.
-func scheme() (*runtime.Scheme, error) {
+// Scheme knows the built-in types and ours, as the controller's.
+func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("adding built-in types: %w", err)
@@ -167,4 +172,26 @@ func scheme() (*runtime.Scheme, error) {
 		return nil, fmt.Errorf("adding gpuaas.io types: %w", err)
 	}
 	return s, nil
+}
+
+// WithAlternatives is a claim of one request whose firstAvailable
+// alternatives are one device of each class, named "alt-<class>".
+func WithAlternatives(namespace, name string, classes ...string) *resourceapi.ResourceClaim {
+	c := Claim(namespace, name, "", 0)
+	r := &c.Spec.Devices.Requests[0]
+	r.Exactly = nil
+	for _, class := range classes {
+		r.FirstAvailable = append(r.FirstAvailable, resourceapi.DeviceSubRequest{
+			Name: "alt-" + class, DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		})
+	}
+	return c
+}
+
+// GenericClass selects every device of the driver, as a catch-all class
+// an admin might add beside the catalog.
+func GenericClass() *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "any-gpu"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.driver == "gpu.gpuaas.io"`}}}}}
 }

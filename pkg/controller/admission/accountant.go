@@ -1,0 +1,577 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
+)
+
+// Accountant is what the webhook and the reconcilers share: a pricing
+// snapshot of the catalog (slices, classes, profiles), the tenancy (quotas
+// and namespaces), a cache of claim charges, and the claims admitted but
+// not yet in the informer cache, which the ledger shares with the other
+// replicas. Everything it reports is computed from API objects; the
+// in-memory parts only save work.
+type Accountant struct {
+	reader    client.Reader // the informer cache
+	apiReader client.Reader // live reads, for a namespace the cache has not seen yet
+	ledger    *Ledger
+	// DenyUnassigned: see Options.
+	DenyUnassigned bool
+	// ReclaimAfter: see Options.ReclaimUnallocatedAfter; zero: lenders wait.
+	ReclaimAfter time.Duration
+	// ReclaimEvents, when set, records on each claim deleted to give a
+	// lender its quota back why it went.
+	ReclaimEvents events.EventRecorder
+
+	// Locks. Four guard the books' running totals, each for a reason of
+	// its own; none is held across an API call, and they nest only in the
+	// order cohortUsage.mu, claimsMu, nsMu (mu is never held with another
+	// but nsMu):
+	//
+	//  - cohortUsage.mu, one per book owner (cohort.go), held by a decision
+	//    from sync to verdict: what one decides depends on the others of
+	//    its cohort, and on nothing of another cohort, so tenants of
+	//    different cohorts never wait for each other.
+	//  - mu guards the snapshots and the map of running totals; it is held
+	//    for moments only, but across a snapshot's rebuild.
+	//  - claimsMu guards what is known of the claims (their prices, the
+	//    namespaces' counts, the deletions), which the running totals of
+	//    different cohorts share: a namespace moves between cohorts when a
+	//    quota changes, and its claims need not be priced again. It is held
+	//    while claims are priced (CEL), so it is not mu.
+	//  - nsMu guards what the informer handlers report, which must not wait
+	//    for a pricing under claimsMu: the claim generations and the dirty
+	//    namespaces, and the live reads of namespaces the cache has not
+	//    seen yet. It is a leaf: held for map operations only.
+	//
+	// Generation counters: catalogGen and tenancyGen, bumped by the
+	// informers, tell when a snapshot (and the running totals built on it)
+	// is stale; nsGen, per namespace, tells when a namespace's count is.
+	// Which reservations a total holds needs none: each decision's pass
+	// over the book recomputes it (holdLocked).
+	catalogGen, tenancyGen atomic.Int64
+
+	mu  sync.Mutex
+	cat *priceList
+	ten *tenancy
+	// cohorts are the running totals of the book owners (cohort.go), for
+	// the tenancy generation cohortsGen.
+	cohorts    map[string]*cohortUsage
+	cohortsGen int64
+	now        func() time.Time
+
+	claimsMu sync.Mutex
+	charges  map[types.UID]cachedCharge
+	nsUsage  map[string]*namespaceUsage
+	// gone remembers deleted claims for reservationGrace: a reservation
+	// of a claim this cache saw come and go holds nothing.
+	gone      map[types.UID]time.Time
+	lastSweep time.Time
+
+	nsMu sync.Mutex
+	// nsGen and nsDirty: the claim generations, and the namespaces whose
+	// claims changed since a running total counted them.
+	nsGen    map[string]int64
+	nsDirty  map[string]struct{}
+	tracking bool
+	// live: namespaces the cache had not seen when a claim in them
+	// arrived, read from the API before taking mu (a live read under mu
+	// stalled every admission of every tenant behind it).
+	live map[string]liveNamespace
+
+	// progress is how far the ResourceClaim cache has got; a book another
+	// replica settled further is not decided on before it gets there.
+	progress *claimProgress
+}
+
+// liveNamespace is a namespace read from the API, until the cache has it.
+type liveNamespace struct {
+	ns   *corev1.Namespace // nil: it does not exist
+	read time.Time
+}
+
+// liveNamespaceTTL bounds how long a live read stands in for the cache,
+// which normally catches up within a second.
+const liveNamespaceTTL = 30 * time.Second
+
+// priceList is the catalog as the accountant prices claims: a snapshot of
+// the slices, classes and profiles.
+type priceList struct {
+	gen      int64
+	pricer   *quota.Pricer
+	profiles map[string]*gpuaas.GpuProfile
+	migs     map[string]bool // MIG profile names published by nodes
+}
+
+type tenancy struct {
+	gen     int64
+	quotas  []*gpuaas.TenantQuota // oldest first
+	tenants map[string]quota.Tenant
+	invalid map[string]string // quota name -> why it is not enforced
+	assign  quota.Assignment
+	owner   map[string]string // namespace -> quota name
+}
+
+type cachedCharge struct {
+	resourceVersion string
+	gen             int64
+	charged         quota.Charged
+}
+
+// NewAccountant reads objects from reader (the manager's cache) and, for
+// namespaces the cache misses, from apiReader; it reserves admitted claims
+// in ledger.
+func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant {
+	a := &Accountant{
+		reader: reader, apiReader: apiReader, ledger: ledger,
+		charges: map[types.UID]cachedCharge{},
+		nsUsage: map[string]*namespaceUsage{},
+		nsGen:   map[string]int64{},
+		nsDirty: map[string]struct{}{},
+		cohorts: map[string]*cohortUsage{},
+		gone:    map[types.UID]time.Time{},
+		live:    map[string]liveNamespace{},
+		now:     time.Now,
+
+		progress: newClaimProgress(),
+	}
+	a.catalogGen.Store(1)
+	a.tenancyGen.Store(1)
+	return a
+}
+
+// InvalidateCatalog is called when slices, classes or profiles change.
+func (a *Accountant) InvalidateCatalog() { a.catalogGen.Add(1) }
+
+// invalidateTenancy is called when quotas or namespaces change.
+func (a *Accountant) invalidateTenancy() { a.tenancyGen.Add(1) }
+
+// forgetClaim drops the cached charge of a deleted claim and remembers
+// that it is gone.
+func (a *Accountant) forgetClaim(uid types.UID) {
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	delete(a.charges, uid)
+	now := a.now()
+	a.gone[uid] = now
+	if now.Sub(a.lastSweep) > reservationGrace {
+		for u, at := range a.gone {
+			if now.Sub(at) > reservationGrace {
+				delete(a.gone, u)
+			}
+		}
+		a.lastSweep = now
+	}
+}
+
+// observeClaimVersion is called by the claim informer with the
+// resourceVersion of every event it delivered (and, once synced, of its
+// list): the cache holds every claim up to it.
+func (a *Accountant) observeClaimVersion(rv string) { a.progress.observe(rv) }
+
+// snapshots are the catalog and the tenancy, rebuilt where they changed.
+func (a *Accountant) snapshots(ctx context.Context) (*priceList, *tenancy, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cat, err := a.catalogLocked(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	ten, err := a.tenancyLocked(ctx)
+	return cat, ten, err
+}
+
+func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
+	gen := a.catalogGen.Load() // before listing: a change during the list rebuilds again
+	if a.cat != nil && a.cat.gen == gen {
+		return a.cat, nil
+	}
+	var slices resourceapi.ResourceSliceList
+	if err := a.reader.List(ctx, &slices, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	var classes resourceapi.DeviceClassList
+	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
+	}
+	var profiles gpuaas.GpuProfileList
+	if err := a.reader.List(ctx, &profiles, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing GpuProfiles: %w", err)
+	}
+	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
+	return a.cat, nil
+}
+
+func newCatalog(gen int64, slices []resourceapi.ResourceSlice, classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile) *priceList {
+	cat := &priceList{gen: gen, profiles: map[string]*gpuaas.GpuProfile{}, migs: map[string]bool{}}
+	sl := make([]*resourceapi.ResourceSlice, 0, len(slices))
+	for i := range slices {
+		sl = append(sl, &slices[i])
+	}
+	inv := quota.NewInventory(quota.DriverName, sl)
+	for _, d := range inv.Devices() {
+		if p, ok := d.Basic.Attributes[quota.AttrProfile]; ok && d.Type == quota.TypeMIG && p.StringValue != nil {
+			cat.migs[*p.StringValue] = true
+		}
+	}
+	byName := make(map[string]*resourceapi.DeviceClass, len(classes))
+	for i := range classes {
+		byName[classes[i].Name] = &classes[i]
+	}
+	names := make(map[string]bool, len(profiles))
+	for i := range profiles {
+		p := &profiles[i]
+		cat.profiles[p.Name] = p
+		names[p.Name] = true
+		// A profile whose class is not rendered yet (created a moment
+		// ago) is priced by what its class will select, not guessed.
+		if _, ok := byName[p.Name]; !ok && p.IsEnabled() {
+			if dc, err := deviceclass.Build(p, cat.migs); err == nil {
+				byName[p.Name] = dc
+			}
+		}
+	}
+	cat.pricer = quota.NewPricer(inv, byName, names)
+	return cat
+}
+
+func (a *Accountant) tenancyLocked(ctx context.Context) (*tenancy, error) {
+	gen := a.tenancyGen.Load()
+	if a.ten != nil && a.ten.gen == gen {
+		return a.ten, nil
+	}
+	var quotas gpuaas.TenantQuotaList
+	if err := a.reader.List(ctx, &quotas, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing TenantQuotas: %w", err)
+	}
+	var nsList corev1.NamespaceList
+	if err := a.reader.List(ctx, &nsList, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing Namespaces: %w", err)
+	}
+	a.ten = newTenancy(gen, quotas.Items, nsList.Items)
+	return a.ten, nil
+}
+
+// newTenancy resolves which quota each namespace is charged to; a quota
+// that fails validation is kept (its namespaces are refused) and flagged.
+func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Namespace) *tenancy {
+	ten := &tenancy{gen: gen, tenants: map[string]quota.Tenant{}, invalid: map[string]string{}, owner: map[string]string{}}
+	for i := range quotas {
+		q := &quotas[i]
+		ten.quotas = append(ten.quotas, q)
+		ten.tenants[q.Name] = quota.TenantFromQuota(q)
+		if errs := q.Validate(); len(errs) > 0 {
+			ten.invalid[q.Name] = errs.ToAggregate().Error()
+		}
+	}
+	quota.SortByAge(ten.quotas)
+	nss := make([]*corev1.Namespace, 0, len(namespaces))
+	for i := range namespaces {
+		nss = append(nss, &namespaces[i])
+	}
+	ten.assign = quota.Assign(ten.quotas, nss)
+	for q, list := range ten.assign.Namespaces {
+		for _, ns := range list {
+			ten.owner[ns] = q
+		}
+	}
+	return ten
+}
+
+// ownerLocked is the quota a namespace is charged to, or "" (it needs no
+// lock, only a tenancy snapshot). A namespace the cache has not seen yet
+// (created a moment ago) is taken from the live read prefetchNamespace made
+// before, so a label selector
+// cannot be dodged by racing the informer; without one (a caller that did
+// not prefetch) it is read from the API here.
+func (a *Accountant) ownerLocked(ctx context.Context, ten *tenancy, namespace string) (string, error) {
+	if q, ok := ten.owner[namespace]; ok {
+		return q, nil
+	}
+	var ns corev1.Namespace
+	err := a.reader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if apierrors.IsNotFound(err) {
+		var live *corev1.Namespace
+		if live, err = a.liveNamespace(ctx, namespace); live != nil {
+			ns = *live
+		}
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("reading namespace %s: %w", namespace, err)
+	}
+	owner, _ := quota.Owner(ten.quotas, namespace, ns.Labels)
+	if owner == nil {
+		return "", nil
+	}
+	return owner.Name, nil
+}
+
+// prefetchNamespace reads from the API, without holding mu, a namespace the
+// cache has not seen yet, for ownerLocked.
+func (a *Accountant) prefetchNamespace(ctx context.Context, namespace string) error {
+	var ns corev1.Namespace
+	err := a.reader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if !apierrors.IsNotFound(err) {
+		return nil // cached (or the cache fails, which ownerLocked reports)
+	}
+	a.nsMu.Lock()
+	hit, ok := a.live[namespace]
+	a.nsMu.Unlock()
+	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
+		return nil
+	}
+	_, err = a.readLive(ctx, namespace)
+	return err
+}
+
+// liveNamespace is the prefetched namespace, or a live read now; nil when
+// it does not exist.
+func (a *Accountant) liveNamespace(ctx context.Context, namespace string) (*corev1.Namespace, error) {
+	a.nsMu.Lock()
+	hit, ok := a.live[namespace]
+	a.nsMu.Unlock()
+	if ok && a.now().Sub(hit.read) < liveNamespaceTTL {
+		return hit.ns, nil
+	}
+	return a.readLive(ctx, namespace)
+}
+
+func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Namespace, error) {
+	var ns corev1.Namespace
+	err := a.apiReader.Get(ctx, types.NamespacedName{Name: namespace}, &ns)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading namespace %s: %w", namespace, err)
+	}
+	entry := liveNamespace{read: a.now()}
+	if err == nil {
+		entry.ns = &ns
+	}
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	for name, e := range a.live { // few entries: each lives until the cache catches up
+		if a.now().Sub(e.read) >= liveNamespaceTTL {
+			delete(a.live, name)
+		}
+	}
+	a.live[namespace] = entry
+	return entry.ns, nil
+}
+
+// charge is chargeLocked for a caller that does not hold claimsMu.
+func (a *Accountant) charge(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	return a.chargeLocked(ctx, cat, claim)
+}
+
+// chargeLocked prices a claim, from the cache when neither the claim nor
+// the catalog changed since.
+func (a *Accountant) chargeLocked(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
+	if c, ok := a.charges[claim.UID]; ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
+		return c.charged
+	}
+	charged := cat.pricer.Cost(ctx, claim)
+	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged}
+	return charged
+}
+
+// reserve is the book after admitting claim: the new reservation, minus
+// those that hold nothing any more and those every replica has surely
+// seen resolved; full (the book is left as it was) explains a refusal when
+// the new reservation would take the tenant's or the book's size past its
+// cap (see maxBookBytes).
+//
+// Which reservations the book keeps is the reservation rule's
+// (reservation.go): lapsed ones go, and so do settled ones, whose claims'
+// resourceVersions the book's settled version then covers, so that a
+// replica whose cache lags waits for it before deciding
+// (cacheprogress.go).
+//
+// A claim name holds at most one reservation. A create fails with
+// AlreadyExists when the name is taken, after the webhook reserved it, so
+// every re-run of a create held its cost until reservationGrace with
+// nothing in the API, and filled the book; but of the creates of one name
+// at most one object exists at a time, so one reservation worth the dearer
+// of each resource covers them all (phase.carriesOver).
+func (a *Accountant) reserve(held bookState, claim *resourceapi.ResourceClaim, cost quota.Charge, tenant string) (_ bookState, full string) {
+	owner := a.owners()
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	now := a.now()
+	key := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
+	next := bookState{entries: make([]reservation, 0, len(held.entries)+1), settled: held.settled}
+	var bookBytes, tenantBytes int
+	view := a.viewLocked(a.nsUsage)
+	for _, r := range held.entries {
+		if r.UID == claim.UID {
+			continue
+		}
+		p := r.phase(view, now)
+		if p == lapsed {
+			continue
+		}
+		if rv, ok := r.settled(p, view, now); ok {
+			next.settled = laterVersion(rv, next.settled)
+			continue
+		}
+		if r.key() == key { // replaced by the new reservation
+			if c, err := r.charge(); err == nil && p.carriesOver() {
+				cost = cost.Max(c)
+			}
+			continue
+		}
+		n := r.sizeBound()
+		bookBytes += n
+		if owner[r.Namespace] == tenant {
+			tenantBytes += n
+		}
+		next.entries = append(next.entries, r)
+	}
+	nr := newReservation(key, claim.UID, cost, now)
+	n := nr.sizeBound()
+	switch {
+	case tenantBytes+n > maxTenantBookBytes:
+		return held, fmt.Sprintf("TenantQuota %q has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+			"retry in a few seconds, when they are created or expire", tenant, tenantBytes, maxTenantBookBytes)
+	case bookBytes+n > maxBookBytes:
+		return held, fmt.Sprintf("the quota ledger of TenantQuota %q (its cohort's, if any) has too many claims admitted whose creates are not yet seen (%d bytes of reservations, at most %d): "+
+			"retry in a few seconds, when they are created or expire", tenant, bookBytes, maxBookBytes)
+	}
+	next.entries = append(next.entries, nr)
+	return next, ""
+}
+
+// cacheView is what this replica's cache shows of claims, for the
+// reservation rule (reservation.go): the namespaces' claims as counted in
+// counted, and the claims seen deleted. Its holder holds claimsMu.
+type cacheView struct {
+	counted map[string]*namespaceUsage
+	gone    map[types.UID]time.Time
+	charges map[types.UID]cachedCharge
+}
+
+// viewLocked is the cache as counted in counted (caller holds claimsMu):
+// the latest count of each namespace (a.nsUsage), or a running total's
+// (cohortUsage.counted), so that a reservation stops counting exactly when
+// the claim the total counts starts.
+func (a *Accountant) viewLocked(counted map[string]*namespaceUsage) cacheView {
+	return cacheView{counted: counted, gone: a.gone, charges: a.charges}
+}
+
+func (v cacheView) named(key types.NamespacedName) (types.UID, string, bool) {
+	nu := v.counted[key.Namespace]
+	if nu == nil {
+		return "", "", false
+	}
+	uid, ok := nu.claims[key]
+	return uid, nu.versions[uid], ok
+}
+
+func (v cacheView) sawDeleted(uid types.UID) bool {
+	_, ok := v.gone[uid]
+	return ok
+}
+
+func (v cacheView) costOf(uid types.UID) quota.Charge { return v.charges[uid].charged.Charge }
+
+// owners is which quota each namespace is charged to, as of the last
+// tenancy snapshot.
+func (a *Accountant) owners() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ten == nil {
+		return nil
+	}
+	return a.ten.owner
+}
+
+// heldFor is what this replica last read of the book a quota is charged in.
+func (a *Accountant) heldFor(ctx context.Context, name string) []reservation {
+	a.mu.Lock()
+	ten, err := a.tenancyLocked(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil
+	}
+	t, ok := ten.tenants[name]
+	if !ok {
+		return nil
+	}
+	return a.ledger.bookFor(t).snapshot().entries
+}
+
+// namespaceUsage is what the claims of one namespace hold, as of the
+// namespace's claim generation and the catalog generation.
+type namespaceUsage struct {
+	claimGen, catalogGen int64
+	usage                quota.Usage
+	total                dimVals                            // of usage.Total(), for the running totals
+	claims               map[types.NamespacedName]types.UID // what was counted
+	versions             map[types.UID]string               // their resourceVersions, as counted
+}
+
+// ClaimChanged is called by the claim informer for every event: the
+// namespace's sum is recomputed on its next use. Until the first call the
+// accountant cannot know when a namespace changed and recomputes always.
+func (a *Accountant) ClaimChanged(namespace string) {
+	a.nsMu.Lock()
+	a.nsGen[namespace]++
+	a.nsDirty[namespace] = struct{}{}
+	a.tracking = true
+	a.nsMu.Unlock()
+}
+
+func (a *Accountant) claimGen(namespace string) (int64, bool) {
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	return a.nsGen[namespace], a.tracking
+}
+
+// namespaceUsage is the namespace's sum, recounted when its claims or the
+// catalog changed. The cache is listed without claimsMu: a slow list must
+// not hold up the other cohorts' decisions.
+func (a *Accountant) namespaceUsage(ctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
+	gen, tracking := a.claimGen(ns)
+	a.claimsMu.Lock()
+	nu := a.nsUsage[ns]
+	a.claimsMu.Unlock()
+	if tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
+		return nu, nil
+	}
+	var claims resourceapi.ResourceClaimList
+	if err := a.reader.List(ctx, &claims, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceClaims of namespace %s: %w", ns, err)
+	}
+	a.claimsMu.Lock()
+	defer a.claimsMu.Unlock()
+	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen,
+		claims:   make(map[types.NamespacedName]types.UID, len(claims.Items)),
+		versions: make(map[types.UID]string, len(claims.Items))}
+	var tally quota.Tally
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		nu.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
+		nu.versions[c.UID] = c.ResourceVersion
+		if ch := a.chargeLocked(ctx, cat, c); !ch.Charge.IsZero() {
+			tally.Add(ch.Charge, ch.Allocated)
+		}
+	}
+	nu.usage = tally.Usage()
+	nu.total = dimsOf(nu.usage.Total())
+	a.nsUsage[ns] = nu
+	return nu, nil
+}

@@ -1,0 +1,53 @@
+package admission
+
+import (
+	"context"
+	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
+)
+
+// The fixtures are testworld's, under the names these tests use.
+var (
+	attr          = testworld.Attr
+	intAttr       = testworld.IntAttr
+	mig1g         = testworld.Mig1g
+	resourceSlice = testworld.ResourceSlice
+	gpuProfile    = testworld.GpuProfile
+	classOf       = testworld.ClassOf
+	tenantQuota   = testworld.TenantQuota
+	teamQuota     = testworld.TeamQuota
+	qty           = testworld.Qty
+	ns            = testworld.Namespace
+	claim         = testworld.Claim
+	allocatedTo   = testworld.AllocatedTo
+	world         = testworld.World
+	newFakeClient = testworld.NewFakeClient
+)
+
+// The Kueue fixtures.
+const (
+	kcmUser    = testworld.KCMUser
+	tenantUser = testworld.TenantUser
+)
+
+var (
+	controllerRef    = testworld.ControllerRef
+	jobRef           = testworld.JobRef
+	gpuPod           = testworld.GPUPod
+	kueuePod         = testworld.KueuePod
+	kueueWorkloadObj = testworld.KueueWorkload
+	workload         = testworld.Workload
+	kcmClaim         = testworld.KCMClaim
+	withAlternatives = testworld.WithAlternatives
+	genericClass     = testworld.GenericClass
+)
+
+func newAccountant(t testing.TB, objs ...client.Object) (*Accountant, client.WithWatch) {
+	c := newFakeClient(t, objs...)
+	return NewAccountant(c, c, NewLedger(c, "gpuaas")), c
+}
+
+func ctx(t testing.TB) context.Context { return t.Context() }

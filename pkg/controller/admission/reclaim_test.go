@@ -1,0 +1,163 @@
+package admission
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// reclaimWorld: cohort "research" of team-a (namespace a, 1 unit, may
+// borrow) and team-b (namespace b, 2 units). team-a holds its own GPU,
+// allocated, and borrows team-b's two with bare claims no pod uses,
+// idle-1 created age ago, idle-2 (the newest) newest ago; team-b holds
+// nothing and is locked out of its own quota.
+func reclaimWorld(t *testing.T, age, newest time.Duration) []client.Object {
+	created := metav1.NewTime(time.Now().Add(-age))
+	own := allocatedTo(claim("a", "own", "h100", 1), "node-a", "gpu-0")
+	idle1, idle2 := claim("a", "idle-1", "h100", 1), claim("a", "idle-2", "h100", 1)
+	own.CreationTimestamp, idle1.CreationTimestamp = created, created
+	idle2.CreationTimestamp = metav1.NewTime(time.Now().Add(-newest))
+	if age == newest { // same second: the later create is told by its resourceVersion
+		idle2.CreationTimestamp = created
+	}
+	return append(world(t), ns("a", nil), ns("b", nil),
+		tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}}),
+		tenantQuota("team-b", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"b"}, Cohort: "research",
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("2")}}),
+		own, idle1, idle2)
+}
+
+// Issue 26 item 6: four bare claims of a borrower locked a lender out of
+// its own quota for as long as they existed. Now a lender refused within
+// its own limit gets back what borrowers hold with claims unallocated for
+// longer than ReclaimAfter: the newest such claims are deleted, just
+// enough, and the quota is kept for the lender against the borrower's next
+// claim.
+func TestLenderReclaimsFromUnallocatedBorrowers(t *testing.T) {
+	acct, c := newAccountant(t, reclaimWorld(t, 20*time.Minute, 20*time.Minute)...)
+	acct.ReclaimAfter = 10 * time.Minute
+	reclaimedBefore := testutil.ToFloat64(reclaimedClaims.WithLabelValues("team-a"))
+
+	adm, err := acct.Admit(ctx(t), claim("b", "lender-1", "h100", 1), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adm.Allowed || !strings.Contains(adm.Reason, "has lent it out") || !strings.Contains(adm.Reason, "Reclaiming it: deleting 1 of the borrowers' claims") ||
+		!strings.Contains(adm.Reason, "a/idle-2") {
+		t.Fatalf("lender's first claim: allowed %v, %q; want a refusal that reclaims a/idle-2", adm.Allowed, adm.Reason)
+	}
+	waitGone(t, c, "a", "idle-2")
+	// One claim covers what the lender lacks: the others stay.
+	if !exists(t, c, "a", "idle-1") || !exists(t, c, "a", "own") {
+		t.Fatal("a/own or a/idle-1 is gone too; only the newest unallocated claim should be")
+	}
+
+	// The borrower's pod gets its claim made again at once: the quota is
+	// kept for the lender.
+	adm, _ = acct.Admit(ctx(t), claim("a", "idle-2-again", "h100", 1), false)
+	if adm.Allowed {
+		t.Fatal("the borrower's re-made claim took the quota reclaimed for the lender")
+	}
+	adm, _ = acct.Admit(ctx(t), claim("b", "lender-2", "h100", 1), false)
+	if !adm.Allowed {
+		t.Fatalf("lender's retry refused after the reclaim: %s", adm.Reason)
+	}
+	if got := testutil.ToFloat64(reclaimedClaims.WithLabelValues("team-a")) - reclaimedBefore; got != 1 {
+		t.Errorf("gpuaas_quota_reclaimed_claims_total{tenant=team-a} grew by %v, want 1", got)
+	}
+}
+
+// What is never taken: claims younger than ReclaimAfter, allocated claims,
+// and anything at all when reclaiming is off (the old rule: lenders wait)
+// or when what could be taken does not cover what the lender lacks.
+func TestReclaimTakesOnlyStaleUnallocatedBorrowing(t *testing.T) {
+	tests := []struct {
+		name        string
+		age, newest time.Duration
+		after       time.Duration
+		want        int64 // GPUs the lender asks for
+		why         string
+	}{
+		{name: "reclaiming off: the lender waits", age: time.Hour, newest: time.Hour, after: 0, want: 1, why: "admitted once the borrowers give quota back"},
+		{name: "claims younger than the grace are kept", age: time.Minute, newest: time.Minute, after: 10 * time.Minute, want: 1, why: "do not cover it: it waits"},
+		{name: "not enough to take: nothing is taken", age: time.Hour, newest: time.Minute, after: 10 * time.Minute, want: 2, why: "do not cover it: it waits"},
+		{name: "over the lender's own limit: nothing is owed", age: time.Hour, newest: time.Hour, after: 10 * time.Minute, want: 3, why: "limit 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			acct, c := newAccountant(t, reclaimWorld(t, tt.age, tt.newest)...)
+			acct.ReclaimAfter = tt.after
+			adm, err := acct.Admit(ctx(t), claim("b", "lender", "h100", tt.want), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if adm.Allowed || !strings.Contains(adm.Reason, tt.why) || strings.Contains(adm.Reason, "Reclaiming") {
+				t.Fatalf("allowed %v, %q; want a refusal containing %q that reclaims nothing", adm.Allowed, adm.Reason, tt.why)
+			}
+			var claims resourceapi.ResourceClaimList
+			if err := c.List(ctx(t), &claims, client.InNamespace("a")); err != nil {
+				t.Fatal(err)
+			}
+			if len(claims.Items) != 3 {
+				t.Fatalf("the borrower has %d claims left, want all 3", len(claims.Items))
+			}
+		})
+	}
+}
+
+// A claim the scheduler allocates between the decision and the delete is
+// kept: the delete is preconditioned on what was judged.
+func TestReclaimKeepsAClaimAllocatedMeanwhile(t *testing.T) {
+	acct, c := newAccountant(t, reclaimWorld(t, time.Hour, time.Hour-time.Second)...)
+	acct.ReclaimAfter = time.Minute
+	victim := reclaimVictim{tenant: "team-a"}
+	var got resourceapi.ResourceClaim
+	if err := c.Get(ctx(t), client.ObjectKey{Namespace: "a", Name: "idle-2"}, &got); err != nil {
+		t.Fatal(err)
+	}
+	victim.key, victim.uid, victim.resourceVersion = client.ObjectKeyFromObject(&got), got.UID, got.ResourceVersion
+	allocatedTo(&got, "node-a", "gpu-1")
+	if err := c.Update(ctx(t), &got); err != nil {
+		t.Fatal(err)
+	}
+	acct.deleteVictim(ctx(t), "team-b", victim)
+	if !exists(t, c, "a", "idle-2") {
+		t.Fatal("a claim allocated after it was judged was deleted")
+	}
+}
+
+func exists(t *testing.T, c client.Client, namespace, name string) bool {
+	t.Helper()
+	return existsCtx(ctx(t), t, c, namespace, name)
+}
+
+func existsCtx(ctx context.Context, t *testing.T, c client.Client, namespace, name string) bool {
+	t.Helper()
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &resourceapi.ResourceClaim{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// waitGone waits for the reclaimer, which deletes in the background.
+func waitGone(t *testing.T, c client.Client, namespace, name string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx(t), 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return !existsCtx(ctx, t, c, namespace, name), nil
+	})
+	if err != nil {
+		t.Fatalf("claim %s/%s was not deleted: %v", namespace, name, err)
+	}
+}

@@ -1,0 +1,29 @@
+package webhook
+
+import (
+	"k8s.io/apimachinery/pkg/util/sets"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+)
+
+// Register serves the webhooks on the manager's webhook server: the quota
+// webhook decides with acct, remembers the pods of denied claims in nudge,
+// and asks gate (nil without the Kueue integration) about the claims it
+// denies; exempt are the configured exempt namespaces, besides the
+// defaults.
+func Register(mgr manager.Manager, acct *quotaadmission.Accountant, nudge *quotaadmission.Nudger, gate *quotaadmission.KueueGate, exempt []string) {
+	dec := admission.NewDecoder(mgr.GetScheme())
+	skip := exemptNamespaces(exempt)
+	srv := mgr.GetWebhookServer()
+	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
+		exempt: sets.New(skip...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
+	}})
+	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
+		exempt: sets.New(skip...), acct: acct, decoder: dec,
+	}})
+	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec}})
+	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})
+	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
+}

@@ -1,0 +1,201 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
+)
+
+// Event reason on a pod whose claim was denied: the kube-controller-manager
+// only logs the failed creation, so this is how `kubectl describe pod`
+// shows why the pod waits.
+const reasonQuotaExceeded = "QuotaExceeded"
+
+// claimWebhook charges ResourceClaims against quotas and validates their
+// opaque configuration.
+type claimWebhook struct {
+	exempt   sets.Set[string] // namespaces whose claims skip quota, exactly
+	acct     *quotaadmission.Accountant
+	decoder  admission.Decoder
+	recorder events.EventRecorder
+	nudger   *quotaadmission.Nudger
+	// kueue admits claims of Kueue-admitted workloads over quota; nil
+	// when the controller does not integrate with Kueue.
+	kueue *quotaadmission.KueueGate
+}
+
+func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
+	var claim resourceapi.ResourceClaim
+	if err := h.decoder.Decode(req, &claim); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaim: %w", err))
+	}
+	// With generateName the request carries no name, but the object does:
+	// the apiserver names it before validating admission.
+	claim.Namespace = req.Namespace
+	if claim.Name == "" {
+		claim.Name = req.Name
+	}
+	if errs := validateOpaque(field.NewPath("spec", "devices", "config"), claim.Spec.Devices.Config); len(errs) > 0 {
+		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
+	}
+	if req.Operation != admissionv1.Create || h.exempt.Has(claim.Namespace) {
+		return admission.Allowed("")
+	}
+	dryRun := ptr.Deref(req.DryRun, false)
+	adm, err := h.acct.Admit(ctx, &claim, dryRun)
+	if err != nil {
+		// Fail closed, like the webhook's failurePolicy: no quota check,
+		// no claim. The creator (or the kube-controller-manager) retries.
+		klog.FromContext(ctx).Error(err, "Quota check failed", "claim", klog.KObj(&claim))
+		admissionErrors.Inc()
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
+	}
+	if !adm.Allowed {
+		adm, err = h.kueue.Overrule(ctx, &claim, adm, req.UserInfo.Username, dryRun)
+		if err != nil {
+			admissionErrors.Inc()
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
+		}
+	}
+	if !dryRun {
+		recordAdmission(adm.Tenant, adm)
+	}
+	if adm.OverruledBy != "" {
+		return admission.Allowed("").WithWarnings(fmt.Sprintf("over TenantQuota %q (%s); admitted because %s", adm.Tenant, adm.Reason, adm.OverruledBy))
+	}
+	if !adm.Allowed {
+		h.denied(ctx, &claim, adm, dryRun)
+		return admission.Denied(adm.Reason)
+	}
+	klog.FromContext(ctx).V(4).Info("Claim admitted", "claim", klog.KObj(&claim), "tenant", adm.Tenant, "cost", adm.Cost.String())
+	resp := admission.Allowed("")
+	if adm.Borrows {
+		resp = resp.WithWarnings(fmt.Sprintf("TenantQuota %q is over its own limits; this claim borrows idle quota of cohort %q", adm.Tenant, adm.Cohort))
+	}
+	return resp
+}
+
+// denied tells the pod that waits for the claim why, and remembers it so it
+// is retried once quota frees up.
+func (h *claimWebhook) denied(ctx context.Context, claim *resourceapi.ResourceClaim, adm quotaadmission.Admission, dryRun bool) {
+	klog.FromContext(ctx).V(2).Info("Claim denied", "claim", klog.KObj(claim), "tenant", adm.Tenant, "reason", adm.Reason)
+	pod, ok := quotaadmission.PodOf(claim)
+	if !ok || dryRun {
+		return
+	}
+	h.nudger.Wait(pod)
+	if h.recorder != nil {
+		ref := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+		for _, o := range claim.OwnerReferences {
+			if o.Kind == "Pod" {
+				ref.UID = o.UID
+			}
+		}
+		h.recorder.Eventf(ref, nil, corev1.EventTypeWarning, reasonQuotaExceeded, "CreateResourceClaim",
+			"ResourceClaim for the pod is waiting for quota: %s", adm.Reason)
+	}
+}
+
+// templateWebhook validates the opaque configuration of
+// ResourceClaimTemplates: their claims are made later by the
+// kube-controller-manager, where nobody would see the error.
+type templateWebhook struct {
+	decoder admission.Decoder
+}
+
+func (h *templateWebhook) Handle(_ context.Context, req admission.Request) admission.Response {
+	var tmpl resourceapi.ResourceClaimTemplate
+	if err := h.decoder.Decode(req, &tmpl); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaimTemplate: %w", err))
+	}
+	if errs := validateOpaque(field.NewPath("spec", "spec", "devices", "config"), tmpl.Spec.Spec.Devices.Config); len(errs) > 0 {
+		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaimTemplate"}, req.Name, errs)
+	}
+	return admission.Allowed("")
+}
+
+// profileWebhook refuses a GpuProfile whose selector, config or extended
+// resource name is invalid: the error shows at `kubectl apply`.
+type profileWebhook struct {
+	acct    *quotaadmission.Accountant
+	decoder admission.Decoder
+}
+
+func (h *profileWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
+	var p gpuaas.GpuProfile
+	if err := h.decoder.Decode(req, &p); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding GpuProfile: %w", err))
+	}
+	if req.Operation == admissionv1.Update {
+		// Only the spec is validated: an invalid profile stored while no
+		// webhook ran must still take the controller's finalizer and
+		// labels, or it could never be drained.
+		var old gpuaas.GpuProfile
+		if err := h.decoder.DecodeRaw(req.OldObject, &old); err != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old GpuProfile: %w", err))
+		}
+		if equality.Semantic.DeepEqual(old.Spec, p.Spec) {
+			return admission.Allowed("")
+		}
+	}
+	migs, err := h.acct.PublishedMigProfiles(ctx)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if errs := deviceclass.Validate(&p, migs); len(errs) > 0 {
+		return invalid(gpuaas.GroupVersion.WithKind(gpuaas.GpuProfileKind).GroupKind(), req.Name, errs)
+	}
+	return admission.Allowed("")
+}
+
+// quotaWebhook refuses a TenantQuota the controller could not enforce and
+// warns when its namespaces are already another quota's.
+type quotaWebhook struct {
+	acct    *quotaadmission.Accountant
+	decoder admission.Decoder
+}
+
+func (h *quotaWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
+	var q gpuaas.TenantQuota
+	if err := h.decoder.Decode(req, &q); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding TenantQuota: %w", err))
+	}
+	if errs := q.Validate(); len(errs) > 0 {
+		return invalid(gpuaas.GroupVersion.WithKind(gpuaas.TenantQuotaKind).GroupKind(), req.Name, errs)
+	}
+	held, err := h.acct.HeldByOthers(ctx, req.Name, q.Spec.Namespaces)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	resp := admission.Allowed("")
+	if len(held) > 0 {
+		resp = resp.WithWarnings(append(held, "the older quota keeps those namespaces; see status condition NamespaceConflict")...)
+	}
+	return resp
+}
+
+// invalid answers 422 with field errors, as the apiserver's own
+// validation would.
+func invalid(gk schema.GroupKind, name string, errs field.ErrorList) admission.Response {
+	status := apierrors.NewInvalid(gk, name, errs).ErrStatus
+	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
+}
