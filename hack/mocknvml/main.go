@@ -20,6 +20,7 @@
 //	mocknvml hold --state-dir DIR --gpu N|UUID --pid P [--name NAME] [--off]
 //	mocknvml mig-mode-pending --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml rebind --state-dir DIR --gpu N|UUID
 //	mocknvml reset --state-dir DIR --gpu N|UUID
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
@@ -51,7 +52,11 @@
 // that every change answers ERROR_IN_USE and NVML lists P on the GPU;
 // mig-mode-pending leaves changes pending until a reset (activation status
 // RESET_REQUIRED), until --off; rebind-on-mig-mode gives the GPU a new
-// minor number at each change that takes effect, until --off. reset
+// minor number at each change that takes effect, until --off. A re-bind
+// also makes the handles processes obtained before it answer GPU_IS_LOST
+// until they look the GPU up again, and their event registrations deaf to
+// it until they register again. rebind re-binds the GPU now, without a
+// mode change, as mig-manager does to a static-MIG GPU. reset
 // resets the GPU as nvidia-smi -r does: a pending MIG mode becomes current,
 // MIG devices and the compute mode are lost; it refuses while a process
 // holds the GPU.
@@ -104,6 +109,7 @@ const usage = `usage:
   mocknvml hold --state-dir DIR --gpu N|UUID --pid P [--name NAME] [--off]
   mocknvml mig-mode-pending --state-dir DIR --gpu N|UUID [--off]
   mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
+  mocknvml rebind --state-dir DIR --gpu N|UUID
   mocknvml reset --state-dir DIR --gpu N|UUID
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
@@ -123,6 +129,7 @@ var commands = map[string]func(args []string) error{
 	"hold":               hold,
 	"mig-mode-pending":   migModePending,
 	"rebind-on-mig-mode": rebindOnMigMode,
+	"rebind":             rebind,
 	"reset":              reset,
 	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvmock.UnloadDriver) },
 	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvmock.LoadDriver) },
@@ -346,6 +353,14 @@ func rebindOnMigMode(args []string) error {
 		return err
 	}
 	return nvmock.SetRebindOnMigMode(*c.stateDir, *c.gpu, !*off)
+}
+
+func rebind(args []string) error {
+	c := newCommand("rebind", true)
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return nvmock.RebindGPU(*c.stateDir, *c.gpu)
 }
 
 func reset(args []string) error {

@@ -82,6 +82,10 @@ type Monitor struct {
 	// saveMu orders the saves of the faults (persist.go).
 	saveMu sync.Mutex
 
+	// reregister asks Run to register the GPUs for events again
+	// (Reregister); one request pending at most.
+	reregister chan struct{}
+
 	mu       sync.Mutex
 	faults   map[id]*Fault
 	lost     map[string]bool // GPUs whose last probe failed
@@ -91,7 +95,19 @@ type Monitor struct {
 // New returns a monitor of lib's GPUs; Run starts it.
 func New(lib nvdev.Interface, cfg Config, metrics *Metrics) *Monitor {
 	return &Monitor{lib: lib, cfg: cfg.withDefaults(), metrics: metrics, faults: map[id]*Fault{}, lost: map[string]bool{},
-		watching: make(chan struct{})}
+		watching: make(chan struct{}), reregister: make(chan struct{}, 1)}
+}
+
+// Reregister asks the running monitor to register every GPU for events
+// again, on a new event set, without waiting for it. A GPU the driver
+// re-bound (a MIG mode change, mig-manager) may no longer deliver events
+// to a registration made before: its XIDs would go unseen. Run also does
+// it by itself when a probe finds a GPU's handle stale.
+func (m *Monitor) Reregister() {
+	select {
+	case m.reregister <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 // OnChange registers f to be called (on the monitor's goroutine, without
@@ -131,10 +147,9 @@ func (m *Monitor) Run(ctx context.Context) {
 	ctx = klog.NewContext(ctx, logger)
 	m.load(ctx)
 	m.metrics.setFaults(m.Faults())
+	m.takeReregister() // a request made before this Run: it registers now
 	set := m.register(ctx)
-	if set != nil {
-		defer func() { _ = set.Free() }()
-	}
+	defer func() { freeSet(set) }()
 	m.probe(ctx)
 	m.watchingOnce.Do(func() { close(m.watching) })
 	// Probes are paced by the real clock; Now only dates and expires faults.
@@ -150,7 +165,28 @@ func (m *Monitor) Run(ctx context.Context) {
 			m.probe(ctx)
 			nextProbe = time.Now().Add(m.cfg.ProbeInterval)
 		}
+		if m.takeReregister() {
+			klog.FromContext(ctx).Info("Registering the GPUs for events again")
+			freeSet(set)
+			set = m.register(ctx)
+		}
 		m.expire(ctx)
+	}
+}
+
+// takeReregister takes a pending Reregister request, if there is one.
+func (m *Monitor) takeReregister() bool {
+	select {
+	case <-m.reregister:
+		return true
+	default:
+		return false
+	}
+}
+
+func freeSet(set nvml.EventSet) {
+	if set != nil {
+		_ = set.Free()
 	}
 }
 
@@ -174,34 +210,39 @@ func (m *Monitor) register(ctx context.Context) nvml.EventSet {
 		set = nil
 	}
 	for _, gpu := range m.lib.GPUs() {
-		if err := m.registerGPU(gpu.UUID, set); err != nil {
-			logger.Info("GPU not watched for XIDs", "gpu", gpu.UUID, "err", err)
-			m.add(ctx, Fault{Kind: KindUnmonitored, Value: "no-xid-events", GPU: gpu.UUID, Message: err.Error(),
-				Effect: resourceapi.DeviceTaintEffectNone})
+		err := m.registerGPU(gpu.UUID, set)
+		if err == nil {
+			// Watched now, if a registration before was refused.
+			m.clear(ctx, func(f *Fault) bool { return f.GPU == gpu.UUID && f.Kind == KindUnmonitored })
+			continue
 		}
+		logger.Info("GPU not watched for XIDs", "gpu", gpu.UUID, "err", err)
+		m.add(ctx, Fault{Kind: KindUnmonitored, Value: "no-xid-events", GPU: gpu.UUID, Message: err.Error(),
+			Effect: resourceapi.DeviceTaintEffectNone})
 	}
 	return set
 }
 
+// registerGPU registers a GPU on set, on a handle asked for again if the
+// cached one is stale (nvdev.WithHandle).
 func (m *Monitor) registerGPU(uuid string, set nvml.EventSet) error {
 	if set == nil {
 		return fmt.Errorf("no NVML event set")
 	}
-	dev, err := m.lib.DeviceByUUID(uuid)
-	if err != nil {
-		return err
-	}
-	supported, ret := dev.GetSupportedEventTypes()
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("supported event types: %v", nvml.ErrorString(ret))
-	}
-	if supported&nvml.EventTypeXidCriticalError == 0 {
-		return fmt.Errorf("XID events not supported")
-	}
-	if ret := dev.RegisterEvents(monitoredEvents&supported, set); ret != nvml.SUCCESS {
-		return fmt.Errorf("registering for events: %v", nvml.ErrorString(ret))
-	}
-	return nil
+	_, err := nvdev.WithHandle(m.lib, uuid, func(dev nvml.Device) error {
+		supported, ret := dev.GetSupportedEventTypes()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("supported event types: %w", ret)
+		}
+		if supported&nvml.EventTypeXidCriticalError == 0 {
+			return fmt.Errorf("XID events not supported")
+		}
+		if ret := dev.RegisterEvents(monitoredEvents&supported, set); ret != nvml.SUCCESS {
+			return fmt.Errorf("registering for events: %w", ret)
+		}
+		return nil
+	})
+	return err
 }
 
 // wait takes the events NVML has (or times out) and records them.
@@ -290,7 +331,7 @@ func giProfileIndex(dev nvml.Device, profileID uint32) (int, bool) {
 // clears what only a reset clears.
 func (m *Monitor) probe(ctx context.Context) {
 	for _, gpu := range m.lib.GPUs() {
-		err := m.answers(gpu.UUID)
+		err := m.answers(ctx, gpu.UUID)
 		m.mu.Lock()
 		wasLost := m.lost[gpu.UUID]
 		m.lost[gpu.UUID] = err != nil
@@ -316,12 +357,13 @@ func (m *Monitor) probe(ctx context.Context) {
 // applies a pending remapping. GPUs without row remapping (before Ampere)
 // answer NOT_SUPPORTED and are left alone.
 func (m *Monitor) probeRowRemap(ctx context.Context, uuid string) {
-	dev, err := m.lib.DeviceByUUID(uuid)
+	var pending, failed bool
+	_, err := nvdev.WithHandle(m.lib, uuid, func(dev nvml.Device) error {
+		var ret nvml.Return
+		_, _, pending, failed, ret = dev.GetRemappedRows()
+		return nvdev.Returned(ret)
+	})
 	if err != nil {
-		return
-	}
-	_, _, pending, failed, ret := dev.GetRemappedRows()
-	if ret != nvml.SUCCESS {
 		return
 	}
 	switch {
@@ -336,16 +378,22 @@ func (m *Monitor) probeRowRemap(ctx context.Context, uuid string) {
 	}
 }
 
-// answers makes a cheap NVML call that needs the GPU itself.
-func (m *Monitor) answers(uuid string) error {
-	dev, err := m.lib.DeviceByUUID(uuid)
-	if err != nil {
-		return err
+// answers makes a cheap NVML call that needs the GPU itself. A GPU whose
+// cached handle is stale but that answers on one asked for again was
+// re-bound, not lost: it answers, and its event registration, made with
+// the stale handle, is made again.
+func (m *Monitor) answers(ctx context.Context, uuid string) error {
+	renewed, err := nvdev.WithHandle(m.lib, uuid, func(dev nvml.Device) error {
+		if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
+			return fmt.Errorf("memory info: %w", ret)
+		}
+		return nil
+	})
+	if renewed {
+		klog.FromContext(ctx).Info("GPU answers on a new handle (re-bound?); registering for its events again", "gpu", uuid)
+		m.Reregister()
 	}
-	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
-		return fmt.Errorf("memory info: %v", nvml.ErrorString(ret))
-	}
-	return nil
+	return err
 }
 
 // SetMissing reports GPUs the node is known to have (by UUID, with what

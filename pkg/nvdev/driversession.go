@@ -128,6 +128,17 @@ func (r *Releasable) DeviceByUUID(uuid string) (nvml.Device, error) {
 	return cur.DeviceByUUID(uuid)
 }
 
+// ForgetHandle drops the open session's cached handle; while released
+// there is none to drop.
+func (r *Releasable) ForgetHandle(uuid string) {
+	r.mu.RLock()
+	cur := r.cur
+	r.mu.RUnlock()
+	if cur != nil {
+		cur.ForgetHandle(uuid)
+	}
+}
+
 // NVML is the latest session's library; while released it is shut down
 // and its calls fail, so callers must not use it then.
 func (r *Releasable) NVML() nvml.Interface { return r.latest().NVML() }

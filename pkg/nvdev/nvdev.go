@@ -55,6 +55,11 @@ type Interface interface {
 	Problems() []Problem
 	// DeviceByUUID returns the cached NVML handle of a GPU.
 	DeviceByUUID(uuid string) (nvml.Device, error)
+	// ForgetHandle drops the cached handle of a GPU, so that the next
+	// DeviceByUUID asks NVML again: a GPU the driver re-bound (after a
+	// MIG mode change, or mig-manager's) may leave the old handle stale
+	// (see WithHandle).
+	ForgetHandle(uuid string)
 	// NVML returns the underlying library, for NVIDIA packages (nvcdi, MIG)
 	// that take an nvml.Interface.
 	NVML() nvml.Interface
@@ -225,6 +230,12 @@ func (s *session) DeviceByUUID(uuid string) (nvml.Device, error) {
 	}
 	s.handles[uuid] = d
 	return d, nil
+}
+
+func (s *session) ForgetHandle(uuid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.handles, uuid)
 }
 
 func (s *session) Shutdown() error {

@@ -97,6 +97,10 @@ type Driver struct {
 	withdrawn bool
 
 	health *health.Monitor
+	// reregister has the health monitor register the GPUs for events
+	// again after a re-bind (rebind.go); set before the restore, which
+	// may re-bind, nil without a monitor.
+	reregister func()
 	// orphans are prepared devices on GPUs not enumerated (lost before
 	// this start): not published, but their health is still reported.
 	orphans []AllocatableDevice
@@ -154,6 +158,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	d.state = NewState(stateCfg)
 	d.state.onRebound = d.gpuRebound
+	if opts.Health != nil {
+		d.reregister = opts.Health.Reregister
+	}
 	// One bad GPU is reported, not fatal: the others are published, and
 	// claims prepared on it are still unprepared (and told of its loss).
 	problems := findGPUProblems(opts.NVML, records)

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 )
 
@@ -104,16 +105,19 @@ func (k dynamicWholeGPU) setUp(ctx context.Context, s *State, p *plannedDevice, 
 // switchMIGMode sets the MIG mode of p's GPU, waiting for a GPU another
 // process holds, and makes p's device the GPU as it is after the change.
 func (s *State) switchMIGMode(ctx context.Context, p *plannedDevice, change func(nvml.Device) error, what string) (nvml.Device, error) {
-	dev, err := s.nvml.DeviceByUUID(p.device.GPU.UUID)
+	// On a handle asked for again if the cached one is stale: the GPU may
+	// have been re-bound by the other plugin instance of a rolling update.
+	_, err := nvdev.WithHandle(s.nvml, p.device.GPU.UUID, func(dev nvml.Device) error {
+		return mig.RetryInUse(ctx, dev, s.modeRetry(), change)
+	})
 	if err != nil {
-		return nil, err
-	}
-	if err := mig.RetryInUse(ctx, dev, s.modeRetry(), change); err != nil {
 		return nil, fmt.Errorf("%s (GPU %d): %w", what, p.device.GPU.Index, err)
 	}
-	if dev, p.device, err = s.requery(ctx, p.device); err != nil {
+	dev, now, err := s.requery(ctx, p.device)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
+	p.device = now
 	return dev, nil
 }
 
@@ -183,26 +187,32 @@ func (s *State) createMIG(dev nvml.Device, p plannedDevice, rec *checkpoint.Clai
 // one that did would be found unowned at the next start, unowned.go).
 // Refusing would leave the claim prepared for ever and its pod stuck
 // Terminating, as it did when a lost GPU took the plugin down.
+//
+// A GPU is taken for lost only if a handle asked for again says so too: a
+// stale handle of a re-bound GPU answers GPU_IS_LOST as well, and taking
+// it at its word would leave the MIG device behind.
 func (s *State) destroyMIG(d *checkpoint.Device) error {
-	dev, err := s.nvml.DeviceByUUID(d.GPUUUID)
+	_, err := nvdev.WithHandle(s.nvml, d.GPUUUID, func(dev nvml.Device) error { return destroyMIGOn(dev, d) })
 	if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("destroying MIG device of %s: %w", d.Device, err)
 	}
+	return nil
+}
+
+// destroyMIGOn destroys what a record says a prepare made, or may have
+// made, on the GPU dev.
+func destroyMIGOn(dev nvml.Device, d *checkpoint.Device) error {
 	if d.CreatedMIG != nil {
-		err := mig.Destroy(dev, *d.CreatedMIG)
-		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
-			return nil
-		}
-		if err != nil && !errors.Is(err, mig.ErrReplaced) {
-			return fmt.Errorf("destroying MIG device %s of %s: %w", d.CreatedMIG.UUID, d.Device, err)
+		if err := mig.Destroy(dev, *d.CreatedMIG); err != nil && !errors.Is(err, mig.ErrReplaced) {
+			return fmt.Errorf("%s: %w", d.CreatedMIG.UUID, err)
 		}
 		return nil
 	}
-	if err := mig.DestroyAt(dev, *d.MIGIntent); err != nil && !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
-		return fmt.Errorf("destroying what an interrupted prepare of %s left: %w", d.Device, err)
+	if err := mig.DestroyAt(dev, *d.MIGIntent); err != nil {
+		return fmt.Errorf("what an interrupted prepare left: %w", err)
 	}
 	return nil
 }

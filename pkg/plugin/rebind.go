@@ -22,13 +22,15 @@ import (
 // mode it asks NVML again, and what it publishes and writes follows.
 
 // requery asks NVML again for a GPU whose MIG mode the plugin may just
-// have changed: a new handle by UUID, and its minor number. It returns the
-// handle and the device as it is now (a copy with the new minor if the
-// GPU was re-bound, which is then published too).
+// have changed: a new handle by UUID (the cached one may be stale after a
+// re-bind, so it is forgotten and the new one cached), and its minor
+// number. It returns the handle and the device as it is now (a copy with
+// the new minor if the GPU was re-bound, which is then published too).
 func (s *State) requery(ctx context.Context, d *AllocatableDevice) (nvml.Device, *AllocatableDevice, error) {
-	dev, ret := s.nvml.NVML().DeviceGetHandleByUUID(d.GPU.UUID)
-	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("getting the handle of GPU %s again after setting its MIG mode: %w", d.GPU.UUID, ret)
+	s.nvml.ForgetHandle(d.GPU.UUID)
+	dev, err := s.nvml.DeviceByUUID(d.GPU.UUID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("getting the handle of GPU %s again after setting its MIG mode: %w", d.GPU.UUID, err)
 	}
 	minor, ret := dev.GetMinorNumber()
 	if ret != nvml.SUCCESS {
@@ -45,8 +47,11 @@ func (s *State) requery(ctx context.Context, d *AllocatableDevice) (nvml.Device,
 
 // gpuRebound makes the published devices of a GPU carry its new minor
 // number: those State plans claims with, and through onRebound those the
-// driver publishes.
+// driver publishes (and the health monitor registers the GPU for its
+// events again). The GPU's cached handle, from before the re-bind, is
+// forgotten: it may be stale.
 func (s *State) gpuRebound(ctx context.Context, uuid string, minor int) {
+	s.nvml.ForgetHandle(uuid)
 	s.devMu.Lock()
 	changed := false
 	next := make(map[string]*AllocatableDevice, len(s.devices))
@@ -76,8 +81,13 @@ func withMinor(d *AllocatableDevice, minor int) *AllocatableDevice {
 	return &out
 }
 
-// gpuRebound republishes a GPU's devices with its new minor number.
+// gpuRebound republishes a GPU's devices with its new minor number, and
+// has the health monitor register the GPU for its events again: a
+// registration made before the re-bind may deliver none.
 func (d *Driver) gpuRebound(ctx context.Context, uuid string, minor int) {
+	if d.reregister != nil {
+		d.reregister()
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	inv := d.inv

@@ -59,9 +59,16 @@ func (d *Driver) watchStaticMIG(ctx context.Context, lib nvdev.Interface, cfg *c
 // refreshStaticMIG reads the layouts of the static-MIG GPUs and, where
 // one differs from what is published, publishes the GPU's devices anew: its
 // MIG devices, or the whole GPU while its MIG mode is off (as at start).
+// It reads their minor numbers too: mig-manager's MIG mode changes may
+// re-bind a GPU with a new one, which gpus then hold.
 func (d *Driver) refreshStaticMIG(ctx context.Context, lib nvdev.Interface, gpus []nvdev.GPU) {
 	logger := klog.FromContext(ctx)
-	for _, gpu := range gpus {
+	for i := range gpus {
+		if err := d.rereadMinor(ctx, lib, &gpus[i]); err != nil {
+			logger.V(2).Info("Minor number not read; trying again at the next resync", "gpu", gpus[i].UUID, "err", err)
+			continue
+		}
+		gpu := gpus[i]
 		fresh, err := d.staticInventory(lib, gpu)
 		if err != nil {
 			logger.V(2).Info("Static MIG layout not read; trying again at the next resync", "gpu", gpu.UUID, "err", err)
@@ -88,17 +95,46 @@ func (d *Driver) refreshStaticMIG(ctx context.Context, lib nvdev.Interface, gpus
 	}
 }
 
+// rereadMinor reads a static-MIG GPU's minor number again, on a handle
+// asked for again if the cached one is stale, and where it changed (the
+// GPU was re-bound) goes through the same path as a re-bind the plugin
+// made (rebind.go): the new minor published, CDI specs naming it, the
+// handle forgotten and the GPU registered for events again.
+func (d *Driver) rereadMinor(ctx context.Context, lib nvdev.Interface, gpu *nvdev.GPU) error {
+	minor := gpu.Minor
+	renewed, err := nvdev.WithHandle(lib, gpu.UUID, func(dev nvml.Device) error {
+		var ret nvml.Return
+		minor, ret = dev.GetMinorNumber()
+		return nvdev.Returned(ret)
+	})
+	if err != nil {
+		return fmt.Errorf("reading the minor number: %w", err)
+	}
+	if minor == gpu.Minor {
+		if renewed && d.reregister != nil {
+			d.reregister() // re-bound with the same minor: only the handle and events went stale
+		}
+		return nil
+	}
+	klog.FromContext(ctx).Info("Static-MIG GPU re-bound with a new minor number; its device nodes follow",
+		"gpu", gpu.UUID, "index", gpu.Index, "oldMinor", gpu.Minor, "minor", minor)
+	gpu.Minor = minor
+	d.state.gpuRebound(ctx, gpu.UUID, minor)
+	return nil
+}
+
 // staticInventory is the inventory of one static-MIG GPU as it is now,
 // with its MIG mode read again (mig-manager may have switched it).
 func (d *Driver) staticInventory(lib nvdev.Interface, gpu nvdev.GPU) (Inventory, error) {
-	dev, err := lib.DeviceByUUID(gpu.UUID)
-	if err != nil {
-		return Inventory{}, err
-	}
 	if gpu.MigCapable {
-		current, _, ret := dev.GetMigMode()
-		if ret != nvml.SUCCESS {
-			return Inventory{}, fmt.Errorf("reading MIG mode: %w", ret)
+		var current int
+		_, err := nvdev.WithHandle(lib, gpu.UUID, func(dev nvml.Device) error {
+			var ret nvml.Return
+			current, _, ret = dev.GetMigMode()
+			return nvdev.Returned(ret)
+		})
+		if err != nil {
+			return Inventory{}, fmt.Errorf("reading MIG mode: %w", err)
 		}
 		gpu.MigEnabled = current == nvml.DEVICE_MIG_ENABLE
 	}

@@ -25,12 +25,14 @@ type mockEventSet struct {
 }
 
 // mockRegistration is one RegisterEvents call: the device gets the events
-// of those types logged after it (after: the log's last seq then).
+// of those types logged after it (after: the log's last seq then), while
+// the GPU keeps the binding it had then (mockhandle.go).
 type mockRegistration struct {
-	dev   nvml.Device
-	uuid  string
-	types uint64
-	after uint64
+	dev     nvml.Device
+	uuid    string
+	types   uint64
+	after   uint64
+	binding int
 }
 
 // createEventSet makes a set that delivers only what is logged from now
@@ -85,7 +87,15 @@ func (f *mockFaults) register(d *server.Device, types uint64, set nvml.EventSet)
 	if st.GPUs[d.UUID].Lost {
 		return nvml.ERROR_GPU_IS_LOST
 	}
-	return es.register(mockRegistration{dev: d, uuid: d.UUID, types: types, after: st.LastSeq})
+	return es.register(mockRegistration{dev: d, uuid: d.UUID, types: types, after: st.LastSeq, binding: f.binding(d.UUID)})
+}
+
+// binding is a GPU's binding now; 0 on a machine that models none.
+func (f *mockFaults) binding(uuid string) int {
+	if f.bindingOf == nil {
+		return 0
+	}
+	return f.bindingOf(uuid)
 }
 
 func (es *mockEventSet) register(r mockRegistration) nvml.Return {
@@ -153,9 +163,10 @@ func (es *mockEventSet) restartLocked() {
 }
 
 // receiverLocked is the registered device an event is for, nil if none.
+// A registration made before its GPU was re-bound receives nothing.
 func (es *mockEventSet) receiverLocked(ev mockEvent) nvml.Device {
 	for _, r := range es.regs {
-		if r.uuid == ev.GPU && r.types&ev.EventType != 0 && ev.Seq > r.after {
+		if r.uuid == ev.GPU && r.types&ev.EventType != 0 && ev.Seq > r.after && es.faults.binding(r.uuid) == r.binding {
 			return r.dev
 		}
 	}

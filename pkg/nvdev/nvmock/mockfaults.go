@@ -224,6 +224,9 @@ type mockFaults struct {
 	held *os.File
 	st   *mockFaultState // what held holds; never changed, only replaced
 	sets map[*mock.EventSet]*mockEventSet
+	// bindingOf is a GPU's binding now (mockhandle.go): a registration
+	// made at another one delivers nothing. Set once, before any call.
+	bindingOf func(uuid string) int
 }
 
 func newMockFaults(dir, machine string) *mockFaults {

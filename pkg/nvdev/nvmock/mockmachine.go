@@ -51,6 +51,12 @@ type mockGPU struct {
 	// pending is the MIG mode waiting for a reset (mockmigmode.go), nil
 	// for none; guarded by the machine's mu, replaced, never changed.
 	pending *int
+	// binding counts the GPU's re-binds (mockhandle.go); guarded by the
+	// machine's mu. handle is the handle this process hands out for
+	// binding handleBinding.
+	binding       int
+	handle        nvml.Device
+	handleBinding int
 }
 
 type mockGI struct {
@@ -221,7 +227,7 @@ func (m *mockMachine) capture() *mockState {
 	st := &mockState{Version: mockStateVersion, Machine: m.machine, Seed: m.seed}
 	for _, g := range m.gpus {
 		mode, _ := g.getComputeMode()
-		st.GPUs = append(st.GPUs, captureGPU(g.d, mode, g.pending))
+		st.GPUs = append(st.GPUs, captureGPU(g.d, mode, g.pending, g.binding))
 	}
 	return st
 }

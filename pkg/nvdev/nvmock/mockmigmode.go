@@ -25,9 +25,9 @@ import (
 //   - NVML's documentation says the call "may unbind or reset the device
 //     ... attributes such as minor number might change. The caller ... is
 //     expected to query such attributes again": with rebind-on-mig-mode
-//     each change that takes effect gives the GPU a new minor number.
-//     Handles obtained before stay valid and answer the new minor; what a
-//     caller cached from them is stale.
+//     each change that takes effect re-binds the GPU: a new minor number,
+//     handles obtained before stale and event registrations made before
+//     deaf to the GPU (mockhandle.go).
 // The pending mode and the minor are the GPU's state (the state file); the
 // behaviours are faults (the faults file), injected from outside.
 
@@ -104,24 +104,38 @@ func (m *mockMachine) migMode(g *mockGPU) (int, int, nvml.Return) {
 	return current, current, nvml.SUCCESS
 }
 
-// rebindLocked gives a GPU a minor number no other GPU of the machine has
-// and that differs from its own: the driver re-bound the device.
+// rebindLocked re-binds a GPU: a minor number no other GPU of the machine
+// has and that differs from its own, and a new binding, which makes the
+// handles and event registrations of the old one stale (mockhandle.go).
 func (m *mockMachine) rebindLocked(g *mockGPU) {
-	used := map[int]bool{}
-	for _, other := range m.gpus {
-		if other != g {
-			other.d.RLock()
-			used[other.d.Minor] = true
-			other.d.RUnlock()
+	minors := make([]int, len(m.gpus))
+	at := 0
+	for i, other := range m.gpus {
+		other.d.RLock()
+		minors[i] = other.d.Minor
+		other.d.RUnlock()
+		if other == g {
+			at = i
 		}
 	}
 	g.d.Lock()
-	defer g.d.Unlock()
+	g.d.Minor = nextMinor(minors, at)
+	g.d.Unlock()
+	g.binding++
+}
+
+// nextMinor is the minor number GPU at is re-bound with: the lowest that
+// neither another GPU (minors, by position) nor it has now.
+func nextMinor(minors []int, at int) int {
+	used := map[int]bool{}
+	for _, minor := range minors {
+		used[minor] = true
+	}
 	next := 0
-	for used[next] || next == g.d.Minor {
+	for used[next] {
 		next++
 	}
-	g.d.Minor = next
+	return next
 }
 
 // takeMigModeInUse answers ERROR_IN_USE for a MIG mode change while the

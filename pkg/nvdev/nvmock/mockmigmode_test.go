@@ -148,8 +148,9 @@ func TestMockMigModePendingAppliedByReboot(t *testing.T) {
 }
 
 // With rebind on, a mode change gives the GPU a minor number no other GPU
-// has: handles from before answer it, a process started later enumerates
-// it, and a reboot gives the first minors back.
+// has: handles from before are stale, a handle looked up again answers it,
+// a process started later enumerates it, and a reboot gives the first
+// minors back.
 func TestMockRebindOnMigMode(t *testing.T) {
 	dir := t.TempDir()
 	lib := openOn(t, "dgxh100", dir)
@@ -163,6 +164,10 @@ func TestMockRebindOnMigMode(t *testing.T) {
 	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
+	if _, ret := dev.GetMinorNumber(); ret != nvml.ERROR_GPU_IS_LOST {
+		t.Fatalf("the handle from before the re-bind answers %v, want GPU_IS_LOST", ret)
+	}
+	dev = lookUp(t, lib, 3)
 	now := minor(t, dev)
 	if now == 3 {
 		t.Fatal("the minor did not change")
@@ -179,7 +184,7 @@ func TestMockRebindOnMigMode(t *testing.T) {
 	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_DISABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if m := minor(t, dev); m == now {
+	if m := minor(t, lookUp(t, lib, 3)); m == now {
 		t.Errorf("minor %d unchanged by the second change", m)
 	}
 	if _, err := nvmock.Reboot(dir, ""); err != nil {
@@ -188,4 +193,85 @@ func TestMockRebindOnMigMode(t *testing.T) {
 	if m := minor(t, gpu(t, openOn(t, "dgxh100", dir), 3)); m != 3 {
 		t.Errorf("minor %d after the reboot, want 3", m)
 	}
+}
+
+// lookUp asks NVML for a GPU's handle again, past nvdev's cache.
+func lookUp(t *testing.T, lib nvdev.Interface, index int) nvml.Device {
+	t.Helper()
+	dev, ret := lib.NVML().DeviceGetHandleByUUID(lib.GPUs()[index].UUID)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	return dev
+}
+
+// A re-bind from outside (mocknvml rebind, as mig-manager re-binds a
+// static-MIG GPU) gives the GPU a new minor number at once, without a mode
+// change, and makes every process's handles of it stale until looked up
+// again; the other GPUs' handles keep working.
+func TestMockRebindFromOutside(t *testing.T) {
+	dir := t.TempDir()
+	first, second := openOn(t, "dgxh100", dir), openOn(t, "dgxh100", dir)
+	before := []nvml.Device{gpu(t, first, 5), gpu(t, second, 5)}
+	if err := nvmock.RebindGPU(dir, "5"); err != nil {
+		t.Fatal(err)
+	}
+	for i, dev := range before {
+		if _, ret := dev.GetMemoryInfo(); ret != nvml.ERROR_GPU_IS_LOST {
+			t.Errorf("process %d: the handle from before the re-bind answers %v, want GPU_IS_LOST", i, ret)
+		}
+		if cur, _, ret := dev.GetMigMode(); ret != nvml.ERROR_GPU_IS_LOST || cur != 0 {
+			t.Errorf("process %d: GetMigMode on the stale handle = %d, %v; want 0, GPU_IS_LOST", i, cur, ret)
+		}
+	}
+	now := minor(t, lookUp(t, first, 5))
+	if now == 5 {
+		t.Fatal("the minor did not change")
+	}
+	if m := minor(t, lookUp(t, second, 5)); m != now {
+		t.Errorf("the other process reads minor %d, want %d", m, now)
+	}
+	if m := minor(t, gpu(t, first, 4)); m != 4 {
+		t.Errorf("another GPU's handle answers minor %d, want 4", m)
+	}
+	if g := openOn(t, "dgxh100", dir).GPUs()[5]; g.Minor != now {
+		t.Errorf("a later process enumerates minor %d, want %d", g.Minor, now)
+	}
+	if err := nvmock.RebindGPU(dir, "5"); err != nil {
+		t.Fatal(err)
+	}
+	if m := minor(t, lookUp(t, first, 5)); m == now {
+		t.Errorf("minor %d unchanged by the second re-bind", m)
+	}
+}
+
+// An event registration made before a re-bind no longer delivers the
+// GPU's events (those of the other GPUs still come); one made after it
+// does.
+func TestMockRebindSilencesEventRegistrations(t *testing.T) {
+	dir := t.TempDir()
+	lib := openOn(t, "dgxh100", dir)
+	old := eventSet(t, lib, xidTypes, 2, 3)
+	if err := nvmock.RebindGPU(dir, "2"); err != nil {
+		t.Fatal(err)
+	}
+	inject(t, dir, "2", nvml.EventTypeXidCriticalError, 48, whole, whole)
+	inject(t, dir, "3", nvml.EventTypeXidCriticalError, 62, whole, whole)
+	checkEvent(t, waitEvent(t, old), lib.GPUs()[3].UUID, nvml.EventTypeXidCriticalError, 62, whole, whole)
+	waitNone(t, old)
+
+	fresh, ret := lib.NVML().EventSetCreate()
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	t.Cleanup(func() { _ = fresh.Free() })
+	if ret := gpu(t, lib, 2).RegisterEvents(xidTypes, fresh); ret != nvml.ERROR_GPU_IS_LOST {
+		t.Fatalf("registering with the stale handle = %v, want GPU_IS_LOST", ret)
+	}
+	if ret := lookUp(t, lib, 2).RegisterEvents(xidTypes, fresh); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	inject(t, dir, "2", nvml.EventTypeXidCriticalError, 79, whole, whole)
+	checkEvent(t, waitEvent(t, fresh), lib.GPUs()[2].UUID, nvml.EventTypeXidCriticalError, 79, whole, whole)
+	waitNone(t, old)
 }

@@ -46,7 +46,10 @@ type mockGPUState struct {
 	// Minor is the GPU's minor number (/dev/nvidia<Minor>) since a MIG
 	// mode change re-bound it; nil while it is the one the machine
 	// starts with (its index).
-	Minor       *int             `json:"minor,omitempty"`
+	Minor *int `json:"minor,omitempty"`
+	// Binding counts the GPU's re-binds: handles a process obtained at an
+	// earlier one are stale (mockhandle.go), as are event registrations.
+	Binding     int              `json:"binding,omitempty"`
 	ComputeMode nvml.ComputeMode `json:"computeMode"`
 	// NextGIID is the mock's GPU-instance counter: IDs are never reused
 	// within a boot, so MIG UUIDs are never reused either.
@@ -111,11 +114,13 @@ func decodeMockState(path string, data []byte) (*mockState, error) {
 
 // captureGPU reads a device's state; computeMode is passed in because the
 // mock keeps it in a closure (completeComputeMode), not in the device, and
-// the pending MIG mode because the mock has none (mockGPU keeps it).
-func captureGPU(d *server.Device, computeMode nvml.ComputeMode, pending *int) mockGPUState {
+// the pending MIG mode and the binding because the mock has none (mockGPU
+// keeps them).
+func captureGPU(d *server.Device, computeMode nvml.ComputeMode, pending *int, binding int) mockGPUState {
 	d.RLock()
 	defer d.RUnlock()
-	st := mockGPUState{UUID: d.UUID, MigMode: d.MigMode, PendingMigMode: pending, ComputeMode: computeMode, NextGIID: d.GpuInstanceCounter}
+	st := mockGPUState{UUID: d.UUID, MigMode: d.MigMode, PendingMigMode: pending, ComputeMode: computeMode,
+		NextGIID: d.GpuInstanceCounter, Binding: binding}
 	if minor := d.Minor; minor != d.Index {
 		st.Minor = &minor
 	}

@@ -31,6 +31,7 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 		return shutdown()
 	}
 	m.faults.wrapServer(s)
+	m.wrapHandles(&s.DeviceGetHandleByUUIDFunc, &s.DeviceGetHandleByIndexFunc)
 }
 
 func (m *mockMachine) wrapDeviceChanges(g *mockGPU) {
