@@ -8,23 +8,18 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 )
 
 // Fixtures, as pkg/controller's tests have them.
 
-func gpuProfile(name string, sel gpuaas.ProfileSelector) *gpuaas.GpuProfile {
-	return &gpuaas.GpuProfile{
-		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), Generation: 1},
-		Spec:       gpuaas.GpuProfileSpec{Selector: sel},
-	}
-}
+var gpuProfile = testworld.GpuProfile
 
 // catalog is the profiles every controller test starts from.
 func catalog() []client.Object {
