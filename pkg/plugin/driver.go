@@ -65,7 +65,8 @@ type Options struct {
 	// runs); nil tells nobody.
 	Steps StepRecorder
 	// StaticMIGResync is how often static-MIG GPUs' layouts are read
-	// again (MIG devices an admin makes after the start); zero is
+	// again (MIG devices an admin makes after the start), and every GPU's
+	// minor number (a GPU re-bound from outside); zero is
 	// DefaultStaticMIGResync, negative never.
 	StaticMIGResync time.Duration
 	// Maintenance lets an operator take the GPUs from the running plugin

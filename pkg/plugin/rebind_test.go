@@ -177,6 +177,43 @@ func TestStaticMIGGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
 	}
 }
 
+// A whole GPU re-bound from outside the plugin (an admin's MIG mode
+// switch and back, say) kept the minor read at start: only static-MIG
+// GPUs were read again, and a claim of it named the old /dev/nvidiaN.
+// Every GPU's minor is now read again at the resync.
+func TestWholeGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &configapi.NodeConfig{}
+	e := newTestEnvIn(t, "dgxh100", cfg, dir)
+	w := newWatchedEnv(t, e, cfg)
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	if err := w.d.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
+	if err := nvmock.RebindGPU(dir, "3"); err != nil {
+		t.Fatal(err)
+	}
+	minor := e.minorNow(t, 3)
+	if minor == 3 {
+		t.Fatal("the mock did not re-bind the GPU")
+	}
+	var whole string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && whole == ""; time.Sleep(20 * time.Millisecond) {
+		whole = publishedWithMinor(w.pub, e.gpuUUID(3), minor, "gpu-3")
+	}
+	if whole == "" {
+		t.Fatalf("GPU 3 never published with its new minor %d", minor)
+	}
+	if _, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", whole).build()); err != nil {
+		t.Fatal(err)
+	}
+	if got := gpuNodes(t, e, "w"); !slices.Equal(got, []int{minor}) {
+		t.Errorf("the CDI spec names /dev/nvidia%v, want /dev/nvidia%d (the GPU's minor since its re-bind)", got, minor)
+	}
+}
+
 // publishedWithMinor is the name of a device of the GPU whose name
 // contains part, if every device of the GPU last published carries minor.
 func publishedWithMinor(pub *capturePublisher, uuid string, minor int, part string) string {

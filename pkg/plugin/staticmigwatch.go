@@ -24,8 +24,11 @@ import (
 // static GPU.
 const DefaultStaticMIGResync = 30 * time.Second
 
-// watchStaticMIG re-reads the static-MIG GPUs' layouts every interval
-// (negative: never) until ctx ends, and publishes what changed.
+// watchStaticMIG re-reads every interval (negative: never) until ctx ends
+// every GPU's minor number, and the static-MIG GPUs' layouts, and
+// publishes what changed. Minors: a GPU re-bound from outside the plugin
+// (mig-manager switching MIG mode, an admin's nvidia-smi) may come back
+// with a new one, which CDI specs must name from then on.
 func (d *Driver) watchStaticMIG(ctx context.Context, lib nvdev.Interface, cfg *configapi.NodeConfig, interval time.Duration) {
 	if interval < 0 {
 		return
@@ -33,14 +36,12 @@ func (d *Driver) watchStaticMIG(ctx context.Context, lib nvdev.Interface, cfg *c
 	if interval == 0 {
 		interval = DefaultStaticMIGResync
 	}
+	all := slices.Clone(lib.GPUs())
 	var static []nvdev.GPU
-	for _, gpu := range lib.GPUs() {
+	for _, gpu := range all {
 		if cfg.ModeFor(gpu.Index, gpu.UUID).MIG == configapi.MigStatic {
 			static = append(static, gpu)
 		}
-	}
-	if len(static) == 0 {
-		return
 	}
 	go func() {
 		t := time.NewTicker(interval)
@@ -51,9 +52,23 @@ func (d *Driver) watchStaticMIG(ctx context.Context, lib nvdev.Interface, cfg *c
 				return
 			case <-t.C:
 			}
+			d.rereadMinors(ctx, lib, all, static)
 			d.refreshStaticMIG(ctx, lib, static)
 		}
 	}()
+}
+
+// rereadMinors reads the minor numbers of the GPUs that are not static
+// MIG (refreshStaticMIG reads those with their layouts).
+func (d *Driver) rereadMinors(ctx context.Context, lib nvdev.Interface, gpus, static []nvdev.GPU) {
+	for i := range gpus {
+		if slices.ContainsFunc(static, func(g nvdev.GPU) bool { return g.UUID == gpus[i].UUID }) {
+			continue
+		}
+		if err := d.rereadMinor(ctx, lib, &gpus[i]); err != nil {
+			klog.FromContext(ctx).V(2).Info("Minor number not read; trying again at the next resync", "gpu", gpus[i].UUID, "err", err)
+		}
+	}
 }
 
 // refreshStaticMIG reads the layouts of the static-MIG GPUs and, where
@@ -95,7 +110,7 @@ func (d *Driver) refreshStaticMIG(ctx context.Context, lib nvdev.Interface, gpus
 	}
 }
 
-// rereadMinor reads a static-MIG GPU's minor number again, on a handle
+// rereadMinor reads a GPU's minor number again, on a handle
 // asked for again if the cached one is stale, and where it changed (the
 // GPU was re-bound) goes through the same path as a re-bind the plugin
 // made (rebind.go): the new minor published, CDI specs naming it, the
@@ -116,7 +131,7 @@ func (d *Driver) rereadMinor(ctx context.Context, lib nvdev.Interface, gpu *nvde
 		}
 		return nil
 	}
-	klog.FromContext(ctx).Info("Static-MIG GPU re-bound with a new minor number; its device nodes follow",
+	klog.FromContext(ctx).Info("GPU re-bound with a new minor number; its device nodes follow",
 		"gpu", gpu.UUID, "index", gpu.Index, "oldMinor", gpu.Minor, "minor", minor)
 	gpu.Minor = minor
 	d.state.gpuRebound(ctx, gpu.UUID, minor)
