@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -143,34 +144,7 @@ func TestStaticMIGGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{{Indexes: []int{0}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}}}}
-	e := newTestEnvIn(t, "dgxh100", cfg, dir)
-	w := newWatchedEnv(t, e, cfg)
-	ctx, cancel := context.WithCancel(e.ctx)
-	defer cancel()
-	if err := w.d.publish(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w.d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
-	if err := nvmock.RebindGPU(dir, "0"); err != nil {
-		t.Fatal(err)
-	}
-	minor := e.minorNow(t, 0)
-	if minor == 0 {
-		t.Fatal("the mock did not re-bind the GPU")
-	}
-	var small string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && small == ""; time.Sleep(20 * time.Millisecond) {
-		small = publishedWithMinor(w.pub, e.gpuUUID(0), minor, "1g10gb")
-	}
-	if small == "" {
-		t.Fatalf("GPU 0's MIG devices never published with its new minor %d", minor)
-	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("s").device("mig", small).build()); err != nil {
-		t.Fatal(err)
-	}
-	if got := gpuNodes(t, e, "s"); !slices.Equal(got, []int{minor}) {
-		t.Errorf("the CDI spec names /dev/nvidia%v, want /dev/nvidia%d (the GPU's minor since its re-bind)", got, minor)
-	}
+	e, w := reboundFromOutside(t, cfg, dir, 0, "1g10gb")
 	w.waitFault(t, 0, health.KindXID, w.injectXID(t, 0, 48))
 	if w.everLost(e.gpuUUID(0)) {
 		t.Errorf("the re-bound GPU was taken for lost; faults: %+v", w.monitor.Faults())
@@ -182,36 +156,44 @@ func TestStaticMIGGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
 // GPUs were read again, and a claim of it named the old /dev/nvidiaN.
 // Every GPU's minor is now read again at the resync.
 func TestWholeGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
-	dir := t.TempDir()
-	cfg := &configapi.NodeConfig{}
+	reboundFromOutside(t, &configapi.NodeConfig{}, t.TempDir(), 3, "gpu-3")
+}
+
+// reboundFromOutside starts a plugin on dir's machine offering its GPUs
+// as cfg says, with the resync every 20 ms, re-binds GPU index from
+// outside, and checks that a device of it named like part is published
+// with the new minor and a claim of it gets the new /dev/nvidiaN.
+func reboundFromOutside(t *testing.T, cfg *configapi.NodeConfig, dir string, index int, part string) (*testEnv, *watchedEnv) {
+	t.Helper()
 	e := newTestEnvIn(t, "dgxh100", cfg, dir)
 	w := newWatchedEnv(t, e, cfg)
 	ctx, cancel := context.WithCancel(e.ctx)
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := w.d.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
 	w.d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
-	if err := nvmock.RebindGPU(dir, "3"); err != nil {
+	if err := nvmock.RebindGPU(dir, strconv.Itoa(index)); err != nil {
 		t.Fatal(err)
 	}
-	minor := e.minorNow(t, 3)
-	if minor == 3 {
+	minor := e.minorNow(t, index)
+	if minor == index {
 		t.Fatal("the mock did not re-bind the GPU")
 	}
-	var whole string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && whole == ""; time.Sleep(20 * time.Millisecond) {
-		whole = publishedWithMinor(w.pub, e.gpuUUID(3), minor, "gpu-3")
+	var device string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && device == ""; time.Sleep(20 * time.Millisecond) {
+		device = publishedWithMinor(w.pub, e.gpuUUID(index), minor, part)
 	}
-	if whole == "" {
-		t.Fatalf("GPU 3 never published with its new minor %d", minor)
+	if device == "" {
+		t.Fatalf("GPU %d's devices never published with its new minor %d", index, minor)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", whole).build()); err != nil {
+	if _, err := e.state.Prepare(e.ctx, newClaim("c").device("gpu", device).build()); err != nil {
 		t.Fatal(err)
 	}
-	if got := gpuNodes(t, e, "w"); !slices.Equal(got, []int{minor}) {
+	if got := gpuNodes(t, e, "c"); !slices.Equal(got, []int{minor}) {
 		t.Errorf("the CDI spec names /dev/nvidia%v, want /dev/nvidia%d (the GPU's minor since its re-bind)", got, minor)
 	}
+	return e, w
 }
 
 // publishedWithMinor is the name of a device of the GPU whose name
