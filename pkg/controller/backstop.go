@@ -108,16 +108,7 @@ func (r *backstopReconciler) desired(ctx context.Context) (map[string]*corev1.Re
 	if err := r.client.List(ctx, &nsList); err != nil {
 		return nil, fmt.Errorf("listing Namespaces: %w", err)
 	}
-	sorted := make([]*gpuaas.TenantQuota, 0, len(quotas.Items))
-	for i := range quotas.Items {
-		sorted = append(sorted, &quotas.Items[i])
-	}
-	quota.SortByAge(sorted) // the older quota keeps a namespace two select
-	nss := make([]*corev1.Namespace, 0, len(nsList.Items))
-	for i := range nsList.Items {
-		nss = append(nss, &nsList.Items[i])
-	}
-	assign := quota.Assign(sorted, nss)
+	sorted, assign := quota.Resolve(quotas.Items, nsList.Items) // the older quota keeps a namespace two select
 	want := map[string]*corev1.ResourceQuota{}
 	for _, q := range sorted {
 		if invalid := len(q.Validate()) > 0; invalid || len(q.Spec.Limits.Devices) == 0 || (r.skipKueue && q.Spec.Kueue != nil) {

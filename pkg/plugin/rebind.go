@@ -48,10 +48,9 @@ func (s *State) requery(ctx context.Context, d *AllocatableDevice) (nvml.Device,
 // gpuRebound makes the published devices of a GPU carry its new minor
 // number: those State plans claims with, and through onRebound those the
 // driver publishes (and the health monitor registers the GPU for its
-// events again). The GPU's cached handle, from before the re-bind, is
-// forgotten: it may be stale.
+// events again). The callers have the GPU's handle renewed already
+// (requery, rereadMinor's WithHandle).
 func (s *State) gpuRebound(ctx context.Context, uuid string, minor int) {
-	s.nvml.ForgetHandle(uuid)
 	s.devMu.Lock()
 	changed := false
 	next := make(map[string]*AllocatableDevice, len(s.devices))

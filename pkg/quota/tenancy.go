@@ -24,6 +24,22 @@ func SortByAge(quotas []*gpuaas.TenantQuota) {
 	})
 }
 
+// Resolve is Assign over lists as the API returns them: the quotas,
+// oldest first (SortByAge, the order Owner and Assign take), and which
+// namespaces each is charged for.
+func Resolve(quotas []gpuaas.TenantQuota, namespaces []corev1.Namespace) ([]*gpuaas.TenantQuota, Assignment) {
+	sorted := make([]*gpuaas.TenantQuota, 0, len(quotas))
+	for i := range quotas {
+		sorted = append(sorted, &quotas[i])
+	}
+	SortByAge(sorted)
+	nss := make([]*corev1.Namespace, 0, len(namespaces))
+	for i := range namespaces {
+		nss = append(nss, &namespaces[i])
+	}
+	return sorted, Assign(sorted, nss)
+}
+
 // ClaimsNamespace reports whether q names the namespace or selects it by
 // its labels. A selector that does not parse selects nothing (the quota is
 // flagged invalid).

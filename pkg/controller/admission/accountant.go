@@ -270,20 +270,13 @@ func (a *Accountant) tenancyLocked(ctx context.Context) (*tenancy, error) {
 // that fails validation is kept (its namespaces are refused) and flagged.
 func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Namespace) *tenancy {
 	ten := &tenancy{gen: gen, tenants: map[string]quota.Tenant{}, invalid: map[string]string{}, owner: map[string]string{}}
-	for i := range quotas {
-		q := &quotas[i]
-		ten.quotas = append(ten.quotas, q)
+	ten.quotas, ten.assign = quota.Resolve(quotas, namespaces)
+	for _, q := range ten.quotas {
 		ten.tenants[q.Name] = quota.TenantFromQuota(q)
 		if errs := q.Validate(); len(errs) > 0 {
 			ten.invalid[q.Name] = errs.ToAggregate().Error()
 		}
 	}
-	quota.SortByAge(ten.quotas)
-	nss := make([]*corev1.Namespace, 0, len(namespaces))
-	for i := range namespaces {
-		nss = append(nss, &namespaces[i])
-	}
-	ten.assign = quota.Assign(ten.quotas, nss)
 	for q, list := range ten.assign.Namespaces {
 		for _, ns := range list {
 			ten.owner[ns] = q
