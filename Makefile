@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint e2e e2e-repeat demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -95,6 +95,11 @@ image: image-base cdi-hook
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
 e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
 	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
+
+## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
+## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/
+e2e-repeat: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
+	hack/e2e-repeat.sh
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
 demo: k8s-bins node-bins helm kueue prometheus driver-userspace image-base cdi-hook
