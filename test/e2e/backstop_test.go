@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
@@ -40,13 +39,7 @@ func TestQuotaBackstopHoldsWithoutTheWebhook(t *testing.T) {
 	}
 
 	// The namespace leaves the quota: its backstop goes.
-	if err := ctrlClient.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
-		t.Fatal(err)
-	}
-	q.Spec.Namespaces = []string{ns}
-	if err := ctrlClient.Update(ctx, q); err != nil {
-		t.Fatal(err)
-	}
+	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) { q.Spec.Namespaces = []string{ns} })
 	waitForBackstop(t, ctx, other, nil)
 
 	rc.stop(t) // the webhook configuration goes with it

@@ -11,9 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -39,10 +37,12 @@ func TestControllerCatalog(t *testing.T) {
 		t.Fatalf("class: owner %v, selectors %+v", ref, dc.Spec.Selectors)
 	}
 
-	dc.Spec.Selectors = dc.Spec.Selectors[:1] // widen it by hand
-	if _, err := cp.Client.ResourceV1().DeviceClasses().Update(ctx, dc, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	onConflictRetry(t, "widening DeviceClass "+name+" by hand", func() error {
+		dc := getDeviceClass(t, ctx, name)
+		dc.Spec.Selectors = dc.Spec.Selectors[:1]
+		_, err := cp.Client.ResourceV1().DeviceClasses().Update(ctx, dc, metav1.UpdateOptions{})
+		return err
+	})
 	waitForDeviceClass(t, ctx, name, "reverted", func(dc *resourceapi.DeviceClass) bool { return dc != nil && len(dc.Spec.Selectors) == 3 })
 
 	ns := cp.CreateNamespace(t, "catalog")
@@ -68,17 +68,8 @@ func TestControllerCatalog(t *testing.T) {
 
 func setEnabled(t *testing.T, ctx context.Context, name string, enabled bool) {
 	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var p gpuaas.GpuProfile
-		if err := ctrlClient.Get(ctx, types.NamespacedName{Name: name}, &p); err != nil {
-			return err
-		}
-		p.Spec.Enabled = ptr.To(enabled)
-		return ctrlClient.Update(ctx, &p)
-	})
-	if err != nil {
-		t.Fatalf("setting enabled=%v: %v", enabled, err)
-	}
+	p := &gpuaas.GpuProfile{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	updateObject(t, ctx, p, func(p *gpuaas.GpuProfile) { p.Spec.Enabled = ptr.To(enabled) })
 }
 
 func getDeviceClass(t *testing.T, ctx context.Context, name string) *resourceapi.DeviceClass {

@@ -62,22 +62,24 @@ func quotaSpecSchema(t *testing.T, ctx context.Context) map[string]any {
 func editQuotaSpecSchema(t *testing.T, ctx context.Context, edit func(map[string]any)) {
 	t.Helper()
 	crds := cp.Dynamic.Resource(crdGVR)
-	u, err := crds.Get(ctx, quotaCRD, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
-	v0 := versions[0].(map[string]any)
-	props, _, _ := unstructured.NestedMap(v0, limitsProperties...)
-	edit(props)
-	if err := unstructured.SetNestedMap(v0, props, limitsProperties...); err != nil {
-		t.Fatal(err)
-	}
-	versions[0] = v0
-	if err := unstructured.SetNestedSlice(u.Object, versions, "spec", "versions"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := crds.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("editing CRD %s: %v", quotaCRD, err)
-	}
+	// The kube-apiserver's CRD controllers write its status meanwhile.
+	onConflictRetry(t, "editing CRD "+quotaCRD, func() error {
+		u, err := crds.Get(ctx, quotaCRD, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+		v0 := versions[0].(map[string]any)
+		props, _, _ := unstructured.NestedMap(v0, limitsProperties...)
+		edit(props)
+		if err := unstructured.SetNestedMap(v0, props, limitsProperties...); err != nil {
+			return err
+		}
+		versions[0] = v0
+		if err := unstructured.SetNestedSlice(u.Object, versions, "spec", "versions"); err != nil {
+			return err
+		}
+		_, err = crds.Update(ctx, u, metav1.UpdateOptions{})
+		return err
+	})
 }

