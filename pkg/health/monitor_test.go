@@ -145,7 +145,11 @@ func TestCriticalXIDTaintsTheGPUUntilTheQuietPeriodPasses(t *testing.T) {
 	}
 	n.clock.Step(59 * time.Second)
 	n.events <- xid(dev, 62) // seen again: the quiet period starts over
-	time.Sleep(50 * time.Millisecond)
+	// Once the monitor has taken the repeat in: a fixed sleep here let a
+	// loaded machine step the clock past the first quiet period first.
+	waitFor(t, m, "the repeat to renew the fault", func(faults []health.Fault) bool {
+		return len(faults) == 1 && faults[0].Until.After(f.Until)
+	})
 	n.clock.Step(30 * time.Second)
 	time.Sleep(50 * time.Millisecond)
 	if len(m.Faults()) != 1 {
