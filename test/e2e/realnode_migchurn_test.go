@@ -314,8 +314,7 @@ func (c *migChurn) waitRunningOrRefused(t *testing.T, ctx context.Context, name 
 			c.refusal = cond.Message
 		}
 	}
-	// Unschedulable with its claim not yet made is a wait, not a refusal:
-	// see that it stays so.
+	// The refusal stands: see that it stays so.
 	time.Sleep(2 * time.Second)
 	pod, err = cp.Client.CoreV1().Pods(c.ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -330,14 +329,24 @@ func (c *migChurn) waitRunningOrRefused(t *testing.T, ctx context.Context, name 
 	return false
 }
 
+// podUnschedulable: the scheduler refused the pod for its devices. Before
+// the kube-controller-manager made the pod's claim from its template, or
+// before the scheduler's informer saw it, the scheduler says Unschedulable
+// too: that is a wait, which a loaded machine makes last longer than the two
+// seconds once given to it, not a refusal.
 func podUnschedulable(p *v1.Pod) bool {
 	for _, cond := range p.Status.Conditions {
 		if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable {
-			return true
+			return !slices.ContainsFunc(claimNotMadeYet, func(s string) bool { return strings.Contains(cond.Message, s) })
 		}
 	}
 	return false
 }
+
+// claimNotMadeYet are the scheduler's words for a pod whose claim does not
+// exist yet: resourceclaim.ErrClaimNotFound (1.37), the older plugin's
+// message, and the claim lister's not-found.
+var claimNotMadeYet = []string{"ResourceClaim not created yet", "waiting for dynamic resource controller", "not found"}
 
 // deletePods deletes pods and waits until they and their claims are gone:
 // the claims unprepared (the MIG devices destroyed) and deallocated.
