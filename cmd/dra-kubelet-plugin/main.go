@@ -17,6 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cli"
@@ -125,7 +128,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.Env("METRICS_ADDR", ":8080"), "Address of the Prometheus /metrics endpoint; empty disables it. [$METRICS_ADDR]")
 	fs.StringVar(&f.healthAddr, "healthcheck-addr", cli.Env("HEALTHCHECK_ADDR", ":51515"), "Address of the gRPC health service for liveness probes; empty disables it. [$HEALTHCHECK_ADDR]")
 	fs.StringVar(&f.nodeConfig, "node-config", os.Getenv("NODE_CONFIG"), "Node configuration file (kind NodeConfig): how each GPU is offered (whole, MIG static or dynamic). Empty offers every GPU whole. [$NODE_CONFIG]")
-	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", plugin.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
+	fs.StringVar(&f.bootIDPath, "boot-id-path", cli.Env("BOOT_ID_PATH", prepare.DefaultBootIDPath), "File holding the ID of the node's current boot; after a reboot the plugin makes again what prepared claims lost (MIG devices, sharing settings, CDI specs). A simulated node fakes its reboots here. [$BOOT_ID_PATH]")
 	fs.StringVar(&f.clearFaults, "clear-faults", "", "Do not run: ask the plugin running on this node (same --plugin-data-dir) to clear the faults, and so the taints, of a GPU (its UUID, or \"all\") after an operator reset it; run with kubectl exec in the plugin pod.")
 	fs.BoolVar(&f.releaseGPUs, "release-gpus", false, "Do not run: ask the plugin running on this node (same --plugin-data-dir) to let go of the GPUs for a GPU reset (nvidia-smi -r) or a driver upgrade (rmmod nvidia), and wait until it has: it shuts NVML down, taints its devices gpu.gpuaas.io/maintenance, refuses new claims and reports not ready, until --reacquire-gpus or a new driver version under --driver-root; run with kubectl exec in the plugin pod.")
 	fs.BoolVar(&f.reacquireGPUs, "reacquire-gpus", false, "Do not run: ask the plugin running on this node to take the GPUs back after --release-gpus (it waits for the driver if it is not loaded yet), and wait until it has; run with kubectl exec in the plugin pod.")
@@ -223,7 +226,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		DriverRoot: f.driverRoot, BootIDPath: f.bootIDPath, MPSLauncher: mpsLauncher, MPSShm: mpsShm,
 		Events:        broadcaster.NewRecorder("gpuaas-dra-kubelet-plugin"),
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
-		PodUID: types.UID(f.podUID), Metrics: plugin.NewMetrics(reg), Health: monitor, Steps: health,
+		PodUID: types.UID(f.podUID), Metrics: telemetry.NewMetrics(reg), Health: monitor, Steps: health,
 		StaticMIGResync: f.staticMIGResync,
 		Maintenance: plugin.MaintenanceOptions{Session: lib, Files: cdiHandler, Dir: plugin.MaintenanceDir(f.pluginDataDir),
 			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart,

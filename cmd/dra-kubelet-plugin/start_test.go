@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
+
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
@@ -276,7 +279,7 @@ func prepareMIGClaims(t *testing.T, f flags) []runtime.Object {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := plugin.NewState(plugin.StateConfig{NodeName: node, Devices: plugin.Discover(logger, lib, cfg).Devices, NVML: lib,
+	s := prepare.NewState(prepare.StateConfig{NodeName: node, Devices: inventory.Discover(logger, lib, cfg).Devices, NVML: lib,
 		CDI: handler, Store: store, BootIDPath: f.bootIDPath, LockDir: filepath.Join(f.pluginDataDir, "locks")})
 	var claims []runtime.Object
 	for gpu := range 8 {

@@ -20,13 +20,14 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
 // claimUID names the one claim whose spec is written.
@@ -118,7 +119,7 @@ func writeClaimSpec(o options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("computing the driver's edits: %w", err)
 	}
-	name := plugin.GPUDeviceName(gpu.Index)
+	name := device.GPUDeviceName(gpu.Index)
 	ids, err := h.WriteClaimSpec(claimUID, []cdi.Device{{Name: name, UUID: gpu.UUID, Minor: gpu.Minor}})
 	if err != nil {
 		return "", err

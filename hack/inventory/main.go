@@ -15,13 +15,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
 func main() {
@@ -57,8 +58,8 @@ func run(opts nvdev.Options, nodeConfig, nodeName string, checks bool, healthFor
 		return fmt.Errorf("opening NVML: %w", err)
 	}
 	defer func() { _ = lib.Shutdown() }()
-	inv := plugin.Discover(klog.Background(), lib, cfg)
-	out, err := yaml.Marshal(plugin.Resources(nodeName, inv))
+	inv := inventory.Discover(klog.Background(), lib, cfg)
+	out, err := yaml.Marshal(inventory.Resources(nodeName, inv))
 	if err != nil {
 		return fmt.Errorf("rendering the devices: %w", err)
 	}

@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"maps"
 	"slices"
 	"strings"
@@ -11,8 +13,6 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceplugins"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
-	"github.com/prometheus/client_golang/prometheus"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -97,8 +97,8 @@ type devicePluginWatch struct {
 	check   DevicePluginCheck
 	lib     nvdev.Interface
 	gpus    []deviceplugins.GPU
-	events  nodeEvents
-	metrics *Metrics
+	events  telemetry.NodeEvents
+	metrics *telemetry.Metrics
 
 	withheld map[string]bool // GPU UUIDs not published
 	answered bool            // a check has answered
@@ -106,7 +106,7 @@ type devicePluginWatch struct {
 	said     string          // the last answer logged, to log changes only
 }
 
-func newDevicePluginWatch(check DevicePluginCheck, lib nvdev.Interface, events nodeEvents, metrics *Metrics) *devicePluginWatch {
+func newDevicePluginWatch(check DevicePluginCheck, lib nvdev.Interface, events telemetry.NodeEvents, metrics *telemetry.Metrics) *devicePluginWatch {
 	if check.Coexistence == "" || check.Coexistence == CoexistenceOff {
 		return nil
 	}
@@ -204,7 +204,7 @@ func (w *devicePluginWatch) migParents() map[string]string {
 func (w *devicePluginWatch) apply(ctx context.Context, resources []deviceplugins.Resource, own deviceplugins.Ownership, err error) bool {
 	logger := klog.FromContext(ctx).WithValues("coexistence", w.check.Coexistence, "podResourcesSocket", w.check.Socket)
 	if err != nil {
-		w.metrics.setDevicePluginCheckFailed(true)
+		w.metrics.SetDevicePluginCheckFailed(true)
 		if w.failing {
 			logger.V(2).Info("Device plugin check still failing", "err", err)
 			return false
@@ -215,7 +215,7 @@ func (w *devicePluginWatch) apply(ctx context.Context, resources []deviceplugins
 			then = "keeping its last answer until it answers again"
 		}
 		logger.Error(err, "Cannot tell whether a device plugin hands out this node's GPUs: the kubelet's PodResources API does not answer; "+then)
-		w.events.warn(ReasonDevicePluginCheckFailed, "CheckDevicePlugins", "%s", eventNote(
+		w.events.Warn(ReasonDevicePluginCheckFailed, "CheckDevicePlugins", "%s", eventNote(
 			"Cannot read the kubelet's PodResources API at %s (%v), so cannot tell whether a device plugin hands out this node's NVIDIA GPUs too; %s. "+
 				"Mount the kubelet's pod-resources directory into the plugin (the chart does), or set kubeletPlugin.devicePluginCoexistence=off.",
 			w.check.Socket, err, then))
@@ -225,7 +225,7 @@ func (w *devicePluginWatch) apply(ctx context.Context, resources []deviceplugins
 		logger.Info("The kubelet's PodResources API answers again")
 	}
 	w.failing, w.answered = false, true
-	w.metrics.setDevicePluginCheckFailed(false)
+	w.metrics.SetDevicePluginCheckFailed(false)
 
 	withheld := w.decide(resources, own)
 	said := fmt.Sprint(deviceplugins.Summary(resources), own.Unmatched, slices.Sorted(maps.Keys(withheld)))
@@ -238,7 +238,7 @@ func (w *devicePluginWatch) apply(ctx context.Context, resources []deviceplugins
 	}
 	before := len(w.withheld)
 	w.withheld = withheld
-	w.metrics.setDevicePluginWithheld(len(withheld))
+	w.metrics.SetDevicePluginWithheld(len(withheld))
 	w.report(logger, resources, own, before)
 	return true
 }
@@ -266,14 +266,14 @@ func (w *devicePluginWatch) report(logger klog.Logger, resources []deviceplugins
 	switch {
 	case len(w.withheld) == 0 && before > 0:
 		logger.Info("No device plugin hands out this node's NVIDIA GPUs any more; publishing all of them again", "gpus", len(w.gpus))
-		w.events.normal(ReasonDevicePluginGone, "CheckDevicePlugins",
+		w.events.Normal(ReasonDevicePluginGone, "CheckDevicePlugins",
 			"No device plugin hands out this node's NVIDIA GPUs any more: publishing all %d again.", len(w.gpus))
 	case len(w.withheld) == 0:
 		// Nothing was withheld and nothing is: only the IDs changed.
 	case w.check.Coexistence == CoexistenceStandDown:
 		logger.Error(nil, "A device plugin advertises NVIDIA GPUs on this node; publishing no devices, so that no GPU is handed out twice",
 			"resources", summary, "withheldGPUs", len(w.withheld))
-		w.events.warn(ReasonDevicePluginStandDown, "CheckDevicePlugins", "%s", eventNote(
+		w.events.Warn(ReasonDevicePluginStandDown, "CheckDevicePlugins", "%s", eventNote(
 			"A device plugin advertises NVIDIA GPUs on this node (%s): publishing none of its %d GPUs, so that no GPU is handed out twice. "+
 				"Keep the device plugin off this node (docs/migrating-from-device-plugin.md), or set kubeletPlugin.devicePluginCoexistence=exclude-owned.",
 			summary, len(w.gpus)))
@@ -287,7 +287,7 @@ func (w *devicePluginWatch) report(logger klog.Logger, resources []deviceplugins
 		}
 		logger.Error(nil, "A device plugin hands out some of this node's NVIDIA GPUs; not publishing those", "resources", summary,
 			"withheldGPUs", gpus, "deviceIDs", ids)
-		w.events.warn(ReasonDevicePluginGPUsExcluded, "CheckDevicePlugins", "%s", eventNote(
+		w.events.Warn(ReasonDevicePluginGPUsExcluded, "CheckDevicePlugins", "%s", eventNote(
 			"A device plugin hands out %d of this node's %d NVIDIA GPUs (%s): not publishing %s.", len(w.withheld), len(w.gpus),
 			summary, strings.Join(gpus, ", ")))
 	}
@@ -307,66 +307,8 @@ func eventNote(format string, args ...any) string {
 	return strings.ToValidUTF8(note[:maxEventNote-3], "") + "..."
 }
 
-// withoutGPUs is the inventory less the devices and counter sets of gpus,
-// each slice boundary kept where it was.
-func (inv Inventory) withoutGPUs(gpus map[string]bool) Inventory {
-	if len(gpus) == 0 {
-		return inv
-	}
-	out := inv
-	out.Devices, out.ownSlice = nil, map[int]bool{}
-	sets := map[string]bool{}
-	boundary := false
-	for i, d := range inv.Devices {
-		boundary = boundary || inv.ownSlice[i]
-		if gpus[d.GPU.UUID] {
-			sets[mig.CounterSetName(d.GPU.Index)] = true
-			continue
-		}
-		if boundary {
-			out.ownSlice[len(out.Devices)] = true
-			boundary = false
-		}
-		out.Devices = append(out.Devices, d)
-	}
-	if boundary {
-		out.ownSlice[len(out.Devices)] = true // whatever follows starts anew
-	}
-	out.CounterSets = slices.DeleteFunc(slices.Clone(inv.CounterSets), func(cs resourceapi.CounterSet) bool { return sets[cs.Name] })
-	return out
-}
-
 // publishable is what is published now: the inventory less the GPUs a
 // device plugin hands out. Called with d.mu held.
-func (d *Driver) publishable() Inventory {
-	return d.inv.withoutGPUs(d.dp.withheldGPUs())
-}
-
-// devicePluginMetrics are registered with the others (NewMetrics); both
-// exist from the start, at 0, so their alert and panel have data.
-func newDevicePluginMetrics() (withheld, checkFailed prometheus.Gauge) {
-	return prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "device_plugin_withheld_gpus",
-			Help: "GPUs not published because a device plugin hands out NVIDIA GPUs on this node (--device-plugin-coexistence: stand-down withholds all of them, exclude-owned those the device plugin hands out).",
-		}), prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "device_plugin_check_failed",
-			Help: "1 while the kubelet's PodResources API cannot be read, so whether a device plugin hands out this node's GPUs is unknown.",
-		})
-}
-
-func (m *Metrics) setDevicePluginWithheld(n int) {
-	if m != nil {
-		m.dpWithheld.Set(float64(n))
-	}
-}
-
-func (m *Metrics) setDevicePluginCheckFailed(failed bool) {
-	if m == nil {
-		return
-	}
-	v := 0.0
-	if failed {
-		v = 1
-	}
-	m.dpCheckFailed.Set(v)
+func (d *Driver) publishable() inventory.Inventory {
+	return d.inv.WithoutGPUs(d.dp.withheldGPUs())
 }

@@ -11,13 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceplugins/podresourcestest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -32,7 +34,7 @@ import (
 func dpDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode Coexistence, socket string) (*Driver, *capturePublisher) {
 	t.Helper()
 	d, pub := testDriver(t, e, cfg)
-	events := nodeEvents{recorder: e.events, node: &v1.ObjectReference{Kind: "Node", Name: testNode}}
+	events := telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode)
 	d.dp = newDevicePluginWatch(DevicePluginCheck{Coexistence: mode, Socket: socket}, e.lib, events, e.metrics)
 	return d, pub
 }
@@ -100,7 +102,7 @@ func TestDevicePluginStandDown(t *testing.T) {
 	if ev := e.events.withReason(ReasonDevicePluginStandDown); len(ev) != 1 || !strings.Contains(ev[0], "nvidia.com/gpu (1 device(s))") {
 		t.Errorf("stand-down events %q, want one naming nvidia.com/gpu", ev)
 	}
-	if got := testutil.ToFloat64(e.metrics.dpWithheld); got != 8 {
+	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 8 {
 		t.Errorf("device_plugin_withheld_gpus = %v, want 8", got)
 	}
 
@@ -119,7 +121,7 @@ func TestDevicePluginStandDown(t *testing.T) {
 	if !slices.ContainsFunc(e.events.events, func(ev string) bool { return strings.HasPrefix(ev, "Normal "+ReasonDevicePluginGone+" ") }) {
 		t.Errorf("events %q, want a Normal %s", e.events.events, ReasonDevicePluginGone)
 	}
-	if got := testutil.ToFloat64(e.metrics.dpWithheld); got != 0 {
+	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 0 {
 		t.Errorf("device_plugin_withheld_gpus = %v after the device plugin left, want 0", got)
 	}
 }
@@ -182,7 +184,7 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 			if len(ev) == 0 || !strings.Contains(ev[len(ev)-1], fmt.Sprintf("GPU %d (%s", tc.owned[0], gpus[tc.owned[0]].UUID)) {
 				t.Errorf("exclusion events %q, want the last to name GPU %d", ev, tc.owned[0])
 			}
-			if got := testutil.ToFloat64(e.metrics.dpWithheld); got != float64(len(tc.owned)) {
+			if got := testutil.ToFloat64(e.metrics.DpWithheld); got != float64(len(tc.owned)) {
 				t.Errorf("device_plugin_withheld_gpus = %v, want %d", got, len(tc.owned))
 			}
 		})
@@ -204,7 +206,7 @@ func TestDevicePluginCheckWithoutSocket(t *testing.T) {
 	if ev := e.events.withReason(ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "publishing every GPU") {
 		t.Errorf("check-failed events %q, want one saying every GPU is published", ev)
 	}
-	if got := testutil.ToFloat64(e.metrics.dpCheckFailed); got != 1 {
+	if got := testutil.ToFloat64(e.metrics.DpCheckFailed); got != 1 {
 		t.Errorf("device_plugin_check_failed = %v, want 1", got)
 	}
 }
@@ -227,7 +229,7 @@ func TestDevicePluginCheckFailureKeepsTheLastAnswer(t *testing.T) {
 	}
 	srv.Fail(nil)
 	d.checkDevicePlugins(e.ctx, true)
-	if got := testutil.ToFloat64(e.metrics.dpCheckFailed); got != 0 {
+	if got := testutil.ToFloat64(e.metrics.DpCheckFailed); got != 0 {
 		t.Errorf("device_plugin_check_failed = %v once the API answers, want 0", got)
 	}
 }
@@ -298,15 +300,15 @@ func TestWithheldGPUKeepsTheOthersSlices(t *testing.T) {
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
 		{Indexes: []int{5, 6, 7}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}}}}
 	e := newTestEnvWith(t, "dgxh100", cfg)
-	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
 	withheld := e.lib.GPUs()[6].UUID
 	gpuOf := map[string]string{}
 	for _, d := range inv.Devices {
 		gpuOf[d.Name()] = d.GPU.UUID
 	}
-	sliceNames := func(inv Inventory, skip string) [][]string {
+	sliceNames := func(inv inventory.Inventory, skip string) [][]string {
 		var out [][]string
-		for _, s := range Resources(testNode, inv).Pools[testNode].Slices {
+		for _, s := range inventory.Resources(testNode, inv).Pools[testNode].Slices {
 			var names []string
 			for _, d := range s.Devices {
 				if gpuOf[d.Name] != skip {
@@ -320,7 +322,7 @@ func TestWithheldGPUKeepsTheOthersSlices(t *testing.T) {
 		return out
 	}
 	want := sliceNames(inv, withheld)
-	got := sliceNames(inv.withoutGPUs(map[string]bool{withheld: true}), "")
+	got := sliceNames(inv.WithoutGPUs(map[string]bool{withheld: true}), "")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("GPU 6 withheld: slices %v, want the others' slices as before %v", got, want)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"sort"
 	"strings"
 	"sync"
@@ -72,7 +74,7 @@ type statusWriter struct {
 	client  kubernetes.Interface
 	node    string
 	store   *checkpoint.Store
-	devices func() map[string]*AllocatableDevice
+	devices func() map[string]*device.AllocatableDevice
 	faults  func() []health.Fault
 	queue   workqueue.TypedRateLimitingInterface[types.UID]
 
@@ -83,7 +85,7 @@ type statusWriter struct {
 	since map[string]metav1.Time
 }
 
-func newStatusWriter(client kubernetes.Interface, node string, store *checkpoint.Store, devices func() map[string]*AllocatableDevice, faults func() []health.Fault) *statusWriter {
+func newStatusWriter(client kubernetes.Interface, node string, store *checkpoint.Store, devices func() map[string]*device.AllocatableDevice, faults func() []health.Fault) *statusWriter {
 	return &statusWriter{client: client, node: node, store: store, devices: devices, faults: faults,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](), workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "device-status"}),
 		failures: map[types.UID]failedPrepare{}, since: map[string]metav1.Time{}}
@@ -198,9 +200,9 @@ func (w *statusWriter) preparedEntry(rec *checkpoint.Claim, d *checkpoint.Device
 	if dev == nil {
 		// A device of a GPU not enumerated (lost before this start) is not
 		// published, but its GPU's faults still concern the claim.
-		dev = &AllocatableDevice{GPU: nvdev.GPU{UUID: d.GPUUUID}}
+		dev = &device.AllocatableDevice{GPU: nvdev.GPU{UUID: d.GPUUUID}}
 	}
-	for _, f := range faultsOf(dev, faults) {
+	for _, f := range inventory.FaultsOf(dev, faults) {
 		if f.Unhealthy() {
 			msgs = append(msgs, f.String())
 		}

@@ -1,3 +1,8 @@
+// Package plugin is the kubelet's side of the node plugin: the DRA gRPC
+// service and its registration, publishing the inventory, the device
+// health stream and status, and the planes it wires (inventory, prepare,
+// device kinds, telemetry), with taking the GPUs out of service and back
+// (maintenance) and standing aside for a device plugin.
 package plugin
 
 import (
@@ -7,6 +12,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"path/filepath"
 	"sync"
 	"time"
@@ -31,7 +40,7 @@ type Options struct {
 	NodeName   string
 	KubeClient kubernetes.Interface
 	NVML       nvdev.Interface
-	CDI        CDIWriter
+	CDI        prepare.CDIWriter
 	// NodeConfig says how each GPU is offered; nil offers every GPU whole.
 	NodeConfig    *configapi.NodeConfig
 	PluginDataDir string // dra.sock and the checkpoint
@@ -39,7 +48,7 @@ type Options struct {
 	// PodUID enables kubeletplugin's rolling update (two plugin pods on a
 	// node during an update); empty disables it.
 	PodUID  types.UID
-	Metrics *Metrics
+	Metrics *telemetry.Metrics
 	// DriverRoot is where the driver's tools (nvidia-smi for time-slice
 	// intervals, nvidia-cuda-mps-control for MPS) are looked up. Empty
 	// means none: replicas and shares with the Default interval still
@@ -63,7 +72,7 @@ type Options struct {
 	Health *health.Monitor
 	// Steps follows the start (the health endpoint's answers while it
 	// runs); nil tells nobody.
-	Steps StepRecorder
+	Steps prepare.StepRecorder
 	// StaticMIGResync is how often static-MIG GPUs' layouts are read
 	// again (MIG devices an admin makes after the start), and every GPU's
 	// minor number (a GPU re-bound from outside); zero is
@@ -80,10 +89,10 @@ type Options struct {
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
 type Driver struct {
-	state    *State
+	state    *prepare.State
 	helper   *kubeletplugin.Helper
 	nodeName string
-	metrics  *Metrics
+	metrics  *telemetry.Metrics
 	// socket is the DRA gRPC socket the kubelet calls, which the health
 	// check calls too.
 	socket string
@@ -91,7 +100,7 @@ type Driver struct {
 	// mu guards what is published: HandleError runs on the slice
 	// controller's goroutine and may change it (see withdrawDynamicMIG).
 	mu  sync.Mutex
-	inv Inventory
+	inv inventory.Inventory
 	pub publisher
 	// withdrawn: counters are no longer published (nor dynamic MIG, whose
 	// devices only counters keep apart), because the cluster drops them.
@@ -104,7 +113,7 @@ type Driver struct {
 	reregister func()
 	// orphans are prepared devices on GPUs not enumerated (lost before
 	// this start): not published, but their health is still reported.
-	orphans []AllocatableDevice
+	orphans []device.AllocatableDevice
 	// status writes the prepared claims' device status; nil without a
 	// client (tests).
 	status *statusWriter
@@ -113,7 +122,7 @@ type Driver struct {
 	healthChanged chan struct{}
 	// maint: the GPUs released for maintenance, or not; nil: never.
 	maint  *maintenance
-	events nodeEvents
+	events telemetry.NodeEvents
 	// dp withholds the GPUs a device plugin hands out; nil: no check.
 	dp *devicePluginWatch
 }
@@ -130,7 +139,7 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // publishes the node's devices.
 func Start(ctx context.Context, opts Options) (*Driver, error) {
 	logger := klog.FromContext(ctx)
-	steps := cmp.Or[StepRecorder](opts.Steps, noSteps{})
+	steps := cmp.Or[prepare.StepRecorder](opts.Steps, prepare.NoSteps{})
 	steps.Step(ctx, "loading the checkpoint of prepared claims")
 	store, err := checkpoint.NewStore(filepath.Join(opts.PluginDataDir, "claims"))
 	if err != nil {
@@ -142,37 +151,37 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("loading checkpoint: %w", err)
 	}
 	steps.Step(ctx, "discovering devices")
-	cfg := pinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
-	d := &Driver{inv: Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
+	cfg := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
+	d := &Driver{inv: inventory.Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
-	sharing := NewSharing(SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: mpsDir(opts.PluginDataDir), NVML: opts.NVML,
+	sharing := device.NewSharing(device.SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: device.MPSDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
-	events := newNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
+	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
 	d.startMaintenance(ctx, opts, events)
-	stateCfg := StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
+	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
 		BootIDPath: opts.BootIDPath, Events: events, Steps: steps}
-	var missing MissingGPUs
+	var missing inventory.MissingGPUs
 	if opts.Health != nil {
 		stateCfg.Faults = opts.Health
 		missing = opts.Health
 	}
-	d.state = NewState(stateCfg)
-	d.state.onRebound = d.gpuRebound
+	d.state = prepare.NewState(stateCfg)
+	d.state.OnRebound(d.gpuRebound)
 	if opts.Health != nil {
 		d.reregister = opts.Health.Reregister
 	}
 	// One bad GPU is reported, not fatal: the others are published, and
 	// claims prepared on it are still unprepared (and told of its loss).
-	problems := findGPUProblems(opts.NVML, records)
-	problems.report(ctx, events, opts.Metrics, missing)
-	d.orphans = problems.orphans
+	problems := inventory.FindGPUProblems(opts.NVML, records)
+	problems.Report(ctx, events, opts.Metrics, missing)
+	d.orphans = problems.Orphans
 	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
 	if err := d.state.Restore(ctx, opts.KubeClient); err != nil {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
 	// Placements held by MIG devices that no claim owns are not offered.
-	d.inv = d.state.withhold(d.inv)
+	d.inv = d.state.Withhold(d.inv)
 	steps.Step(ctx, "starting the kubelet plugin")
 	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
 	if err != nil {
@@ -184,7 +193,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	// Before the status writer starts reading the faults through it.
 	d.health = opts.Health
 	if opts.KubeClient != nil {
-		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.deviceMap, d.faults)
+		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.DeviceMap, d.faults)
 		go d.status.run(ctx)
 		d.status.all(ctx) // after a restart or an upgrade
 	}
@@ -214,10 +223,10 @@ func (d *Driver) publish(ctx context.Context) error {
 
 func (d *Driver) publishLocked(ctx context.Context) error {
 	inv := d.publishable()
-	if err := d.pub.PublishResources(ctx, Resources(d.nodeName, inv.withFaults(d.faults()))); err != nil {
+	if err := d.pub.PublishResources(ctx, inventory.Resources(d.nodeName, inv.WithFaults(d.faults()))); err != nil {
 		return fmt.Errorf("publishing devices: %w", err)
 	}
-	d.metrics.setPublished(inv.Devices)
+	d.metrics.SetPublished(inv.Devices)
 	return nil
 }
 

@@ -84,7 +84,7 @@ func (d *Driver) handleRequest(ctx context.Context, req maintenanceRequest) {
 		}
 		if err != nil {
 			logger.Error(err, "Reacquiring the GPUs")
-			d.events.warn(ReasonReacquireFailed, "Reacquire", "GPUs not reacquired at an operator's request: %v", err)
+			d.events.Warn(ReasonReacquireFailed, "Reacquire", "GPUs not reacquired at an operator's request: %v", err)
 		}
 		d.writeStatus(ctx, d.stateName(), req.ID, err)
 	default:
@@ -131,7 +131,7 @@ func (d *Driver) followDriverVersion(ctx context.Context) {
 	why := fmt.Sprintf("driver upgraded from %s to %s", orUnknown(known), installed)
 	if installed != announced {
 		klog.FromContext(ctx).Info("Installed NVIDIA driver changed; reopening NVML and the driver's files for new claims", "from", known, "to", installed)
-		d.events.normal(ReasonDriverVersionChanged, "Upgrade", "NVIDIA driver under %s changed from %s to %s: claims prepared from now on get its files; running containers keep the driver they started with until restarted",
+		d.events.Normal(ReasonDriverVersionChanged, "Upgrade", "NVIDIA driver under %s changed from %s to %s: claims prepared from now on get its files; running containers keep the driver they started with until restarted",
 			m.opts.DriverRoot, orUnknown(known), installed)
 	}
 	if err := d.Release(ctx, why); err != nil {
@@ -150,7 +150,7 @@ func (d *Driver) followDriverVersion(ctx context.Context) {
 		m.failedFor = installed
 		m.mu.Unlock()
 		if first {
-			d.events.warn(ReasonReacquireFailed, "Upgrade", "GPUs not reacquired on driver %s (trying again every %s): %v", installed, m.interval(), err)
+			d.events.Warn(ReasonReacquireFailed, "Upgrade", "GPUs not reacquired on driver %s (trying again every %s): %v", installed, m.interval(), err)
 		}
 	}
 	d.writeStatus(ctx, d.stateName(), "", nil)

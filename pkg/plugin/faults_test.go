@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	resourceapi "k8s.io/api/resource/v1"
@@ -22,7 +25,7 @@ func everyMode() *configapi.NodeConfig {
 }
 
 // tainted returns the names of the devices carrying a taint of key.
-func tainted(devices []AllocatableDevice, key string) map[string]bool {
+func tainted(devices []device.AllocatableDevice, key string) map[string]bool {
 	out := map[string]bool{}
 	for _, d := range devices {
 		for _, t := range d.API.Taints {
@@ -36,11 +39,11 @@ func tainted(devices []AllocatableDevice, key string) map[string]bool {
 
 func TestGPUFaultTaintsEveryDeviceOfItsGPU(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
-	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, everyMode())
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, everyMode())
 	for index := range 4 {
 		gpu := e.lib.GPUs()[index]
 		fault := health.Fault{Kind: health.KindXID, Value: "79", GPU: gpu.UUID, Effect: resourceapi.DeviceTaintEffectNoSchedule}
-		got := tainted(inv.withFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
+		got := tainted(inv.WithFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
 		want := 0
 		for _, d := range inv.Devices {
 			if d.GPU.UUID == gpu.UUID {
@@ -55,13 +58,13 @@ func TestGPUFaultTaintsEveryDeviceOfItsGPU(t *testing.T) {
 		}
 	}
 	if n := len(tainted(inv.Devices, "gpu.gpuaas.io/xid")); n != 0 {
-		t.Fatalf("withFaults changed the discovered inventory: %d devices tainted", n)
+		t.Fatalf("WithFaults changed the discovered inventory: %d devices tainted", n)
 	}
 }
 
 func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
-	var target AllocatableDevice
+	var target device.AllocatableDevice
 	for _, d := range e.devices {
 		if d.Partition() != nil && d.Partition().Profile.Name == "1g.10gb" {
 			target = d
@@ -70,8 +73,8 @@ func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 	}
 	fault := health.Fault{Kind: health.KindXID, Value: "94", GPU: target.GPU.UUID, Effect: resourceapi.DeviceTaintEffectNoSchedule,
 		MIG: &health.MIGScope{GIProfileID: target.Partition().Profile.GIProfileID, Placement: target.Partition().Placement}}
-	inv := Inventory{Devices: e.devices}
-	got := tainted(inv.withFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
+	inv := inventory.Inventory{Devices: e.devices}
+	got := tainted(inv.WithFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
 	if len(got) != 1 || !got[target.Name()] {
 		t.Fatalf("tainted %v, want only %s", got, target.Name())
 	}

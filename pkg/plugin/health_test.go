@@ -33,7 +33,8 @@ func newHealthEnv(t *testing.T, cfg health.Config) *healthEnv {
 	}
 	cfg.ProbeInterval = 20 * time.Millisecond
 	monitor := health.New(e.lib, cfg, nil)
-	e.state.faults = monitor
+	e.faults = monitor
+	e.state = e.newState(t)
 	d, pub := testDriver(t, e, everyMode())
 	watchWithMonitor(t, e, d, monitor)
 	return &healthEnv{testEnv: e, driver: d, pub: pub, monitor: monitor, dir: dir}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"slices"
 	"sync"
 	"time"
@@ -112,10 +113,10 @@ func newMaintenance(opts MaintenanceOptions) *maintenance {
 
 // startMaintenance sets the maintenance state up at start, and runs the
 // health monitor where it is the plugin's to run.
-func (d *Driver) startMaintenance(ctx context.Context, opts Options, events nodeEvents) {
+func (d *Driver) startMaintenance(ctx context.Context, opts Options, events telemetry.NodeEvents) {
 	d.events, d.maint = events, newMaintenance(opts.Maintenance)
 	d.maint.startHealth(ctx, opts.Health)
-	d.metrics.setMaintenance(d.maint.installedOr(opts.NVML.System().DriverVersion), false)
+	d.metrics.SetMaintenance(d.maint.installedOr(opts.NVML.System().DriverVersion), false)
 }
 
 // hold keeps the GPUs from being released or reacquired until the
@@ -199,9 +200,9 @@ func (d *Driver) Release(ctx context.Context, why string) error {
 		logger.Error(err, "Shutting down NVML for maintenance")
 	}
 	logger.Info("GPUs released for maintenance: NVML shut down, new claims refused, devices tainted", "reason", why)
-	d.events.normal(ReasonGPUsReleased, "Release", "GPUs released for maintenance (%s): NVML shut down, devices tainted %s%s, new claims refused until reacquired",
+	d.events.Normal(ReasonGPUsReleased, "Release", "GPUs released for maintenance (%s): NVML shut down, devices tainted %s%s, new claims refused until reacquired",
 		why, health.TaintKeyPrefix, KindMaintenance)
-	d.metrics.setMaintenance(m.installedOr(m.opts.Session.System().DriverVersion), true)
+	d.metrics.SetMaintenance(m.installedOr(m.opts.Session.System().DriverVersion), true)
 	d.faultsChanged(ctx)
 	return nil
 }
@@ -225,7 +226,7 @@ func (d *Driver) Reacquire(ctx context.Context, why string, waiting func(error))
 		if errors.Is(err, nvdev.ErrNewProcessNeeded) && m.opts.Restart != nil {
 			// Released meanwhile: nothing is prepared with the old files.
 			logger.Info("Starting the plugin again in a new process to load the new driver", "reason", why, "detail", err.Error())
-			d.events.normal(ReasonRestartForDriver, "Reacquire", "restarting the plugin to load the new driver (%s): %v", why, err)
+			d.events.Normal(ReasonRestartForDriver, "Reacquire", "restarting the plugin to load the new driver (%s): %v", why, err)
 			m.opts.Restart(err)
 		}
 		return err
@@ -237,7 +238,7 @@ func (d *Driver) Reacquire(ctx context.Context, why string, waiting func(error))
 		v, err := m.opts.Files.Refresh(m.opts.Session.NVML())
 		if err != nil {
 			logger.Error(err, "Discovering the driver's files after reacquiring the GPUs; CDI specs keep naming the previous driver's", "driverVersion", version)
-			d.events.warn(ReasonReacquireFailed, "Reacquire", "driver %s: its files were not found for CDI specs: %v", version, err)
+			d.events.Warn(ReasonReacquireFailed, "Reacquire", "driver %s: its files were not found for CDI specs: %v", version, err)
 		} else {
 			logger.Info("Driver files discovered again for CDI specs", "driverVersion", v)
 		}
@@ -246,7 +247,7 @@ func (d *Driver) Reacquire(ctx context.Context, why string, waiting func(error))
 		// The inventory is the start's: restarting the plugin publishes
 		// what the node has now.
 		logger.Error(nil, "The GPUs changed while released; restart the plugin pod to publish them", "change", changed)
-		d.events.warn(ReasonGPUsChangedWhileFreed, "Reacquire", "GPUs changed while released for maintenance (%s): restart the plugin pod on this node", changed)
+		d.events.Warn(ReasonGPUsChangedWhileFreed, "Reacquire", "GPUs changed while released for maintenance (%s): restart the plugin pod on this node", changed)
 	}
 	m.gate.Lock()
 	m.mu.Lock()
@@ -256,8 +257,8 @@ func (d *Driver) Reacquire(ctx context.Context, why string, waiting func(error))
 	m.startHealth(ctx, d.health)
 	m.gate.Unlock()
 	logger.Info("GPUs reacquired", "reason", why, "driverVersion", version)
-	d.events.normal(ReasonGPUsReacquired, "Reacquire", "GPUs reacquired (%s), driver %s", why, version)
-	d.metrics.setMaintenance(m.installedOr(version), false)
+	d.events.Normal(ReasonGPUsReacquired, "Reacquire", "GPUs reacquired (%s), driver %s", why, version)
+	d.metrics.SetMaintenance(m.installedOr(version), false)
 	d.faultsChanged(ctx)
 	return nil
 }

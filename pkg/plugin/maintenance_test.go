@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
@@ -80,16 +82,16 @@ func (m *maintEnv) open(t *testing.T) *nvdev.Releasable {
 func (m *maintEnv) start(t *testing.T) {
 	t.Helper()
 	m.lib, m.driverRoot, m.cdiHook = m.session, m.root.Root, cdi.HooksDisabled
-	m.state = m.newState(t)
 	monitor := health.New(m.session, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
-	m.state.faults = monitor
+	m.faults = monitor
+	m.state = m.newState(t)
 	m.driver, m.pub = testDriver(t, m.testEnv, everyMode())
 	m.driver.health = monitor
 	m.driver.startMaintenance(m.ctx, Options{NVML: m.session, Health: monitor, Maintenance: MaintenanceOptions{
-		Session: m.session, Files: m.state.cdi.(*cdi.Handler), Dir: filepath.Join(t.TempDir(), "maintenance"),
+		Session: m.session, Files: m.cdiHandler, Dir: filepath.Join(t.TempDir(), "maintenance"),
 		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true,
 		Restart: func(err error) { m.restarts <- err },
-	}}, nodeEvents{recorder: m.events, node: &v1.ObjectReference{Kind: "Node", Name: testNode}})
+	}}, telemetry.NewNodeEvents(context.Background(), m.events, nil, testNode))
 	t.Cleanup(func() {
 		if stop := m.driver.maint.stopHealth; stop != nil {
 			stop()
@@ -284,7 +286,7 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 	// The new process.
 	m.session = m.open(t)
 	m.start(t)
-	if v := m.driver.state.cdi.(*cdi.Handler).DriverVersion(); v != upgradedDriver {
+	if v := m.cdiHandler.DriverVersion(); v != upgradedDriver {
 		t.Errorf("the new process's specs name driver %q, want %q", v, upgradedDriver)
 	}
 	if err := m.prepare(t, "after", "gpu-4"); err != nil {

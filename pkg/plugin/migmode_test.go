@@ -1,169 +1,11 @@
 package plugin
 
 import (
-	"errors"
-	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
-
-// Issue 25 item 2: MIG mode switches are not final on real hardware. These
-// run on the persistent mock machine with its MIG mode faults on
-// (pkg/nvdev/nvmock/mockmigmode.go, mocknvml hold, mig-mode-in-use,
-// mig-mode-pending, rebind-on-mig-mode).
-
-// newModeEnv is a dynamic-MIG node on a persistent mock machine whose
-// MIG mode changes wait briefly for a held GPU.
-func newModeEnv(t *testing.T) *testEnv {
-	t.Helper()
-	e := newTestEnvIn(t, "dgxh100", dynamicAll(), t.TempDir())
-	e.state.inUseRetry = fastInUseRetry
-	return e
-}
-
-// fastInUseRetry waits as mig.DefaultInUseRetry does, in less time.
-var fastInUseRetry = mig.InUseRetry{Within: 300 * time.Millisecond, First: 5 * time.Millisecond}
-
-func (e *testEnv) gpuDev(t *testing.T, index int) nvml.Device {
-	t.Helper()
-	dev, ret := e.lib.NVML().DeviceGetHandleByUUID(e.lib.GPUs()[index].UUID)
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	return dev
-}
-
-// checkNothingLeft checks that a failed prepare on a GPU left nothing: no
-// record, no CDI spec, no MIG device, MIG mode off with nothing pending.
-func (e *testEnv) checkNothingLeft(t *testing.T, uid string, index int) {
-	t.Helper()
-	if e.recordExists(uid) || e.cdiSpecExists(uid) {
-		t.Errorf("claim %s left a record (%v) or a CDI spec (%v)", uid, e.recordExists(uid), e.cdiSpecExists(uid))
-	}
-	if left := e.migDevices(t, index); len(left) != 0 {
-		t.Errorf("MIG devices left on GPU %d: %+v", index, left)
-	}
-	if cur, pend, ret := e.gpuDev(t, index).GetMigMode(); ret != nvml.SUCCESS || cur != nvml.DEVICE_MIG_DISABLE || pend != cur {
-		t.Errorf("GPU %d MIG mode %d pending %d (%v), want off with nothing pending", index, cur, pend, ret)
-	}
-}
-
-// A GPU another process holds for a moment (the next changes answer
-// ERROR_IN_USE) gets its MIG device once it is free, within the prepare.
-func TestPrepareWaitsForAGPUHeldForAMoment(t *testing.T) {
-	e := newModeEnv(t)
-	e.state.inUseRetry.Within = time.Minute // however slow the machine
-	if err := nvmock.SetMigModeInUse(e.mockStateDir, "2", 3); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {
-		t.Fatalf("prepare on a GPU held for three refusals: %v", err)
-	}
-	if made := e.migDevices(t, 2); len(made) != 1 {
-		t.Fatalf("MIG devices on GPU 2: %+v, want the claim's", made)
-	}
-}
-
-// A GPU held for longer than the wait: the claim fails naming the GPU and
-// the process NVML lists on it, and nothing is left behind; once the
-// holder is gone the kubelet's retry prepares it.
-func TestPrepareOnAHeldGPUFailsNamingTheHolder(t *testing.T) {
-	e := newModeEnv(t)
-	holder := nvmock.Process{PID: 4242, Name: "dcgm-exporter"}
-	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, true); err != nil {
-		t.Fatal(err)
-	}
-	claim := newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()
-	_, err := e.state.Prepare(e.ctx, claim)
-	if !errors.Is(err, nvml.ERROR_IN_USE) {
-		t.Fatalf("prepare on a held GPU = %v, want ERROR_IN_USE", err)
-	}
-	for _, want := range []string{e.lib.GPUs()[2].UUID, "(GPU 2)", "another process holds the GPU", "pid 4242 (dcgm-exporter)"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not say %q", err, want)
-		}
-	}
-	e.checkNothingLeft(t, "m", 2)
-
-	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
-		t.Fatalf("the kubelet's retry once the GPU is free: %v", err)
-	}
-}
-
-// A whole GPU in dynamic mode needs MIG mode off: a held GPU refuses that
-// too, and the claim says so.
-func TestWholeGPUOnAHeldGPUFailsClearly(t *testing.T) {
-	e := newModeEnv(t)
-	if _, ret := e.gpuDev(t, 5).SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if err := nvmock.SetMigModeInUse(e.mockStateDir, "5", 1000); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", "gpu-5").build())
-	if !errors.Is(err, nvml.ERROR_IN_USE) || !strings.Contains(err.Error(), "NVML lists no process on it") {
-		t.Fatalf("whole GPU on a held GPU = %v, want ERROR_IN_USE saying what may hold it", err)
-	}
-	if e.recordExists("w") || e.cdiSpecExists("w") {
-		t.Error("the failed prepare left a record or a CDI spec")
-	}
-}
-
-// A switch the driver leaves pending a reset is put back, the claim fails
-// saying so, and no mode waits for the GPU's next reset.
-func TestPendingMigModeIsPutBack(t *testing.T) {
-	e := newModeEnv(t)
-	if err := nvmock.SetMigModePending(e.mockStateDir, "2", true); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build())
-	if !errors.Is(err, mig.ErrPendingReset) || !strings.Contains(err.Error(), "pending a GPU reset") {
-		t.Fatalf("prepare with the switch left pending = %v, want ErrPendingReset", err)
-	}
-	e.checkNothingLeft(t, "m", 2)
-	if err := nvmock.ResetGPU(e.mockStateDir, "2"); err != nil {
-		t.Fatal(err)
-	}
-	if cur, _, _ := e.gpuDev(t, 2).GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE {
-		t.Error("the GPU's reset switched MIG on: the change was left pending")
-	}
-}
-
-var gpuNodePath = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
-
-// gpuNodes are the /dev/nvidiaN minors a claim's CDI spec names.
-func gpuNodes(t *testing.T, e *testEnv, uid string) []int {
-	t.Helper()
-	var out []int
-	for _, d := range readClaimSpec(t, e, uid).Devices {
-		for _, n := range d.ContainerEdits.DeviceNodes {
-			if m := gpuNodePath.FindStringSubmatch(n.Path); m != nil {
-				minor, _ := strconv.Atoi(m[1])
-				out = append(out, minor)
-			}
-		}
-	}
-	return out
-}
-
-func (e *testEnv) minorNow(t *testing.T, index int) int {
-	t.Helper()
-	minor, ret := e.gpuDev(t, index).GetMinorNumber()
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	return minor
-}
 
 // A switch that re-binds the GPU gives it a new minor number: the claim's
 // CDI spec names the GPU's /dev/nvidiaN as NVML numbers it now, and the
@@ -171,7 +13,7 @@ func (e *testEnv) minorNow(t *testing.T, index int) int {
 func TestReboundGPUGetsItsNewDeviceNode(t *testing.T) {
 	e := newModeEnv(t)
 	d, pub := testDriver(t, e, dynamicAll())
-	e.state.onRebound = d.gpuRebound
+	e.state.OnRebound(d.gpuRebound)
 	if err := nvmock.SetRebindOnMigMode(e.mockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}

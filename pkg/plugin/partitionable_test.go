@@ -8,6 +8,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,9 +68,10 @@ func dynamicFirstFour() *configapi.NodeConfig {
 // capturePublisher, as Start wires it with the helper.
 func testDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) (*Driver, *capturePublisher) {
 	pub := &capturePublisher{}
-	e.metrics = NewMetrics(prometheus.NewRegistry())
-	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
-	return &Driver{state: e.state, nodeName: testNode, metrics: e.metrics, inv: inv, pub: pub}, pub
+	e.metrics = telemetry.NewMetrics(prometheus.NewRegistry())
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	return &Driver{state: e.state, nodeName: testNode, metrics: e.metrics, inv: inv, pub: pub,
+		events: telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode)}, pub
 }
 
 // storedWithout is the error the slice controller reports when the API
@@ -126,7 +131,7 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	if n := pub.count(); n != 2 {
 		t.Fatalf("%d publishes, want the first and one without dynamic MIG", n)
 	}
-	if got := e.events.withReason(ReasonDynamicMIGWithdrawn); len(got) != 1 || !strings.Contains(got[0], "no longer offering dynamic MIG on 4 GPU(s)") {
+	if got := e.events.withReason(telemetry.ReasonDynamicMIGWithdrawn); len(got) != 1 || !strings.Contains(got[0], "no longer offering dynamic MIG on 4 GPU(s)") {
 		t.Errorf("Node events %q, want one saying why dynamic MIG is withdrawn", got)
 	}
 	after := pub.last(t)
@@ -137,7 +142,7 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	for _, s := range after.Slices {
 		for _, dev := range s.Devices {
 			names[dev.Name] = true
-			if *dev.Attributes["type"].StringValue == string(TypeMIG) {
+			if *dev.Attributes["type"].StringValue == string(device.TypeMIG) {
 				t.Errorf("dynamic MIG device %s still offered", dev.Name)
 			}
 			if i := strings.TrimPrefix(dev.Name, "gpu-"); len(i) == 1 && i < "4" {
@@ -146,14 +151,14 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 		}
 	}
 	for i := 4; i < 8; i++ {
-		if !names[GPUDeviceName(i)] {
+		if !names[device.GPUDeviceName(i)] {
 			t.Errorf("whole GPU %d no longer offered", i)
 		}
 	}
-	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 4 {
+	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 4 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 4", got)
 	}
-	if got := testutil.ToFloat64(e.metrics.publishedDevices.WithLabelValues(string(TypeMIG))); got != 0 {
+	if got := testutil.ToFloat64(e.metrics.PublishedDevices.WithLabelValues(string(device.TypeMIG))); got != 0 {
 		t.Errorf("published_devices{type=mig} = %v, want 0", got)
 	}
 }
@@ -169,8 +174,8 @@ func TestOtherDroppedFieldsKeepDynamicMIG(t *testing.T) {
 	first := pub.last(t)
 	first.Slices[1].Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "gpu.gpuaas.io/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
 	d.HandleError(e.ctx, storedWithout(first, 1, func(s *resourceapi.ResourceSliceSpec) { s.Devices[0].Taints = nil }), "update ResourceSlice")
-	if n := pub.count(); n != 1 || testutil.ToFloat64(e.metrics.withdrawnMIG) != 0 {
-		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.metrics.withdrawnMIG))
+	if n := pub.count(); n != 1 || testutil.ToFloat64(e.metrics.WithdrawnMIG) != 0 {
+		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.metrics.WithdrawnMIG))
 	}
 }
 
@@ -221,7 +226,7 @@ func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
 	var want []string
 	for _, s := range first.Slices {
 		for _, dev := range s.Devices {
-			if !strings.HasPrefix(dev.Name, "gpu-0-") && dev.Name != GPUDeviceName(0) {
+			if !strings.HasPrefix(dev.Name, "gpu-0-") && dev.Name != device.GPUDeviceName(0) {
 				want = append(want, dev.Name)
 			}
 		}
@@ -230,7 +235,7 @@ func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
 	if got := publishedNames(after); !slices.Equal(got, want) {
 		t.Errorf("republished %v\nwant everything but dynamic GPU 0's: %v", got, want)
 	}
-	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 1 {
+	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 1 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 1", got)
 	}
 }
@@ -254,7 +259,7 @@ func TestDroppedCountersWholeGPUsOnly(t *testing.T) {
 	if n := pub.count(); n != 2 || usesCounters(after) || !slices.Equal(publishedNames(after), publishedNames(first)) {
 		t.Errorf("%d publishes, last %v (counters: %v); want the 8 whole GPUs again without counters", n, publishedNames(after), usesCounters(after))
 	}
-	if got := testutil.ToFloat64(e.metrics.withdrawnMIG); got != 0 {
+	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 0 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 0", got)
 	}
 }
@@ -284,7 +289,7 @@ func TestDroppedFieldsWithoutCountersRepublishNothing(t *testing.T) {
 // when every upper half is taken does a lower half go.
 func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	published := apiSlices(Resources(testNode, Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())))
+	published := apiSlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())))
 	classes := classLister{"mig-3g": celClass("mig-3g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
 		`device.attributes["gpu.gpuaas.io"].profile == "3g.40gb"`)}
 	allocated := sets.New[structured.DeviceID]()
@@ -324,7 +329,7 @@ func TestDeferPlacementsKeepsGroups(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	cfg := &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic},
 		GPUs: []configapi.GpuModeSelector{{Indexes: []int{2}}}} // GPU 2 whole, between dynamic ones
-	inv := Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
 	names := map[string]int{}
 	for _, d := range inv.Devices {
 		names[d.Name()]++
@@ -332,7 +337,7 @@ func TestDeferPlacementsKeepsGroups(t *testing.T) {
 	if len(names) != len(inv.Devices) || len(inv.Devices) != 7*29+1 {
 		t.Fatalf("%d devices, %d distinct, want %d", len(inv.Devices), len(names), 7*29+1)
 	}
-	pool := Resources(testNode, inv).Pools[testNode]
+	pool := inventory.Resources(testNode, inv).Pools[testNode]
 	var tail []string
 	for i, s := range pool.Slices[1:] {
 		gpus := map[int]bool{}

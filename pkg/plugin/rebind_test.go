@@ -48,7 +48,7 @@ func newWatchedEnv(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) *watched
 		}
 	})
 	w.d.reregister = w.monitor.Reregister
-	e.state.onRebound = w.d.gpuRebound
+	e.state.OnRebound(w.d.gpuRebound)
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
 	go func() { w.monitor.Run(ctx); close(done) }()

@@ -3,14 +3,13 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"slices"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/klog/v2"
 )
@@ -84,24 +83,27 @@ func (d *Driver) refreshStaticMIG(ctx context.Context, lib nvdev.Interface, gpus
 			continue
 		}
 		gpu := gpus[i]
-		fresh, err := d.staticInventory(lib, gpu)
+		d.mu.Lock()
+		published := d.inv
+		d.mu.Unlock()
+		fresh, err := published.StaticGPU(lib, gpu)
 		if err != nil {
 			logger.V(2).Info("Static MIG layout not read; trying again at the next resync", "gpu", gpu.UUID, "err", err)
 			continue
 		}
 		d.mu.Lock()
-		inv := d.inv.withGPU(gpu, fresh)
+		inv := d.inv.WithGPU(gpu, fresh)
 		if d.withdrawn {
-			inv, _, _ = inv.withoutCounters() // as published since
+			inv, _, _ = inv.WithoutCounters() // as published since
 		}
-		if equality.Semantic.DeepEqual(apisOf(d.inv.Devices, gpu.UUID), apisOf(inv.Devices, gpu.UUID)) {
+		if equality.Semantic.DeepEqual(inventory.APIsOf(d.inv.Devices, gpu.UUID), inventory.APIsOf(inv.Devices, gpu.UUID)) {
 			d.mu.Unlock()
 			continue
 		}
 		d.inv = inv
-		d.state.replaceGPUDevices(gpu.UUID, slices.Clone(fresh.Devices))
+		d.state.ReplaceGPUDevices(gpu.UUID, slices.Clone(fresh.Devices))
 		logger.Info("Static MIG layout changed; publishing the GPU's devices anew", "gpu", gpu.UUID, "index", gpu.Index,
-			"devices", namesOf(fresh.Devices))
+			"devices", inventory.NamesOf(fresh.Devices))
 		err = d.publishLocked(ctx)
 		d.mu.Unlock()
 		if err != nil {
@@ -134,70 +136,6 @@ func (d *Driver) rereadMinor(ctx context.Context, lib nvdev.Interface, gpu *nvde
 	klog.FromContext(ctx).Info("GPU re-bound with a new minor number; its device nodes follow",
 		"gpu", gpu.UUID, "index", gpu.Index, "oldMinor", gpu.Minor, "minor", minor)
 	gpu.Minor = minor
-	d.state.gpuRebound(ctx, gpu.UUID, minor)
+	d.state.GPURebound(ctx, gpu.UUID, minor)
 	return nil
-}
-
-// staticInventory is the inventory of one static-MIG GPU as it is now,
-// with its MIG mode read again (mig-manager may have switched it).
-func (d *Driver) staticInventory(lib nvdev.Interface, gpu nvdev.GPU) (Inventory, error) {
-	if gpu.MigCapable {
-		var current int
-		_, err := nvdev.WithHandle(lib, gpu.UUID, func(dev nvml.Device) error {
-			var ret nvml.Return
-			current, _, ret = dev.GetMigMode()
-			return nvdev.Returned(ret)
-		})
-		if err != nil {
-			return Inventory{}, fmt.Errorf("reading MIG mode: %w", err)
-		}
-		gpu.MigEnabled = current == nvml.DEVICE_MIG_ENABLE
-	}
-	d.mu.Lock()
-	units := d.inv.units
-	d.mu.Unlock()
-	fresh := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}, units: units}
-	if err := fresh.addStatic(lib, gpu); err != nil {
-		if gpu.MigEnabled {
-			return Inventory{}, err // not offered whole in MIG mode; as Discover
-		}
-		fresh = Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}, units: units}
-		fresh.addWhole(gpu, lib.System())
-	}
-	return fresh, nil
-}
-
-// withGPU returns inv with the devices and unit counter set of gpu
-// replaced by fresh's, at the place the old ones had (the order of devices
-// is the allocator's preference).
-func (inv Inventory) withGPU(gpu nvdev.GPU, fresh Inventory) Inventory {
-	out := inv
-	at := slices.IndexFunc(inv.Devices, func(d AllocatableDevice) bool { return d.GPU.UUID == gpu.UUID })
-	devices := slices.DeleteFunc(slices.Clone(inv.Devices), func(d AllocatableDevice) bool { return d.GPU.UUID == gpu.UUID })
-	if at < 0 {
-		at = len(devices)
-	}
-	out.Devices = slices.Insert(devices, at, fresh.Devices...)
-	set := mig.CounterSetName(gpu.Index)
-	out.CounterSets = slices.DeleteFunc(slices.Clone(inv.CounterSets), func(cs resourceapi.CounterSet) bool { return cs.Name == set })
-	out.CounterSets = append(out.CounterSets, fresh.CounterSets...)
-	return out
-}
-
-func apisOf(devices []AllocatableDevice, uuid string) []resourceapi.Device {
-	var out []resourceapi.Device
-	for _, d := range devices {
-		if d.GPU.UUID == uuid {
-			out = append(out, d.API)
-		}
-	}
-	return out
-}
-
-func namesOf(devices []AllocatableDevice) []string {
-	out := make([]string, 0, len(devices))
-	for _, d := range devices {
-		out = append(out, d.Name())
-	}
-	return out
 }

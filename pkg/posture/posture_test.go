@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,7 +20,6 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 )
 
@@ -51,8 +52,8 @@ func openMachine(t *testing.T) nvdev.Interface {
 // publish is the node's pool as the plugin's slice controller writes it.
 func publish(t *testing.T, lib nvdev.Interface, cfg *configapi.NodeConfig) []resourceapi.ResourceSlice {
 	t.Helper()
-	inv := plugin.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg)
-	pool := plugin.Resources(node, inv).Pools[node]
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg)
+	pool := inventory.Resources(node, inv).Pools[node]
 	out := make([]resourceapi.ResourceSlice, 0, len(pool.Slices))
 	for i, s := range pool.Slices {
 		out = append(out, resourceapi.ResourceSlice{

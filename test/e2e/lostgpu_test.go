@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -67,14 +68,14 @@ func TestLostGPUDoesNotTakeTheNodeDown(t *testing.T) {
 		}
 		notes = nil
 		for _, e := range events.Items {
-			if e.Regarding.Kind == "Node" && e.Regarding.Name == node.Name && e.Reason == plugin.ReasonGPUNotPublished {
+			if e.Regarding.Kind == "Node" && e.Regarding.Name == node.Name && e.Reason == inventory.ReasonGPUNotPublished {
 				notes = append(notes, e.Note)
 			}
 		}
 		return len(notes) > 0, nil
 	})
 	if err != nil || !strings.Contains(notes[0], "GPU 3 cannot be read") || !strings.Contains(notes[0], "GPU_IS_LOST") {
-		t.Errorf("Node events %s: %v, want one saying GPU 3 cannot be read (GPU_IS_LOST)", plugin.ReasonGPUNotPublished, notes)
+		t.Errorf("Node events %s: %v, want one saying GPU 3 cannot be read (GPU_IS_LOST)", inventory.ReasonGPUNotPublished, notes)
 	}
 
 	deletePod(t, ctx, ns, "on3")

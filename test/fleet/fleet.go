@@ -2,7 +2,7 @@
 // one process, for the scale benchmark (issue 14): each node is a Node object
 // that kwok keeps Ready and whose pods kwok runs, and its slices are exactly
 // what dra-kubelet-plugin would publish there, built by the plugin's own
-// inventory and slice code (plugin.Discover, plugin.Resources) over a mock
+// inventory and slice code (inventory.Discover, inventory.Resources) over a mock
 // NVML machine of the node, and published by the same resourceslice
 // controller the plugin's kubeletplugin helper runs. Nothing is prepared:
 // kwok's nodes have no kubelet.
@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +29,6 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
 // KwokAnnotation marks the nodes kwok manages (its
@@ -158,7 +159,7 @@ func resourcesOf(ctx context.Context, name string, lib nvdev.Interface, cfg *con
 	if cfg == nil {
 		cfg = &configapi.NodeConfig{}
 	}
-	return plugin.Resources(name, plugin.Discover(klog.FromContext(ctx), lib, cfg))
+	return inventory.Resources(name, inventory.Discover(klog.FromContext(ctx), lib, cfg))
 }
 
 // ensureNode creates the Node kwok will keep Ready: 32 CPUs, 256 GiB and

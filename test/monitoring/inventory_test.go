@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -25,7 +27,6 @@ import (
 	// controller uses, so the probe below sees what the controller serves.
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
 // metric is one metric family a binary serves.
@@ -333,7 +334,7 @@ func stringConsts(files []*ast.File) map[string]string {
 // and process collectors cmd/dra-kubelet-plugin adds.
 func registryInventory() inventory {
 	inv := inventory{}
-	plugin.NewMetrics(&recorder{inv: inv, from: "pkg/plugin"})
+	telemetry.NewMetrics(&recorder{inv: inv, from: "pkg/plugin"})
 	health.NewMetrics(&recorder{inv: inv, from: "pkg/health"})
 	r := &recorder{inv: inv, from: "client_golang (cmd/dra-kubelet-plugin)"}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -470,7 +471,7 @@ func TestSourceInventoryMatchesRegistry(t *testing.T) {
 		fromSource[n] = m
 	}
 	inv := inventory{}
-	plugin.NewMetrics(&recorder{inv: inv})
+	telemetry.NewMetrics(&recorder{inv: inv})
 	health.NewMetrics(&recorder{inv: inv})
 	if got, want := describe(fromSource), describe(inv); got != want {
 		t.Fatalf("the source extractor disagrees with the registry:\nsource:\n%s\nregistry:\n%s", got, want)

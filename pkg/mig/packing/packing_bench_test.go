@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -25,7 +27,6 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig/packing"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock:<machine> backends
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
 )
 
 // BenchmarkMIGPacking plays seeded streams of MIG claims (arrivals and
@@ -174,9 +175,9 @@ func publish(tb testing.TB, machine string) *publishedNode {
 		tb.Fatal(err)
 	}
 	cfg := &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic, MigModeEnabledByAdmin: true}}
-	inv := plugin.Discover(klog.Background(), lib, cfg)
+	inv := inventory.Discover(klog.Background(), lib, cfg)
 	n := &publishedNode{shape: shape, gpus: len(lib.GPUs()), places: map[string]packing.Place{},
-		slices: apiSlices(plugin.Resources(benchNode, inv).Pools[benchNode].Slices)}
+		slices: apiSlices(inventory.Resources(benchNode, inv).Pools[benchNode].Slices)}
 	for _, d := range inv.Devices {
 		if d.Partition() == nil {
 			continue

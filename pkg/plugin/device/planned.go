@@ -1,0 +1,26 @@
+package device
+
+import (
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// Planned is one allocation result resolved to our device and its
+// configuration.
+type Planned struct {
+	Result resourceapi.DeviceRequestAllocationResult
+	Device *AllocatableDevice
+	Config configapi.Interface
+	// Sharing are the GPU settings the device needs; nil for none.
+	Sharing *sharingPlan
+}
+
+// AdminAccess reports whether the device was allocated for monitoring.
+func (p Planned) AdminAccess() bool {
+	return p.Result.AdminAccess != nil && *p.Result.AdminAccess
+}
+
+// Exclusive reports whether the device may be held by this claim alone.
+func (p Planned) Exclusive() bool {
+	return !p.AdminAccess() && !p.Device.MultiAllocatable()
+}

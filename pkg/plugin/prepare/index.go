@@ -1,0 +1,212 @@
+package prepare
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// claimIndex is the in-memory view of the prepared claims: which claim holds
+// which device. Every operation is O(devices of one claim).
+type claimIndex struct {
+	mu       sync.Mutex
+	claims   map[types.UID]*checkpoint.Claim
+	owner    map[string]types.UID // device -> the claim holding it exclusively
+	reserved map[string]types.UID // devices of claims being prepared
+	devices  int
+}
+
+func newClaimIndex() *claimIndex {
+	return &claimIndex{
+		claims:   map[types.UID]*checkpoint.Claim{},
+		owner:    map[string]types.UID{},
+		reserved: map[string]types.UID{},
+	}
+}
+
+func (x *claimIndex) get(uid types.UID) *checkpoint.Claim {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.claims[uid]
+}
+
+// reserve refuses a device that another claim holds: Kubernetes should never
+// allocate it twice, and the driver is the last line of defence. Admin
+// access (monitoring) and multi-allocatable devices (shares) are exempt.
+func (x *claimIndex) reserve(uid types.UID, plan []device.Planned) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, p := range plan {
+		if !p.Exclusive() {
+			continue
+		}
+		name := p.Device.Name()
+		if other, ok := x.owner[name]; ok && other != uid {
+			return fmt.Errorf("device %s is already prepared for claim %s", name, x.describe(other))
+		}
+		if other, ok := x.reserved[name]; ok && other != uid {
+			return fmt.Errorf("device %s is being prepared for claim %s", name, other)
+		}
+	}
+	for _, p := range plan {
+		if p.Exclusive() {
+			x.reserved[p.Device.Name()] = uid
+		}
+	}
+	return nil
+}
+
+func (x *claimIndex) describe(uid types.UID) string {
+	if c := x.claims[uid]; c != nil {
+		return fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, uid)
+	}
+	return string(uid)
+}
+
+func (x *claimIndex) release(uid types.UID, plan []device.Planned) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, p := range plan {
+		if x.reserved[p.Device.Name()] == uid {
+			delete(x.reserved, p.Device.Name())
+		}
+	}
+}
+
+// add records a prepared claim, turning its reservations into ownership.
+func (x *claimIndex) add(c *checkpoint.Claim) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	uid := types.UID(c.UID)
+	x.claims[uid] = c
+	x.devices += len(c.Devices)
+	for _, d := range c.Devices {
+		if x.reserved[d.Device] == uid {
+			delete(x.reserved, d.Device)
+		}
+		if !d.AdminAccess && !d.Shared {
+			x.owner[d.Device] = uid
+		}
+	}
+}
+
+func (x *claimIndex) remove(c *checkpoint.Claim) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	uid := types.UID(c.UID)
+	if _, ok := x.claims[uid]; !ok {
+		return
+	}
+	delete(x.claims, uid)
+	x.devices -= len(c.Devices)
+	for _, d := range c.Devices {
+		if x.owner[d.Device] == uid {
+			delete(x.owner, d.Device)
+		}
+	}
+}
+
+func (x *claimIndex) counts() (claims, devices int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.claims), x.devices
+}
+
+func (x *claimIndex) list() []*checkpoint.Claim {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]*checkpoint.Claim, 0, len(x.claims))
+	for _, c := range x.claims {
+		out = append(out, c)
+	}
+	return out
+}
+
+// reload replaces what the index knows of the given GPUs by the records
+// on them it keeps (see indexed), after another process changed their
+// claims.
+func (x *claimIndex) reload(gpus []string, records []*checkpoint.Claim) {
+	on := toSet(gpus)
+	for _, c := range x.list() {
+		if touches(c, on) {
+			x.remove(c)
+		}
+	}
+	for _, c := range records {
+		if indexed(c) && touches(c, on) {
+			x.add(c)
+		}
+	}
+}
+
+// indexed reports whether the index keeps a record: a prepared claim, or
+// one lost in a reboot, which still holds its devices in the cluster's
+// eyes until it is unprepared (and is cleaned up if deleted meanwhile).
+func indexed(c *checkpoint.Claim) bool {
+	return c.State == checkpoint.PrepareCompleted || c.State == checkpoint.PrepareLost
+}
+
+// touches reports whether a claim has a device on one of the GPUs.
+func touches(c *checkpoint.Claim, gpus map[string]bool) bool {
+	for _, d := range c.Devices {
+		if gpus[d.GPUUUID] {
+			return true
+		}
+	}
+	return false
+}
+
+func toSet(keys []string) map[string]bool {
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = true
+	}
+	return out
+}
+
+// inflight tracks the claims this process is preparing, so that an
+// unprepare arriving meanwhile, before any record exists, knows which GPU
+// locks to wait for.
+type inflight struct {
+	mu     sync.Mutex
+	claims map[types.UID]*inflightClaim
+}
+
+type inflightClaim struct {
+	gpus []string
+	n    int // concurrent prepares of the claim
+}
+
+func newInflight() *inflight { return &inflight{claims: map[types.UID]*inflightClaim{}} }
+
+// add marks a claim as being prepared on gpus until done is called.
+func (f *inflight) add(uid types.UID, gpus []string) (done func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.claims[uid]
+	if c == nil {
+		c = &inflightClaim{gpus: gpus}
+		f.claims[uid] = c
+	}
+	c.n++
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if c.n--; c.n == 0 {
+			delete(f.claims, uid)
+		}
+	}
+}
+
+// gpus returns the GPUs of a claim being prepared, nil for none.
+func (f *inflight) gpus(uid types.UID) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.claims[uid]; c != nil {
+		return c.gpus
+	}
+	return nil
+}
