@@ -334,7 +334,7 @@ func stringConsts(files []*ast.File) map[string]string {
 // and process collectors cmd/dra-kubelet-plugin adds.
 func registryInventory() inventory {
 	inv := inventory{}
-	telemetry.NewMetrics(&recorder{inv: inv, from: "pkg/plugin"})
+	telemetry.NewMetrics(&recorder{inv: inv, from: "pkg/plugin/telemetry"})
 	health.NewMetrics(&recorder{inv: inv, from: "pkg/health"})
 	r := &recorder{inv: inv, from: "client_golang (cmd/dra-kubelet-plugin)"}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -461,12 +461,12 @@ func controllerInventory(t *testing.T) inventory {
 }
 
 // TestSourceInventoryMatchesRegistry: the source extractor that reads the
-// controller's metrics finds, on the plugin's and health monitor's
+// controller's metrics finds, on the plugin's (telemetry) and health monitor's
 // packages, exactly what their constructors register, names, kinds and
 // labels; so it is trusted on pkg/controller.
 func TestSourceInventoryMatchesRegistry(t *testing.T) {
 	root := repoRoot(t)
-	fromSource := sourceInventory(t, filepath.Join(root, "pkg", "plugin"))
+	fromSource := sourceInventory(t, filepath.Join(root, "pkg", "plugin", "telemetry"))
 	for n, m := range sourceInventory(t, filepath.Join(root, "pkg", "health")) {
 		fromSource[n] = m
 	}
