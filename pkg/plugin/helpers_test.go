@@ -9,9 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	cdispec "tags.cncf.io/container-device-interface/pkg/cdi"
 	"testing"
 	"time"
+
+	cdispec "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
@@ -195,32 +196,13 @@ func (b *claimBuilder) device(request, name string) *claimBuilder {
 	})
 }
 
-func (b *claimBuilder) adminDevice(request, name string) *claimBuilder {
-	return b.result(resourceapi.DeviceRequestAllocationResult{
-		Request: request, Driver: configapi.DriverName, Pool: testNode, Device: name, AdminAccess: ptr.To(true),
-	})
-}
-
 func (b *claimBuilder) result(r resourceapi.DeviceRequestAllocationResult) *claimBuilder {
 	a := b.claim.Status.Allocation
 	a.Devices.Results = append(a.Devices.Results, r)
 	return b
 }
 
-func (b *claimBuilder) config(source resourceapi.AllocationConfigSource, raw string, requests ...string) *claimBuilder {
-	a := b.claim.Status.Allocation
-	a.Devices.Config = append(a.Devices.Config, resourceapi.DeviceAllocationConfiguration{
-		Source: source, Requests: requests,
-		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: configapi.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)},
-		}},
-	})
-	return b
-}
-
 func (b *claimBuilder) build() *resourceapi.ResourceClaim { return b.claim }
-
-func typesUID(s string) types.UID { return types.UID(s) }
 
 func dynamicAll() *configapi.NodeConfig {
 	return &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic}}

@@ -3,7 +3,6 @@ package prepare
 import (
 	"errors"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -139,27 +138,3 @@ func TestPendingMigModeIsPutBack(t *testing.T) {
 }
 
 var gpuNodePath = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)
-
-// gpuNodes are the /dev/nvidiaN minors a claim's CDI spec names.
-func gpuNodes(t *testing.T, e *testEnv, uid string) []int {
-	t.Helper()
-	var out []int
-	for _, d := range readClaimSpec(t, e, uid).Devices {
-		for _, n := range d.ContainerEdits.DeviceNodes {
-			if m := gpuNodePath.FindStringSubmatch(n.Path); m != nil {
-				minor, _ := strconv.Atoi(m[1])
-				out = append(out, minor)
-			}
-		}
-	}
-	return out
-}
-
-func (e *testEnv) minorNow(t *testing.T, index int) int {
-	t.Helper()
-	minor, ret := e.gpuDev(t, index).GetMinorNumber()
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	return minor
-}
