@@ -5,6 +5,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -150,13 +151,12 @@ func main() {
 	}
 	var runs []*run
 	for _, f := range files {
-		fh, err := os.Open(f)
+		data, err := os.ReadFile(f)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		r, err := parseRun(fh)
-		fh.Close()
+		r, err := parseRun(bytes.NewReader(data))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", f, err)
 			os.Exit(1)
@@ -171,12 +171,14 @@ func main() {
 		}
 		fmt.Printf("run %s: %d tests, %d failed or unfinished\n", f, len(r.outcomes), bad)
 	}
-	printReport(os.Stdout, runs, tally(runs), all)
+	var report strings.Builder
+	printReport(&report, runs, tally(runs), all)
+	fmt.Print(report.String())
 }
 
 // printReport prints the tests that failed at least once (every test with
 // all), with their pass rates, then the first lines of each failure.
-func printReport(w io.Writer, runs []*run, rows []row, all bool) {
+func printReport(w *strings.Builder, runs []*run, rows []row, all bool) {
 	fmt.Fprintf(w, "\n%-80s %5s %5s %5s %5s %9s\n", "test", "runs", "pass", "fail", "skip", "pass rate")
 	shown := 0
 	for _, rw := range rows {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 )
@@ -68,7 +67,7 @@ func TestTallyCountsEachTestsOutcomesAcrossRuns(t *testing.T) {
 		t.Errorf("the package's own failure was counted beside its tests': %+v", got["p (package)"])
 	}
 
-	var out bytes.Buffer
+	var out strings.Builder
 	printReport(&out, runs, tally(runs), false)
 	for _, s := range []string{"p.TestB/sub", "50%", "b_test.go:42: the object has been modified"} {
 		if !strings.Contains(out.String(), s) {
