@@ -78,7 +78,7 @@ func setMigMode(dev nvml.Device, want int) error {
 			// Where the plugin switches the mode, a change left pending is
 			// its own, from a process killed before putting it back: were it
 			// left, the next reset would switch the GPU under this claim.
-			return restore(dev, want)
+			return cancelPending(dev, want)
 		}
 		return nil // usable now; on Ampere a pending change is the admin's
 	}
@@ -119,6 +119,17 @@ func apply(dev nvml.Device, previous, want int) error {
 	if activation == nvml.ERROR_IN_USE {
 		// Left pending because the GPU is held; undone, it is a refusal.
 		return &InUseError{GPU: uuidOf(dev), Mode: modeName(want)}
+	}
+	return err
+}
+
+// cancelPending asks for the current mode, which cancels a change left
+// pending. A GPU another process holds refuses that too; the refusal
+// changes nothing, so it is an *InUseError that RetryInUse waits out.
+func cancelPending(dev nvml.Device, current int) error {
+	err := restore(dev, current)
+	if errors.Is(err, nvml.ERROR_IN_USE) {
+		return &InUseError{GPU: uuidOf(dev), Mode: modeName(current)}
 	}
 	return err
 }

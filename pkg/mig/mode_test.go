@@ -238,3 +238,30 @@ func TestSetMigModeCancelsAPendingSwitchLeftBehind(t *testing.T) {
 		t.Fatalf("MIG mode %d pending %d, want disabled with nothing pending", cur, pend)
 	}
 }
+
+// Found by the crash test with hardware faults (CI, seed
+// 1795807951348312791): a pending switch left behind is cancelled by
+// asking for the current mode, and that call too is refused while another
+// process holds the GPU. The refusal changed nothing, so it is waited out
+// like any other, not returned as a GPU left unsure.
+func TestCancellingAPendingSwitchWaitsOutAHolder(t *testing.T) {
+	lib, dev, dir := persistentGPU(t, 6)
+	if err := nvmock.SetMigModePending(dir, "6", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS { // then killed
+		t.Fatal(ret)
+	}
+	if err := nvmock.SetMigModePending(dir, "6", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvmock.SetMigModeInUse(dir, "6", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := mig.RetryInUse(context.Background(), dev, fastRetry(lib, time.Minute), mig.DisableMigMode); err != nil {
+		t.Fatalf("DisableMigMode with a switch left pending and the GPU held twice: %v", err)
+	}
+	if cur, pend, _ := dev.GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE || pend != nvml.DEVICE_MIG_DISABLE {
+		t.Fatalf("MIG mode %d pending %d, want disabled with nothing pending", cur, pend)
+	}
+}
