@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
@@ -98,13 +99,28 @@ func (r *running) exited() (bool, error) {
 	}
 }
 
+// apiServer is a fake clientset that answers dry-run creates as the API
+// server does: the object back, nothing stored (the plugin asks what the
+// cluster keeps of its slices that way, sliceprobe).
+func apiServer(objects ...runtime.Object) *fake.Clientset {
+	c := fake.NewClientset(objects...)
+	c.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		create, ok := a.(k8stesting.CreateActionImpl)
+		if !ok || len(create.CreateOptions.DryRun) == 0 {
+			return false, nil, nil
+		}
+		return true, create.Object, nil
+	})
+	return c
+}
+
 // startPlugin runs the plugin in this process until the test ends.
 func startPlugin(t *testing.T, f flags, objects ...runtime.Object) *running {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	r := &running{done: make(chan struct{})}
-	go func() { r.err = runWith(ctx, f, fake.NewClientset(objects...)); close(r.done) }()
+	go func() { r.err = runWith(ctx, f, apiServer(objects...)); close(r.done) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

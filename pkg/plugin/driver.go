@@ -15,6 +15,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"path/filepath"
 	"sync"
@@ -85,6 +86,10 @@ type Options struct {
 	// DevicePlugins says what to do while a device plugin hands out the
 	// node's GPUs too (deviceplugin.go); the zero value does not look.
 	DevicePlugins DevicePluginCheck
+	// ClusterProbeInterval is how often the API server's version is
+	// checked, to ask again what it keeps of the slices (clustersupport.go);
+	// zero is DefaultClusterProbeInterval, negative never.
+	ClusterProbeInterval time.Duration
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -105,6 +110,9 @@ type Driver struct {
 	// withdrawn: counters are no longer published (nor dynamic MIG, whose
 	// devices only counters keep apart), because the cluster drops them.
 	withdrawn bool
+	// support is what the cluster keeps of the slices; nil (tests that
+	// build a Driver by hand) is sliceprobe.Full.
+	support *sliceprobe.Support
 
 	health *health.Monitor
 	// reregister has the health monitor register the GPUs for events
@@ -203,6 +211,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d.dp = newDevicePluginWatch(opts.DevicePlugins, opts.NVML, events, opts.Metrics)
 	d.checkDevicePlugins(ctx, false)
 	d.watchHealth(ctx)
+	probe := newClusterProbe(opts)
+	d.learnClusterSupport(ctx, probe)
 	if err := d.publish(ctx); err != nil {
 		d.helper.Stop()
 		return nil, err
@@ -210,6 +220,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d.watchStaticMIG(ctx, opts.NVML, cfg, opts.StaticMIGResync)
 	d.watchDriver(ctx)
 	d.watchDevicePlugins(ctx)
+	d.watchClusterSupport(ctx, probe)
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
 }
@@ -221,9 +232,12 @@ func (d *Driver) publish(ctx context.Context) error {
 	return d.publishLocked(ctx)
 }
 
+// publishLocked publishes what may be offered (publishable) in the shape
+// the cluster keeps (ForCluster, TaintsFor), with the faults as taints.
 func (d *Driver) publishLocked(ctx context.Context) error {
-	inv := d.publishable()
-	if err := d.pub.PublishResources(ctx, inventory.Resources(d.nodeName, inv.WithFaults(d.faults()))); err != nil {
+	support := d.clusterSupport()
+	inv := d.publishable().ForCluster(support).WithFaults(d.faults()).TaintsFor(support)
+	if err := d.pub.PublishResources(ctx, inventory.Resources(d.nodeName, inv)); err != nil {
 		return fmt.Errorf("publishing devices: %w", err)
 	}
 	d.metrics.SetPublished(inv.Devices)

@@ -36,6 +36,9 @@ type Inventory struct {
 	ownSlice map[int]bool
 	// layouts are the dynamic MIG GPUs' layouts, by GPU UUID.
 	layouts map[string]*mig.Layout
+	// countersBeside: each counter set is published in the slices of the
+	// devices that consume it, as Kubernetes 1.34 requires (ForCluster).
+	countersBeside bool
 }
 
 // Discover builds the inventory from the GPUs and the node configuration.

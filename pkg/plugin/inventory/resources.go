@@ -16,7 +16,14 @@ const MaxDevicesPerSlice = 64
 // order), at most 64 per slice, each dynamic MIG GPU in its own slice but
 // for its deferred placements, which follow in a slice of their own
 // (DeferPlacements, issue 29).
+//
+// Where the cluster wants counter sets beside their devices (Kubernetes
+// 1.34, ForCluster), the devices are grouped by the set they consume
+// instead: see besideSlices.
 func Resources(nodeName string, inv Inventory) resourceslice.DriverResources {
+	if inv.countersBeside {
+		return pool(nodeName, besideSlices(inv))
+	}
 	slices := counterSlices(inv.CounterSets)
 	var cur *resourceslice.Slice
 	for i, d := range inv.Devices {
@@ -26,6 +33,10 @@ func Resources(nodeName string, inv Inventory) resourceslice.DriverResources {
 		}
 		cur.Devices = append(cur.Devices, d.API)
 	}
+	return pool(nodeName, slices)
+}
+
+func pool(nodeName string, slices []resourceslice.Slice) resourceslice.DriverResources {
 	if len(slices) == 0 {
 		// An empty slice says "driver up, no devices" rather than nothing.
 		slices = []resourceslice.Slice{{}}
@@ -33,6 +44,44 @@ func Resources(nodeName string, inv Inventory) resourceslice.DriverResources {
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}},
 	}
+}
+
+// besideSlices lays out the 1.34 way: a device may consume only a counter
+// set its own slice defines. Each GPU's devices (all consume its one set)
+// go in one slice with that set, in their order; devices that consume
+// nothing follow, 64 per slice. A set must not be split over two slices
+// (each would count the GPU's capacity anew), so a GPU's devices past the
+// 64 a slice holds are not offered; no GPU has that many today (an H100
+// offers 29 in dynamic MIG). The deferral of issue 29 is lost: it moved
+// devices away from their set.
+func besideSlices(inv Inventory) []resourceslice.Slice {
+	sets := map[string]resourceapi.CounterSet{}
+	for _, cs := range inv.CounterSets {
+		sets[cs.Name] = cs
+	}
+	var out []resourceslice.Slice
+	bySet := map[string]int{} // index in out
+	var free []resourceapi.Device
+	for _, d := range inv.Devices {
+		if len(d.API.ConsumesCounters) == 0 {
+			free = append(free, d.API)
+			continue
+		}
+		name := d.API.ConsumesCounters[0].CounterSet
+		i, ok := bySet[name]
+		if !ok {
+			i = len(out)
+			bySet[name] = i
+			out = append(out, resourceslice.Slice{SharedCounters: []resourceapi.CounterSet{sets[name]}})
+		}
+		if len(out[i].Devices) < MaxDevicesPerSlice {
+			out[i].Devices = append(out[i].Devices, d.API)
+		}
+	}
+	for start := 0; start < len(free); start += MaxDevicesPerSlice {
+		out = append(out, resourceslice.Slice{Devices: free[start:min(start+MaxDevicesPerSlice, len(free))]})
+	}
+	return out
 }
 
 func counterSlices(sets []resourceapi.CounterSet) []resourceslice.Slice {

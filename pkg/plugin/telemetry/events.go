@@ -19,6 +19,9 @@ const (
 	// ReasonUnownedMIGDevices: MIG devices that no claim owns occupy
 	// placements, which the node does not offer until they are removed.
 	ReasonUnownedMIGDevices = "UnownedMIGDevices"
+	// ReasonClusterFeatureMissing: the API server drops or refuses a field
+	// of the slices the plugin would publish, so it publishes less.
+	ReasonClusterFeatureMissing = "ClusterFeatureMissing"
 )
 
 // NodeEvents records warnings on the plugin's Node; a nil recorder records

@@ -25,6 +25,7 @@ type Metrics struct {
 	gpusReleased     prometheus.Gauge
 	DpWithheld       prometheus.Gauge
 	DpCheckFailed    prometheus.Gauge
+	clusterGaps      *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -70,6 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DeviceInfo:   newPreparedDeviceInfo(),
 		driverInfo:   newDriverInfo(),
 		gpusReleased: newGPUsReleased(),
+		clusterGaps:  newClusterGaps(),
 	}
 	m.DpWithheld, m.DpCheckFailed = newDevicePluginMetrics()
 	// Every series an alert takes increase() of exists from the start, at
@@ -81,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Operations, m.duration, m.preparedClaims, m.preparedDevices,
 		m.Damaged, m.StaleCleaned, m.PublishedDevices, m.UnownedMIG, m.WithdrawnMIG, m.GPUProblems, m.DeviceInfo,
-		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed)
+		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed, m.clusterGaps)
 	return m
 }
 

@@ -49,6 +49,15 @@ type Options struct {
 	// throttling (upstream's scheduler_perf does the same). Zero keeps the
 	// scheduler's default of 50 and the controller-manager's 200.
 	ClientQPS int
+	// APIServer is a kube-apiserver binary of another Kubernetes version
+	// (the version tests); default BinDir's.
+	APIServer string
+	// FeatureGates is the API server's --feature-gates; empty: defaults.
+	FeatureGates string
+	// APIServerOnly starts etcd and the API server alone: no scheduler and
+	// no controller-manager (whose versions must match an older API
+	// server's), for tests of what the API server keeps.
+	APIServerOnly bool
 }
 
 // ControlPlane is a running control plane.
@@ -69,12 +78,16 @@ type ControlPlane struct {
 	procs        []*Process // in start order
 	// nodeCount numbers the nodes' directories.
 	nodeCount atomic.Int32
+	// apiServerOnly: no scheduler nor controller-manager runs.
+	apiServerOnly bool
 	progress  io.Writer
 }
 
 // component is one control-plane process and how to tell it is healthy.
 type component struct {
-	name      string
+	name string
+	// bin is the executable; default BinDir/name.
+	bin       string
 	args      []string
 	healthURL string
 }
@@ -148,11 +161,20 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 	if err := cp.run(ctx, cp.etcd(etcdPort, peerPort), ""); err != nil {
 		return err
 	}
-	if err := cp.run(ctx, cp.apiserver(apiPort, etcdPort, saKey, saPub, tokens), token); err != nil {
+	api := cp.apiserver(apiPort, etcdPort, saKey, saPub, tokens)
+	api.bin = opts.APIServer
+	if opts.FeatureGates != "" {
+		api.args = append(api.args, "--feature-gates", opts.FeatureGates)
+	}
+	if err := cp.run(ctx, api, token); err != nil {
 		return err
 	}
 	if err := cp.connect(apiPort, token); err != nil {
 		return err
+	}
+	if opts.APIServerOnly {
+		cp.apiServerOnly = true
+		return nil
 	}
 	cp.schedulerURL = fmt.Sprintf("https://127.0.0.1:%d", schedPort)
 	if err := cp.run(ctx, cp.scheduler(schedPort, opts.Verbosity, opts.ClientQPS), ""); err != nil {
@@ -166,7 +188,11 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 
 // run starts one component and waits until its health endpoint answers.
 func (cp *ControlPlane) run(ctx context.Context, c component, token string) error {
-	proc := NewProcess(c.name, filepath.Join(cp.BinDir, c.name), filepath.Join(cp.LogDir, c.name+".log"), c.args...)
+	bin := c.bin
+	if bin == "" {
+		bin = filepath.Join(cp.BinDir, c.name)
+	}
+	proc := NewProcess(c.name, bin, filepath.Join(cp.LogDir, c.name+".log"), c.args...)
 	if err := proc.Start(); err != nil {
 		return err
 	}

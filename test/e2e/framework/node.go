@@ -286,7 +286,9 @@ func (cp *ControlPlane) WaitForNodeSchedulable(ctx context.Context, name string)
 		if err != nil {
 			return false, err
 		}
-		return nodeReady(node) && len(node.Spec.Taints) == 0, nil
+		// Without a controller-manager (APIServerOnly) nothing lifts the
+		// not-ready taint, and no scheduler would read it.
+		return nodeReady(node) && (len(node.Spec.Taints) == 0 || cp.apiServerOnly), nil
 	})
 	if err != nil {
 		return fmt.Errorf("node %s not schedulable: %w", name, err)

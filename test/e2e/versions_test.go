@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// apiServerCase is one API server version and gate setting, and what the
+// plugin should publish there (issue 35).
+type apiServerCase struct {
+	name string
+	// version is a kube-apiserver built by hack/build-k8s-version.sh into
+	// _output/k8s/<version>; empty: the suite's own (BinDir).
+	version string
+	gates   string
+	want    storedShape
+}
+
+// storedShape is what the stored pool offers of the demo node's GPUs.
+type storedShape struct {
+	dynamicMIG     bool // MIG partitions of GPUs 6 and 7
+	shares         bool // GPU 5's memory share
+	countersBeside bool // counter sets in the slices of their devices (1.34)
+}
+
+// The gates docs/install.md tells each version's admins to set.
+const (
+	gates134 = "DRAPartitionableDevices=true,DRADeviceTaints=true,DRAConsumableCapacity=true"
+	gates135 = gates134 + ",DRADeviceTaintRules=true"
+)
+
+// apiServerCases is the version matrix the suite runs on its simulated
+// node: the oldest supported minor and 1.35 (where partitionable devices
+// are off by default), each with its defaults and with the documented
+// gates, and the suite's own version.
+var apiServerCases = []apiServerCase{
+	{"1.34-defaults", "v1.34.4", "", storedShape{}},
+	{"1.34-gates", "v1.34.4", gates134, storedShape{dynamicMIG: true, shares: true, countersBeside: true}},
+	{"1.35-defaults", "v1.35.4", "", storedShape{}},
+	{"1.35-gates", "v1.35.4", gates135, storedShape{dynamicMIG: true, shares: true}},
+	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true}},
+}
+
+// Issue 35: on each API server, the plugin publishes only what that server
+// keeps, and never, at its start or at a restart, a pool in which a GPU
+// could be handed out whole and in MIG parts at once (a dynamic-MIG device
+// stored without the counters that keep it apart). Before the slice probe,
+// 1.34 with its documented gates refused every slice (the node offered
+// nothing), and 1.34 and 1.35 with default gates stored all 232 devices of
+// the dynamic-MIG GPUs without a counter (shared/notes/k8s-1.34-measured.md).
+func TestSlicesOnEachAPIServer(t *testing.T) {
+	for _, c := range apiServerCases {
+		t.Run(c.name, func(t *testing.T) { testSlicesOn(t, c) })
+	}
+}
+
+func testSlicesOn(t *testing.T, c apiServerCase) {
+	bin := ""
+	if c.version != "" {
+		root, err := framework.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin = filepath.Join(root, "_output", "k8s", c.version, "kube-apiserver")
+		if _, err := os.Stat(bin); err != nil {
+			if framework.Required() {
+				t.Fatalf("kube-apiserver %s not built (hack/build-k8s-version.sh): %v", c.version, err)
+			}
+			t.Skipf("kube-apiserver %s not built (hack/build-k8s-version.sh)", c.version)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	api, err := framework.Start(ctx, framework.Options{APIServer: bin, FeatureGates: c.gates, APIServerOnly: true, BinDir: cp.BinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := api.Stop(); err != nil {
+			t.Error(err)
+		}
+		if !t.Failed() {
+			_ = api.Cleanup()
+		}
+	})
+	seen := watchSlices(ctx, t, api, "versions-node")
+	node, err := api.StartNode(ctx, framework.NodeOptions{Name: "versions-node", PluginBinary: pluginBinary,
+		NodeConfig: filepath.Join(repoRoot, "demo", "node-config.yaml")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Stop(context.Background()) })
+	checkStoredShape(ctx, t, node, c.want)
+	// A restart asks again before it publishes: no unsafe moment either.
+	if err := node.RestartPlugin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkStoredShape(ctx, t, node, c.want)
+	for _, bad := range seen.unsafe() {
+		t.Errorf("a stored slice offered a dynamic-MIG GPU without counters: %s", bad)
+	}
+}
+
+// checkStoredShape waits for the pool to settle and compares it with want.
+func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, want storedShape) {
+	t.Helper()
+	devices, err := node.WaitForDevices(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got storedShape
+	names := make([]string, 0, len(devices))
+	for _, d := range devices {
+		names = append(names, d.Name)
+		got.dynamicMIG = got.dynamicMIG || strings.HasPrefix(d.Name, "gpu-6-mig-")
+		got.shares = got.shares || d.Name == "gpu-5-shared"
+	}
+	stored, err := node.ResourceSlices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stored {
+		got.countersBeside = got.countersBeside || len(s.Spec.SharedCounters) > 0 && len(s.Spec.Devices) > 0
+	}
+	if got != want {
+		t.Errorf("stored pool offers %+v, want %+v; devices: %s", got, want, strings.Join(names, " "))
+	}
+	for _, whole := range []string{"gpu-0", "gpu-3", "gpu-4-ts-0"} {
+		if !slices.Contains(names, whole) {
+			t.Errorf("device %s not offered on any version: %s", whole, strings.Join(names, " "))
+		}
+	}
+}
+
+// sliceLog records every version of the node's slices the API server
+// stored, from before the plugin's first publish.
+type sliceLog struct {
+	mu     sync.Mutex
+	slices []resourceapi.ResourceSlice
+}
+
+func watchSlices(ctx context.Context, t *testing.T, api *framework.ControlPlane, node string) *sliceLog {
+	t.Helper()
+	selector := fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node).String()
+	w, err := api.Client.ResourceV1().ResourceSlices().Watch(ctx, metav1.ListOptions{FieldSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	log := &sliceLog{}
+	go func() {
+		for ev := range w.ResultChan() {
+			if s, ok := ev.Object.(*resourceapi.ResourceSlice); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
+				log.mu.Lock()
+				log.slices = append(log.slices, *s)
+				log.mu.Unlock()
+			}
+		}
+	}()
+	return log
+}
+
+// unsafe names each stored slice version with a dynamic-MIG device (GPU 6
+// or 7, whole or a MIG partition) that consumes no counter set the slice's
+// generation of the pool could define.
+func (l *sliceLog) unsafe() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, s := range l.slices {
+		for _, d := range s.Spec.Devices {
+			dynamic := d.Name == "gpu-6" || d.Name == "gpu-7" || strings.HasPrefix(d.Name, "gpu-6-mig-") || strings.HasPrefix(d.Name, "gpu-7-mig-")
+			if dynamic && len(d.ConsumesCounters) == 0 {
+				out = append(out, fmt.Sprintf("%s (generation %d) device %s", s.Name, s.Spec.Pool.Generation, d.Name))
+			}
+		}
+	}
+	return out
+}
