@@ -80,7 +80,7 @@ type ControlPlane struct {
 	nodeCount atomic.Int32
 	// apiServerOnly: no scheduler nor controller-manager runs.
 	apiServerOnly bool
-	progress  io.Writer
+	progress      io.Writer
 }
 
 // component is one control-plane process and how to tell it is healthy.
