@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e e2e-repeat demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint e2e e2e-repeat test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 VERSION ?= 0.1.0
@@ -90,11 +90,24 @@ image: image-base cdi-hook
 	$(GO) run ./hack/image --version $(VERSION) --repository $(IMAGE) \
 		--base-rootfs $(OUTPUT)/image-base/rootfs --cdi-hook $(BIN)/nvidia-cdi-hook --out $(IMAGE_TAR)
 
+## k8s-versions: the kube-apiserver of each older Kubernetes minor the version tests run (cached);
+## K8S_VERSIONS picks them (make e2e: the oldest supported, v1.34)
+K8S_VERSIONS ?= v1.34 v1.35
+k8s-versions:
+	for v in $(K8S_VERSIONS); do hack/build-k8s-version.sh $$v || exit 1; done
+
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
 ## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
 e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
-	E2E_REQUIRED=1 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
+	$(MAKE) k8s-versions K8S_VERSIONS=v1.34
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS=v1.34.4 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
+
+## test-versions: the plugin's slices on each API server of the version matrix (1.34, 1.35 with
+## default and documented gates, and the suite's own): docs/install.md's table
+test-versions: k8s-bins helm
+	$(MAKE) k8s-versions
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4" $(GO) test -count=1 -timeout 30m ./test/e2e -run TestSlicesOnEachAPIServer -v
 
 ## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/
