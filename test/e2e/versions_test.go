@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -31,6 +34,10 @@ type apiServerCase struct {
 
 // storedShape is what the stored pool offers of the demo node's GPUs.
 type storedShape struct {
+	// extendedResource: a DeviceClass keeps its extendedResourceName
+	// (DRAExtendedResource).
+	extendedResource bool
+
 	dynamicMIG     bool // MIG partitions of GPUs 6 and 7
 	shares         bool // GPU 5's memory share
 	countersBeside bool // counter sets in the slices of their devices (1.34)
@@ -46,10 +53,10 @@ const docGates = "docs"
 // gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
 	{"1.34-defaults", "v1.34.4", "", storedShape{}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true, extendedResource: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
-	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true}},
-	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true}},
+	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true}},
+	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true}},
 }
 
 // Issue 35: on each API server, the plugin publishes only what that server
@@ -115,6 +122,67 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	for _, bad := range seen.unsafe() {
 		t.Errorf("a stored slice offered a dynamic-MIG GPU without counters: %s", bad)
 	}
+	checkCatalogOn(ctx, t, api, c.want.extendedResource)
+}
+
+// checkCatalogOn runs the controller on api and renders a profile with an
+// extendedResourceName. Where the API server drops it, the profile says so
+// (FieldsDropped, naming the gate) and its class is not rewritten at every
+// resync, as it was ("Reverted DeviceClass to its profile" every 5 s).
+func checkCatalogOn(ctx context.Context, t *testing.T, api *framework.ControlPlane, kept bool) {
+	t.Helper()
+	bin, err := framework.Build(ctx, t.TempDir(), "cmd/dra-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := api.StartController(ctx, bin) // waits until its webhook answers a claim
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("dra-controller log %s, last lines:\n%s", ctrl.LogPath, ctrl.Tail(40))
+		}
+		_ = ctrl.Stop()
+	})
+	if _, err := api.Apply(ctx, filepath.Join(repoRoot, "demo", "specs", "quota", "00-profiles.yaml"), ""); err != nil {
+		t.Fatal(err)
+	}
+	const profile = "shared-4way" // the demo profile with an extendedResourceName
+	var dropped *metav1.Condition
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := api.Dynamic.Resource(gpuProfileGVR).Get(ctx, profile, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		conds, _, _ := unstructured.NestedSlice(p.Object, "status", "conditions")
+		ready := false
+		dropped = nil
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			switch m["type"] {
+			case gpuaas.ConditionReady:
+				ready = m["status"] == "True"
+			case gpuaas.ConditionFieldsDropped:
+				dropped = &metav1.Condition{Status: metav1.ConditionStatus(fmt.Sprint(m["status"])), Message: fmt.Sprint(m["message"])}
+			}
+		}
+		return ready, nil
+	})
+	if err != nil {
+		t.Fatalf("profile %s not Ready: %v", profile, err)
+	}
+	if kept != (dropped == nil) || (dropped != nil && !strings.Contains(dropped.Message, "DRAExtendedResource")) {
+		t.Errorf("extendedResourceName kept %v, but the profile's FieldsDropped condition is %+v", kept, dropped)
+	}
+	time.Sleep(12 * time.Second) // two resyncs of the controller (5 s)
+	log, err := os.ReadFile(ctrl.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "Reverted DeviceClass to its profile"); n > 0 {
+		t.Errorf("the controller rewrote a DeviceClass %d times", n)
+	}
 }
 
 // checkStoredShape waits for the pool to settle and compares it with want.
@@ -124,7 +192,7 @@ func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got storedShape
+	got := storedShape{extendedResource: want.extendedResource} // the catalog's, checkCatalogOn
 	names := make([]string, 0, len(devices))
 	for _, d := range devices {
 		names = append(names, d.Name)

@@ -12,6 +12,10 @@ const (
 	// the allocation cost more than admitted); new claims are refused
 	// until usage drops.
 	ConditionOverQuota = "OverQuota"
+	// ConditionFieldsDropped: GpuProfile: the API server drops a field of
+	// the rendered DeviceClass because its feature gate is off; the class
+	// is kept without it (the message names the field and the gate).
+	ConditionFieldsDropped = "FieldsDropped"
 )
 
 // Condition reasons.
@@ -27,6 +31,7 @@ const (
 	ReasonNoConflict          = "NoConflict"
 	ReasonWithinLimits        = "WithinLimits"
 	ReasonExceeded            = "Exceeded"
+	ReasonFeatureGateOff      = "FeatureGateOff"
 )
 
 // Labels and annotations the control plane uses.

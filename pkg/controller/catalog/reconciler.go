@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -57,6 +59,10 @@ type Reconciler struct {
 	// it takes the name off the claim webhooks' foreign classes, so no
 	// claim naming a class of ours skips the webhook.
 	beforeCreate func(ctx context.Context, class string) error
+	// ernDropped: the API server was seen to drop a class's
+	// extendedResourceName (DRAExtendedResource off); classes are then in
+	// sync without it. It holds until the controller restarts.
+	ernDropped atomic.Bool
 }
 
 // NewReconciler reconciles profiles through c (the manager's client, whose
@@ -132,10 +138,12 @@ func (r *Reconciler) syncClass(ctx context.Context, p *gpuaas.GpuProfile, status
 	if err != nil {
 		return condition(gpuaas.ConditionReady, false, gpuaas.ReasonInvalidSpec, err.Error()), nil
 	}
-	if err := r.apply(ctx, want, have); err != nil {
+	dropped, err := r.apply(ctx, want, have)
+	if err != nil {
 		return metav1.Condition{}, err
 	}
 	status.DeviceClassName = want.Name
+	setFieldsDropped(status, dropped, p)
 	return condition(gpuaas.ConditionReady, true, gpuaas.ReasonDeviceClassReady, fmt.Sprintf("DeviceClass %q is in sync", want.Name)), nil
 }
 
@@ -208,23 +216,35 @@ func ownedBy(dc *resourceapi.DeviceClass, p *gpuaas.GpuProfile) bool {
 	return ref != nil && ref.Kind == gpuaas.GpuProfileKind && ref.UID == p.UID
 }
 
-// apply creates the class or reverts it to what the profile renders.
-func (r *Reconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) error {
+// apply creates the class or reverts it to what the profile renders. It
+// reports whether the API server drops the class's extendedResourceName
+// (feature gate DRAExtendedResource off, the default before 1.36): the
+// class is then in sync without it, instead of being rewritten at every
+// resync (issue 35).
+func (r *Reconciler) apply(ctx context.Context, want, have *resourceapi.DeviceClass) (bool, error) {
 	logger := klog.FromContext(ctx)
+	wantERN := want.Spec.ExtendedResourceName != nil
 	if have == nil {
 		if r.beforeCreate != nil {
 			if err := r.beforeCreate(ctx, want.Name); err != nil {
-				return fmt.Errorf("taking DeviceClass %s off the claim webhooks' foreign classes: %w", want.Name, err)
+				return false, fmt.Errorf("taking DeviceClass %s off the claim webhooks' foreign classes: %w", want.Name, err)
 			}
 		}
 		if err := r.client.Create(ctx, want); err != nil {
-			return fmt.Errorf("creating DeviceClass %s: %w", want.Name, err)
+			return false, fmt.Errorf("creating DeviceClass %s: %w", want.Name, err)
 		}
 		logger.Info("Created DeviceClass", "deviceClass", want.Name)
-		return nil
+		return r.noteDropped(wantERN, want), nil
 	}
 	if classInSync(want, have) {
-		return nil
+		return false, nil
+	}
+	if r.ernDropped.Load() && wantERN && have.Spec.ExtendedResourceName == nil {
+		bare := want.DeepCopy()
+		bare.Spec.ExtendedResourceName = nil
+		if classInSync(bare, have) {
+			return true, nil
+		}
 	}
 	updated := have.DeepCopy()
 	updated.Spec = want.Spec
@@ -232,10 +252,33 @@ func (r *Reconciler) apply(ctx context.Context, want, have *resourceapi.DeviceCl
 	updated.Labels = merged(have.Labels, want.Labels)
 	updated.Annotations = merged(without(have.Annotations, deviceclass.DisplayNameAnnotation, deviceclass.DescriptionAnnotation), want.Annotations)
 	if err := r.client.Update(ctx, updated); err != nil {
-		return fmt.Errorf("updating DeviceClass %s: %w", want.Name, err)
+		return false, fmt.Errorf("updating DeviceClass %s: %w", want.Name, err)
 	}
 	logger.Info("Reverted DeviceClass to its profile", "deviceClass", want.Name)
-	return nil
+	return r.noteDropped(wantERN, updated), nil
+}
+
+// noteDropped tells whether the stored class lost the extendedResourceName
+// the controller wrote, and remembers it.
+func (r *Reconciler) noteDropped(wrote bool, stored *resourceapi.DeviceClass) bool {
+	if !wrote || stored.Spec.ExtendedResourceName != nil {
+		return false
+	}
+	r.ernDropped.Store(true)
+	return true
+}
+
+// setFieldsDropped sets or clears the FieldsDropped condition.
+func setFieldsDropped(status *gpuaas.GpuProfileStatus, dropped bool, p *gpuaas.GpuProfile) {
+	if !dropped {
+		meta.RemoveStatusCondition(&status.Conditions, gpuaas.ConditionFieldsDropped)
+		return
+	}
+	c := condition(gpuaas.ConditionFieldsDropped, true, gpuaas.ReasonFeatureGateOff, fmt.Sprintf(
+		"The API server drops the DeviceClass's extendedResourceName (feature gate DRAExtendedResource off): pods asking for %s "+
+			"are not served by DRA. Enable the gate (docs/install.md) and restart the controller.", ptr.Deref(p.Spec.ExtendedResourceName, "")))
+	c.ObservedGeneration = p.Generation
+	meta.SetStatusCondition(&status.Conditions, c)
 }
 
 // classInSync compares what the controller owns of a class; opaque
