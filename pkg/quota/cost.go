@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"maps"
 	"slices"
@@ -31,7 +32,7 @@ type Pricer struct {
 	profiles map[string]bool
 
 	mu         sync.Mutex
-	memo       map[string]*price
+	memo       map[shapeHash]*price  // see remember
 	profilesOf map[DeviceID][]string // see deviceProfiles
 }
 
@@ -90,7 +91,7 @@ func (u Unpriced) Reason() string {
 // profiles the names of GpuProfiles, whose classes are ours even before
 // they exist or match a device.
 func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, profiles map[string]bool) *Pricer {
-	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[string]*price{}, profilesOf: map[DeviceID][]string{}}
+	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[shapeHash]*price{}, profilesOf: map[DeviceID][]string{}}
 }
 
 // Inventory is the device snapshot the pricer uses.
@@ -171,7 +172,7 @@ func (p *Pricer) exactCost(ctx context.Context, class string, sel []resourceapi.
 }
 
 func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) *price {
-	key := shapeKey(class, sel, capReq)
+	key := shapeHash(sha256.Sum256([]byte(shapeKey(class, sel, capReq))))
 	p.mu.Lock()
 	pr, ok := p.memo[key]
 	p.mu.Unlock()
@@ -190,9 +191,7 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 		// it would price every later claim of the shape too cheap.
 		return pr
 	}
-	p.mu.Lock()
-	p.memo[key] = pr
-	p.mu.Unlock()
+	p.remember(ctx, key, pr)
 	return pr
 }
 

@@ -22,6 +22,7 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // Event reason on a pod whose claim was denied: the kube-controller-manager
@@ -60,6 +61,9 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		return admission.Allowed("")
 	}
 	dryRun := ptr.Deref(req.DryRun, false)
+	if dryRun {
+		ctx = quota.WithDryRun(ctx) // priced, not remembered (issue 36)
+	}
 	adm, err := h.acct.Admit(ctx, &claim, dryRun)
 	if err != nil {
 		// Fail closed, like the webhook's failurePolicy: no quota check,
