@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +43,9 @@ type storedShape struct {
 	dynamicMIG     bool // MIG partitions of GPUs 6 and 7
 	shares         bool // GPU 5's memory share
 	countersBeside bool // counter sets in the slices of their devices (1.34)
+	// taints: a GPU with a fault is published tainted; without device
+	// taints it is not published at all (checkFaultOn).
+	taints bool
 }
 
 // docGates marks a case whose gates are the ones docs/install.md tells
@@ -53,10 +58,10 @@ const docGates = "docs"
 // gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
 	{"1.34-defaults", "v1.34.4", "", storedShape{}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true, extendedResource: true}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true, extendedResource: true, taints: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
-	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true}},
-	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true}},
+	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
+	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 }
 
 // Issue 35: on each API server, the plugin publishes only what that server
@@ -122,7 +127,57 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	for _, bad := range seen.unsafe() {
 		t.Errorf("a stored slice offered a dynamic-MIG GPU without counters: %s", bad)
 	}
+	checkFaultOn(ctx, t, node, c.want.taints)
 	checkCatalogOn(ctx, t, api, c.want.extendedResource)
+}
+
+// checkFaultOn gives GPU 0 a reset-required XID (48: its taint stays) and
+// waits until gpu-0 is published tainted with it where the cluster keeps
+// device taints, and not published at all where it does not: untainted, a
+// broken GPU would be handed out.
+func checkFaultOn(ctx context.Context, t *testing.T, node *framework.Node, taints bool) {
+	t.Helper()
+	uuid, err := gpuUUID(ctx, node, "gpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nvmock.InjectEvent(filepath.Join(node.PluginDataDir, "mock-nvml"), uuid, nvml.EventTypeXidCriticalError, 48,
+		nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
+		t.Fatal(err)
+	}
+	var seen string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		devices, err := node.WaitForDevices(ctx, 1)
+		if err != nil {
+			return false, err
+		}
+		i := slices.IndexFunc(devices, func(d resourceapi.Device) bool { return d.Name == "gpu-0" })
+		if i < 0 {
+			seen = "gpu-0 not published"
+			return !taints, nil
+		}
+		seen = fmt.Sprintf("gpu-0 published with taints %v", devices[i].Taints)
+		return taints && slices.ContainsFunc(devices[i].Taints, func(tn resourceapi.DeviceTaint) bool {
+			return tn.Key == "gpu.gpuaas.io/xid" && tn.Effect == resourceapi.DeviceTaintEffectNoSchedule
+		}), nil
+	})
+	if err != nil {
+		t.Errorf("after XID 48 on GPU 0 (device taints kept: %v): %s: %v", taints, seen, err)
+	}
+}
+
+// gpuUUID is the uuid attribute of a published device.
+func gpuUUID(ctx context.Context, node *framework.Node, name string) (string, error) {
+	devices, err := node.WaitForDevices(ctx, 1)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range devices {
+		if a, ok := d.Attributes["uuid"]; ok && d.Name == name && a.StringValue != nil {
+			return *a.StringValue, nil
+		}
+	}
+	return "", fmt.Errorf("no device %s with a uuid attribute", name)
 }
 
 // checkCatalogOn runs the controller on api and renders a profile with an
@@ -192,7 +247,8 @@ func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := storedShape{extendedResource: want.extendedResource} // the catalog's, checkCatalogOn
+	// The catalog's (checkCatalogOn) and the faults' (checkFaultOn).
+	got := storedShape{extendedResource: want.extendedResource, taints: want.taints}
 	names := make([]string, 0, len(devices))
 	for _, d := range devices {
 		names = append(names, d.Name)
