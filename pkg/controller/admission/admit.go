@@ -61,18 +61,31 @@ func (a *Accountant) admit(ctx context.Context, claim *resourceapi.ResourceClaim
 		return Admission{}, err
 	}
 	if !ok { // no quota, or an invalid one, applies: nothing to reserve or overrule
-		return a.decide(ctx, claim, nil, nil)
+		return a.decide(ctx, claim, nil, nil, nil)
 	}
 	b := a.ledger.bookFor(tenant)
 	if dryRun { // nothing is written: the last read of the book will do
-		return a.decideOverruled(ctx, claim, b.snapshot().entries, ov)
+		return a.decideOverruled(ctx, claim, b.snapshot().entries, ov, nil)
 	}
-	req := &pendingAdmission{claim: claim, overrule: ov, done: make(chan admitResult, 1)}
+	// Priced under this caller's deadline, before it joins the group: the
+	// group's other callers must not wait for its selectors (issue 36).
+	pc, err := a.price(ctx, claim)
+	if err != nil {
+		return Admission{}, err
+	}
+	req := &pendingAdmission{claim: claim, overrule: ov, priced: pc, done: make(chan admitResult, 1)}
 	b.enqueue(req)
 	select {
 	case r := <-req.done: // decided in another caller's group
 		return r.adm, r.err
 	case b.turn <- struct{}{}:
+	case <-ctx.Done():
+		// The API server has given up on this request: leave the queue so
+		// that nothing is reserved for it. A group that took it already
+		// may reserve it; unused, the reservation lapses after
+		// reservationGrace like that of any create that did not persist.
+		b.withdraw(req)
+		return Admission{}, fmt.Errorf("waiting for the quota book of %s: %w", b.owner, context.Cause(ctx))
 	}
 	defer func() { <-b.turn }()
 	select {
@@ -139,7 +152,7 @@ func (a *Accountant) decideGroup(ctx context.Context, held bookState, group []*p
 	reserved := false
 	var plans []*reclaimPlan
 	for i, req := range group {
-		adm, err := a.decideOverruled(ctx, req.claim, held.entries, req.overrule)
+		adm, err := a.decideOverruled(ctx, req.claim, held.entries, req.overrule, req.priced)
 		switch {
 		case err != nil:
 		case adm.Allowed && !adm.Cost.IsZero():
@@ -205,12 +218,12 @@ func (o *overruling) lift(t quota.Tenant) quota.Tenant {
 
 // decideOverruled decides a claim, and one the quota denies again with the
 // limits ov lifts, if any.
-func (a *Accountant) decideOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, ov *overruling) (Admission, error) {
-	adm, err := a.decide(ctx, claim, held, nil)
+func (a *Accountant) decideOverruled(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, ov *overruling, pc *priced) (Admission, error) {
+	adm, err := a.decide(ctx, claim, held, nil, pc)
 	if err != nil || adm.Allowed || ov == nil || !overrulable(adm.Resource) {
 		return adm, err
 	}
-	lifted, err := a.decide(ctx, claim, held, ov.lift)
+	lifted, err := a.decide(ctx, claim, held, ov.lift, pc)
 	if err != nil {
 		return adm, err
 	}
@@ -241,8 +254,9 @@ func (a *Accountant) tenantOf(ctx context.Context, namespace string) (quota.Tena
 
 // decide prices and judges a claim against the cache plus the book's
 // reservations.
-// lift, when set, changes the limits the claim is judged against.
-func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, lift func(quota.Tenant) quota.Tenant) (Admission, error) {
+// lift, when set, changes the limits the claim is judged against; pc, when
+// priced by the same pricer, is the claim's price.
+func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClaim, held []reservation, lift func(quota.Tenant) quota.Tenant, pc *priced) (Admission, error) {
 	cat, ten, err := a.snapshots(ctx)
 	if err != nil {
 		return Admission{}, err
@@ -251,7 +265,10 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 	if err != nil {
 		return Admission{}, err
 	}
-	adm := Admission{Tenant: owner, Cost: cat.pricer.ClaimCost(ctx, &claim.Spec), Decision: quota.Decision{Allowed: true}}
+	if pc == nil || pc.pricer != cat.pricer { // the catalog changed since: priced again
+		pc = priceWith(ctx, cat.pricer, claim)
+	}
+	adm := Admission{Tenant: owner, Cost: pc.cost, Decision: quota.Decision{Allowed: true}}
 	switch {
 	case adm.Cost.IsZero():
 		return adm, nil
@@ -269,7 +286,7 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 	tenant := ten.tenants[owner]
 	// Before any lift: a claim whose worst case nothing bounds yet cannot
 	// be held to what Kueue charged either.
-	if d := quota.DecideUnpriced(tenant, cat.pricer.Unpriced(ctx, &claim.Spec)); !d.Allowed {
+	if d := quota.DecideUnpriced(tenant, pc.unpriced); !d.Allowed {
 		adm.Decision = d
 		return adm, nil
 	}
@@ -424,4 +441,28 @@ func (a *Accountant) HeldByOthers(ctx context.Context, name string, namespaces [
 		}
 	}
 	return out, nil
+}
+
+// priced is a claim's price as one pricer worked it out: its worst-case
+// cost and the requests nothing published bounds yet.
+type priced struct {
+	pricer   *quota.Pricer
+	cost     quota.Charge
+	unpriced []quota.Unpriced
+}
+
+// price prices a claim with the caller's context against the current
+// catalog. Pricing evaluates the claim's CEL selectors against every
+// published device; a caller whose deadline ends first gets its requests
+// marked interrupted, which refuses the claim as unpriced.
+func (a *Accountant) price(ctx context.Context, claim *resourceapi.ResourceClaim) (*priced, error) {
+	cat, _, err := a.snapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return priceWith(ctx, cat.pricer, claim), nil
+}
+
+func priceWith(ctx context.Context, p *quota.Pricer, claim *resourceapi.ResourceClaim) *priced {
+	return &priced{pricer: p, cost: p.ClaimCost(ctx, &claim.Spec), unpriced: p.Unpriced(ctx, &claim.Spec)}
 }

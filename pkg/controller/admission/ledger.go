@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,7 +224,9 @@ type pendingAdmission struct {
 	claim *resourceapi.ResourceClaim
 	// overrule lifts limits for the claim (admitOverruled); nil for none.
 	overrule *overruling
-	done     chan admitResult // buffered: answered once
+	// priced is the claim's price under its caller's deadline.
+	priced *priced
+	done   chan admitResult // buffered: answered once
 }
 
 type admitResult struct {
@@ -235,6 +238,14 @@ func (b *book) enqueue(req *pendingAdmission) {
 	b.qmu.Lock()
 	b.queue = append(b.queue, req)
 	b.qmu.Unlock()
+}
+
+// withdraw takes an admission whose caller gave up out of the queue, if no
+// group has taken it yet.
+func (b *book) withdraw(req *pendingAdmission) {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.queue = slices.DeleteFunc(b.queue, func(r *pendingAdmission) bool { return r == req })
 }
 
 // takeQueue hands the waiting admissions to the caller that holds b.turn.
