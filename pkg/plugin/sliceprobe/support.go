@@ -65,27 +65,42 @@ func (g Gap) String() string {
 	return fmt.Sprintf("%s (feature gate %s): %s", g.Feature, g.Gate, g.Effect)
 }
 
-// Gaps lists what s lacks against Full, in a fixed order.
+// The gaps a cluster may have, in a fixed order.
+var (
+	gapCounters = Gap{"partitionable devices", "DRAPartitionableDevices",
+		"dynamic MIG GPUs are not offered, and no device consumes GPU milliunits (Kueue's counter-based quota)"}
+	gapCountersApart = Gap{"counter sets in slices of their own (Kubernetes 1.35)", "DRAPartitionableDevices",
+		"each GPU's counter set is published beside its devices; the MIG placement order of issue 29 is not kept"}
+	gapTaints = Gap{"device taints", "DRADeviceTaints",
+		"a device with a fault that keeps work off is not offered, instead of being tainted"}
+	gapTaintNone = Gap{"device taints with effect None (Kubernetes 1.35)", "DRADeviceTaints",
+		"faults that only inform (effect None) are not published as taints"}
+	gapCapacity = Gap{"consumable capacity", "DRAConsumableCapacity",
+		"memory shares are not offered"}
+)
+
+// AllGaps is every gap a cluster may have: the metric has a series for
+// each, 1 where the cluster has it, so that an alert on it has data.
+func AllGaps() []Gap {
+	return []Gap{gapCounters, gapCountersApart, gapTaints, gapTaintNone, gapCapacity}
+}
+
+// Gaps lists what s lacks against Full, in AllGaps' order.
 func (s Support) Gaps() []Gap {
 	var out []Gap
 	switch s.Counters {
 	case CountersDropped:
-		out = append(out, Gap{"partitionable devices", "DRAPartitionableDevices",
-			"dynamic MIG GPUs are not offered, and no device consumes GPU milliunits (Kueue's counter-based quota)"})
+		out = append(out, gapCounters)
 	case CountersInDeviceSlice:
-		out = append(out, Gap{"counter sets in slices of their own (Kubernetes 1.35)", "DRAPartitionableDevices",
-			"each GPU's counter set is published beside its devices; the MIG placement order of issue 29 is not kept"})
+		out = append(out, gapCountersApart)
 	}
 	if !s.Taints {
-		out = append(out, Gap{"device taints", "DRADeviceTaints",
-			"a device with a fault that keeps work off is not offered, instead of being tainted"})
+		out = append(out, gapTaints)
 	} else if !s.TaintEffectNone {
-		out = append(out, Gap{"device taints with effect None (Kubernetes 1.35)", "DRADeviceTaints",
-			"faults that only inform (effect None) are not published as taints"})
+		out = append(out, gapTaintNone)
 	}
 	if !s.ConsumableCapacity {
-		out = append(out, Gap{"consumable capacity", "DRAConsumableCapacity",
-			"memory shares are not offered"})
+		out = append(out, gapCapacity)
 	}
 	return out
 }
