@@ -156,14 +156,15 @@ func (d *Driver) watchClusterSupport(ctx context.Context, cp *clusterProbe) {
 				continue
 			}
 			s := cp.ask(ctx)
+			reshaped := !sameShape(s, current)
 			d.mu.Lock()
-			d.support = &s
+			d.support = &s // the version, at least, is the one now probed
 			var err error
-			if !sameShape(s, current) {
+			if reshaped {
 				err = d.publishLocked(ctx)
 			}
 			d.mu.Unlock()
-			if sameShape(s, current) {
+			if !reshaped {
 				continue
 			}
 			d.reportSupport(ctx, s)
