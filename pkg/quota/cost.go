@@ -173,10 +173,7 @@ func (p *Pricer) exactCost(ctx context.Context, class string, sel []resourceapi.
 
 func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) *price {
 	key := shapeHash(sha256.Sum256([]byte(shapeKey(class, sel, capReq))))
-	p.mu.Lock()
-	pr, ok := p.memo[key]
-	p.mu.Unlock()
-	if ok {
+	if pr, ok := p.recall(ctx, key); ok {
 		return pr
 	}
 	select {
@@ -184,7 +181,7 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 	case <-ctx.Done():
 		return p.interrupted(class, capReq)
 	}
-	pr = p.compute(ctx, class, sel, capReq)
+	pr := p.compute(ctx, class, sel, capReq)
 	<-shapeSlots
 	if pr.interrupted {
 		// A walk cut short matched fewer devices than there are: kept,

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"crypto/sha256"
+	"sync"
 )
 
 // MaxRememberedShapes bounds the request shapes a Pricer remembers. Anyone
@@ -17,22 +18,53 @@ type shapeHash [sha256.Size]byte
 
 type dryRunKey struct{}
 
+// dryRunMemo is one dry run's own memo: a claim is priced several times in
+// one admission (its cost, what cannot be priced, again with a Kueue
+// overrule's limits), and each would otherwise evaluate its selectors anew.
+// It goes with the request.
+type dryRunMemo struct {
+	mu     sync.Mutex
+	prices map[dryRunShape]*price
+}
+
+type dryRunShape struct {
+	pricer *Pricer
+	key    shapeHash
+}
+
 // WithDryRun marks ctx as a dry run's: its shapes are priced and then
 // forgotten, since a dry run stores nothing that would be priced again.
 func WithDryRun(ctx context.Context) context.Context {
-	return context.WithValue(ctx, dryRunKey{}, true)
+	return context.WithValue(ctx, dryRunKey{}, &dryRunMemo{prices: map[dryRunShape]*price{}})
 }
 
-func isDryRun(ctx context.Context) bool {
-	v, _ := ctx.Value(dryRunKey{}).(bool)
-	return v
+func dryRunOf(ctx context.Context) *dryRunMemo {
+	m, _ := ctx.Value(dryRunKey{}).(*dryRunMemo)
+	return m
 }
 
-// remember keeps pr for key, unless ctx is a dry run's; when the memo is
-// full, an arbitrary shape makes room (map order): a forgotten shape is
-// only priced again. The caller does not hold p.mu.
+// recall is what p, or this dry run, worked out for key already.
+func (p *Pricer) recall(ctx context.Context, key shapeHash) (*price, bool) {
+	p.mu.Lock()
+	pr, ok := p.memo[key]
+	p.mu.Unlock()
+	if dry := dryRunOf(ctx); !ok && dry != nil {
+		dry.mu.Lock()
+		pr, ok = dry.prices[dryRunShape{p, key}]
+		dry.mu.Unlock()
+	}
+	return pr, ok
+}
+
+// remember keeps pr for key: a dry run's in its own memo only; otherwise
+// in p's, where, when it is full, an arbitrary shape makes room (map
+// order): a forgotten shape is only priced again. The caller does not hold
+// p.mu.
 func (p *Pricer) remember(ctx context.Context, key shapeHash, pr *price) {
-	if isDryRun(ctx) {
+	if dry := dryRunOf(ctx); dry != nil {
+		dry.mu.Lock()
+		dry.prices[dryRunShape{p, key}] = pr
+		dry.mu.Unlock()
 		return
 	}
 	p.mu.Lock()
