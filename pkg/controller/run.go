@@ -202,6 +202,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	sweeper := admission.NewBookSweeper(direct, opts.LedgerNamespace)
 	checkpointer := &billingCheckpointer{billing: bill, period: cmp.Or(opts.Resync, defaultResync)}
 	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper, checkpointer}
+	if gate != nil {
+		runnables = append(runnables, gate.Sweeper())
+	}
 	for _, r := range runnables {
 		if err := mgr.Add(r); err != nil {
 			return fmt.Errorf("adding runnable: %w", err)

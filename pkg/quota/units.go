@@ -79,6 +79,12 @@ func (u Units) Mul(n int64) Units {
 	return Units{r: new(big.Rat).Mul(u.r, new(big.Rat).SetInt64(n))}
 }
 
+// Scaled returns u*num/den; den must not be zero.
+func (u Units) Scaled(num, den Units) Units {
+	r := new(big.Rat).Mul(u.rat(), num.rat())
+	return Units{r: r.Quo(r, den.rat())}
+}
+
 // Cmp compares u and v: -1, 0 or +1.
 func (u Units) Cmp(v Units) int { return u.rat().Cmp(v.rat()) }
 

@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
@@ -199,13 +200,27 @@ type overruling struct {
 	// that whoever overrules charged. The limits of other profiles the
 	// claim's devices belong to still hold.
 	classes sets.Set[string]
+	// charged is what Kueue charged the tenant's active workloads, in GPU
+	// units, and capped the units the tenant may hold with it, Kueue's
+	// rounding allowed for (KueueGate.tenantCharge); nil when the overruler
+	// charges nothing.
+	charged, capped *quota.Units
 }
 
-// lift is the tenant as the overruled claim is judged: no gpuUnits or
-// gpuMemory limit (the overruler bounds those), nor the device limits of
-// its classes.
+// lift is the tenant as the overruled claim is judged. Usage that Kueue
+// sees and usage that it does not add up against one TenantQuota (issue
+// 36): the tenant's GPU units, its claims outside Kueue's workloads
+// included, stay within the larger of its limit (with the borrowing the
+// cohort permits) and what Kueue charged its active workloads. Kueue's
+// charge already holds whatever it borrowed in its cohort, so a limit
+// raised to it borrows nothing more. The gpuMemory limit is lifted, as
+// Kueue charges no memory (the units still bound the GPUs held), and so
+// are the device limits of the classes Kueue charged.
 func (o *overruling) lift(t quota.Tenant) quota.Tenant {
-	t.Limits.Units, t.Limits.Memory, t.Borrow = nil, nil, quota.Limits{}
+	t.Limits.Memory, t.Borrow.Memory = nil, nil
+	if l := t.Limits.Units; l != nil && o.capped != nil && o.capped.Cmp(*l) > 0 {
+		t.Limits.Units, t.Borrow.Units, t.Cohort = o.capped, ptr.To(quota.Units{}), ""
+	}
 	devices := make(map[string]int64, len(t.Limits.Devices))
 	for class, n := range t.Limits.Devices {
 		if !o.classes.Has(class) {
@@ -214,6 +229,16 @@ func (o *overruling) lift(t quota.Tenant) quota.Tenant {
 	}
 	t.Limits.Devices = devices
 	return t
+}
+
+// refusal is what the overruled claim's refusal adds to say why the
+// overrule did not let it through.
+func (o *overruling) refusal(lifted Admission, tenant string) string {
+	if lifted.Resource == quota.ResourceGpuUnits && o.charged != nil {
+		return fmt.Sprintf("; %s, but Kueue charged the active workloads of TenantQuota %q %s GPU units (%s with its rounding), "+
+			"and its claims outside them (bare pods, claims of ended workloads) count against that too", o.by, tenant, o.charged, o.capped)
+	}
+	return fmt.Sprintf("; %s, which does not lift the limits of other profiles", o.by)
 }
 
 // decideOverruled decides a claim, and one the quota denies again with the
@@ -228,7 +253,7 @@ func (a *Accountant) decideOverruled(ctx context.Context, claim *resourceapi.Res
 		return adm, err
 	}
 	if !lifted.Allowed {
-		lifted.Reason += fmt.Sprintf("; %s, which does not lift the limits of other profiles", ov.by)
+		lifted.Reason += ov.refusal(lifted, lifted.Tenant)
 		return lifted, nil
 	}
 	// The warning on the admitted claim tells what it is over.

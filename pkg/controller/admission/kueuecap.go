@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // The cap of the Kueue overrule. Kueue charged an admitted workload an
@@ -173,8 +174,74 @@ func (g *KueueGate) overrule(ctx context.Context, claim *resourceapi.ResourceCla
 	if v.why, err = g.spend(ctx, claim.Namespace, wl, spend, live, claims.Items, dryRun); v.why != "" || err != nil {
 		return v, err
 	}
-	v.overrule = &overruling{by: "Kueue admitted workload " + v.workload, classes: charge.classes}
+	charged, capped, err := g.tenantCharge(ctx, claim.Namespace, workloads)
+	if err != nil {
+		return v, err
+	}
+	v.overrule = &overruling{by: "Kueue admitted workload " + v.workload, classes: charge.classes, charged: charged, capped: capped}
 	return v, nil
+}
+
+// tenantCharge is what Kueue charged the active workloads of every
+// namespace of the claim's tenant, in GPU units, and the units that charge
+// caps, with room for Kueue's rounding (kueueRounding); nil when the
+// namespace has no valid tenant. inNamespace are the Workloads of the
+// claim's namespace, read already.
+func (g *KueueGate) tenantCharge(ctx context.Context, namespace string, inNamespace []kueueWorkload) (charged, capped *quota.Units, _ error) {
+	cat, ten, err := g.acct.snapshots(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	owner, err := g.acct.NamespaceOwner(ctx, namespace)
+	if err != nil || owner == "" || ten.invalid[owner] != "" {
+		return nil, nil, err
+	}
+	ours := sets.New(kueue.DefaultResource)
+	for class := range cat.profiles {
+		if res, ok := kueueResourceOf(cat, class); ok {
+			ours.Insert(res)
+		}
+	}
+	var milli int64
+	for _, ns := range ten.assign.Namespaces[owner] {
+		workloads := inNamespace
+		if ns != namespace {
+			if workloads, err = g.workloadsIn(ctx, ns); err != nil {
+				return nil, nil, err
+			}
+		}
+		for _, wl := range workloads {
+			for res, m := range wl.charge {
+				if wl.active && ours.Has(res) {
+					milli += m
+				}
+			}
+		}
+	}
+	return ptr.To(quota.NewUnits(milli, 1000)), ptr.To(kueueRounding(cat.pricer.Inventory(), milli)), nil
+}
+
+// kueueRounding converts what Kueue charged, in milli-units, into GPU units
+// that the devices it was charged for fit in. Kueue charges each device
+// its units in thousandths rounded down (a 1g MIG device, 1/7, is 142), so
+// the devices hold a little more than Kueue's sum, less than a thousandth
+// more each. A device of units d is charged more than 1000d - 1, so with
+// the smallest device published costing u, the devices a charge of m
+// thousandths covers hold at most m/1000 times 1000u/(1000u - 1) units:
+// 0.7% more than Kueue's sum when u is 1/7.
+func kueueRounding(inv *quota.Inventory, milli int64) quota.Units {
+	charged := quota.NewUnits(milli, 1000)
+	var smallest quota.Units
+	for _, d := range inv.Devices() {
+		if d.Units.Sign() > 0 && (smallest.IsZero() || d.Units.Cmp(smallest) < 0) {
+			smallest = d.Units
+		}
+	}
+	perMilli := smallest.Mul(1000) // the smallest device, in thousandths
+	if perMilli.Cmp(quota.NewUnits(1, 1)) <= 0 {
+		return charged // no device Kueue could charge a thousandth for: nothing to round
+	}
+	return charged.Scaled(perMilli, perMilli.Sub(quota.NewUnits(1, 1)))
 }
 
 // spend records the claim's charge against the workload in the overrule

@@ -21,11 +21,17 @@ var (
 		Name: "gpuaas_quota_ledger_errors_total",
 		Help: "Reads and writes of a quota book (the reservations every replica sees) that failed, other than losing a race to another replica; each fails its admissions closed.",
 	})
+	// Issue 36 route 2: claims a tenant kept past the Kueue workload they
+	// were admitted for.
+	overruledClaimsEnded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpuaas_quota_kueue_overruled_claims_ended_total",
+		Help: "ResourceClaims admitted past their TenantQuota for a Kueue workload, deleted because the workload ended and the claim's pod was gone (overrulesweep.go).",
+	})
 
 	registerOnce sync.Once
 )
 
 // RegisterMetrics registers the books' metrics, once per process.
 func RegisterMetrics() {
-	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(reclaimedClaims, ledgerErrors) })
+	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(reclaimedClaims, ledgerErrors, overruledClaimsEnded) })
 }

@@ -264,6 +264,14 @@ func (a *Accountant) deleteVictim(ctx context.Context, lender string, v reclaimV
 	}
 }
 
+// recordEvent tells the tenant, on the claim (and so in its namespace's
+// events), why the controller deleted it.
+func (a *Accountant) recordEvent(c *resourceapi.ResourceClaim, reason, note string) {
+	if a.ReclaimEvents != nil {
+		a.ReclaimEvents.Eventf(c, nil, corev1.EventTypeWarning, reason, "DeleteResourceClaim", note)
+	}
+}
+
 // recordReclaim tells the borrower, on the claim (and so in its
 // namespace's events), why the claim goes.
 func (a *Accountant) recordReclaim(c *resourceapi.ResourceClaim, lender string) {

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -116,6 +117,27 @@ func TestClaimWebhookKueueOverruleRoutes(t *testing.T) {
 			claim: kcmClaim(kueuePod(true), "trainer-gpu", "any-gpu", 1), user: kcmUser,
 			reason: `devices of profile "h100"`,
 		},
+		// Issue 36 route 1: the tenant's bare pods hold its whole limit, which
+		// Kueue never sees, so Kueue admits a Job on an empty queue. Its
+		// claims may not stack on the bare usage: the tenant's GPUs stay
+		// within the larger of its limit and what Kueue charged.
+		"bare usage first, then a Kueue Job": {
+			objs: []client.Object{teamQuota("team-a", "a", "2"),
+				allocatedTo(claim("a", "bare-0", "h100", 1), "node-a", "gpu-0"),
+				allocatedTo(claim("a", "bare-1", "h100", 1), "node-a", "gpu-1"),
+				kueuePod(true), kueueWorkloadObj("job-trainer-job", []types.UID{"job-uid"}, 2000, "Admitted")},
+			claim: kcmClaim(kueuePod(true), "trainer-gpu", "h100", 2), user: kcmUser,
+			reason: "Kueue charged the active workloads of TenantQuota \"team-a\" 2 GPU units",
+		},
+		// Issue 36 route 2: a claim overruled for an earlier Job, whose pod
+		// is gone and whose ownerReference the tenant removed, is bare usage
+		// now; the next Job is not overruled on top of it.
+		"claim of an ended Job left over": {
+			objs: []client.Object{teamQuota("team-a", "a", "0"), claim("a", "left-over", "h100", 1),
+				kueuePod(true), workload()},
+			claim: kcmClaim(kueuePod(true), "trainer-gpu", "h100", 1), user: kcmUser,
+			reason: "Kueue charged the active workloads of TenantQuota \"team-a\" 1 GPU units",
+		},
 		"namespace of no tenant with denyUnassigned": {
 			objs:  []client.Object{kueuePod(true), workload()},
 			claim: kcmClaim(kueuePod(true), "trainer-gpu", "h100", 1), user: kcmUser,
@@ -222,5 +244,29 @@ func TestAlternativesWebhookTrimsKueueWorkloadsToo(t *testing.T) {
 	resp := trimmer.Handle(ctx(t), asUser(request(t, admissionv1.Create, "a", kc.Name, kc), kcmUser))
 	if len(resp.Patches) != 1 {
 		t.Fatalf("claim of a Kueue pod: patches %+v, want its H100 dropped", resp.Patches)
+	}
+}
+
+// Kueue charges each device its units in thousandths rounded down (a 1g
+// MIG device, 1/7, is 142), so a workload's devices hold a little more
+// than Kueue's sum. The tenant's cap on an overrule (issue 36 route 1)
+// allows for that: seven 1g devices charged 994 fit, six of them held
+// outside the workload.
+func TestClaimWebhookKueueCapAllowsForRounding(t *testing.T) {
+	objs := []client.Object{ns("a", nil), teamQuota("team-a", "a", "0"), kueuePod(true),
+		kueueWorkloadObj("job-trainer-job", []types.UID{"job-uid"}, 7*142, "Admitted")}
+	for i := range 6 {
+		objs = append(objs, allocatedTo(claim("a", fmt.Sprintf("held-%d", i), "mig-1g", 1), "node-b", fmt.Sprintf("gpu-0-mig-1g-%d", i)))
+	}
+	h, _, _ := newKueueWebhook(t, objs...)
+	kc := kcmClaim(kueuePod(true), "trainer-gpu", "mig-1g", 1)
+	resp := h.Handle(ctx(t), asUser(request(t, admissionv1.Create, "a", kc.Name, kc), kcmUser))
+	if !resp.Allowed {
+		t.Fatalf("the seventh 1g device of a workload charged 994 was denied: %s", resp.Result.Message)
+	}
+	over := kcmClaim(kueuePod(true), "trainer-gpu", "mig-1g", 2)
+	resp = h.Handle(ctx(t), asUser(request(t, admissionv1.Create, "a", over.Name, over), kcmUser))
+	if resp.Allowed {
+		t.Fatal("an eighth 1g device was admitted on a charge of seven")
 	}
 }

@@ -1,0 +1,54 @@
+package admission
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Issue 36 route 2: a claim admitted past the quota for a Kueue workload
+// whose ownerReference the tenant removed outlived the workload, and the
+// tenant used it from a bare pod. The leader's sweep deletes such claims
+// once the workload has ended, and only those.
+func TestOverruleSweepEndsClaimsOfEndedWorkloads(t *testing.T) {
+	ended := kueueWorkloadObj("ended", []types.UID{"job-uid"}, 1000, "Admitted", "Finished")
+	running := kueueWorkloadObj("running", []types.UID{"other-job-uid"}, 1000, "Admitted")
+	orphan := claim("a", "orphan", "h100", 1) // its ownerReference removed by the tenant
+	active := claim("a", "of-running", "h100", 1)
+	podRuns := kcmClaim(kueuePod(true), "pod-runs", "h100", 1) // the kube-controller-manager's to delete
+	donePod := gpuPod("done", "done-uid", ptr.To(jobRef()), true)
+	donePod.Status.Phase = corev1.PodSucceeded
+	podDone := kcmClaim(donePod, "pod-done", "h100", 1)
+	sameName := claim("a", "same-name", "h100", 1) // made again since: another claim
+	acct, c := newAccountant(t, ns("a", nil), ended, running, orphan, active, podRuns, kueuePod(true), donePod, podDone, sameName)
+	g := newKueueGate(acct, c)
+	records := []overruleRecord{
+		{UID: orphan.UID, Name: orphan.Name, Workload: ended.GetUID()},
+		{UID: active.UID, Name: active.Name, Workload: running.GetUID()},
+		{UID: podRuns.UID, Name: podRuns.Name, Workload: ended.GetUID()},
+		{UID: podDone.UID, Name: podDone.Name, Workload: ended.GetUID()},
+		{UID: "old-uid", Name: sameName.Name, Workload: ended.GetUID()},
+	}
+	if err := g.book.write(ctx(t), "a", nil, records); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Sweeper().(*overruleSweeper).sweep(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"orphan": false, "of-running": true, "pod-runs": true, "pod-done": false, "same-name": true}
+	for name, kept := range want {
+		err := c.Get(ctx(t), types.NamespacedName{Namespace: "a", Name: name}, &resourceapi.ResourceClaim{})
+		if got := !apierrors.IsNotFound(err); got != kept {
+			t.Errorf("claim %s kept = %v, want %v (%v)", name, got, kept, err)
+		}
+	}
+	var books corev1.ConfigMapList
+	if err := c.List(ctx(t), &books, client.InNamespace("gpuaas")); err != nil || len(books.Items) != 1 {
+		t.Errorf("books %v, %v", books.Items, err)
+	}
+}
