@@ -30,6 +30,8 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -140,10 +142,10 @@ func parseFlags() flags {
 	fs.DurationVar(&f.startTimeout, "start-timeout", envDuration("START_TIMEOUT", plugin.DefaultStartTimeout), "How long one start step (opening NVML, restoring one prepared claim, registering) may take before the liveness check calls the start hung. Waiting for the driver is not a step: it lasts as long as the driver takes. [$START_TIMEOUT]")
 	fs.DurationVar(&f.driverRetry, "driver-retry-interval", nvdev.DriverRetryInterval, "How often to look again for an NVIDIA driver that is not ready yet (no libnvidia-ml under --driver-root, or the kernel module not loaded); meanwhile the plugin is alive and not ready. Also how often the installed driver's version (libnvidia-ml.so.<version> under --driver-root) is read, so that a driver upgrade is taken up, and operators' --release-gpus requests.")
 	fs.DurationVar(&f.staticMIGResync, "static-mig-resync", plugin.DefaultStaticMIGResync, "How often the MIG layouts of GPUs offered as static MIG are read again, so that MIG devices an admin (mig-manager) makes after the start are published, and every GPU's minor number, so that a GPU re-bound from outside the plugin (a MIG mode switch by mig-manager or an admin) is named by its new /dev/nvidiaN; negative: only at start.")
-	fs.StringVar(&f.devicePluginCoexistence, "device-plugin-coexistence", cli.Env("DEVICE_PLUGIN_COEXISTENCE", string(plugin.CoexistenceStandDown)), fmt.Sprintf("What to do while a device plugin (NVIDIA's k8s-device-plugin, the GPU Operator's default) advertises this node's NVIDIA GPUs too (nvidia.com/gpu, nvidia.com/mig-*), as the kubelet's PodResources API reports: %q publishes no device at all; %q publishes only the GPUs none of whose IDs, replicas or MIG devices the device plugin advertises or a pod holds through it; %q does not look. Where the API cannot be read, every GPU is published until it answers, with a warning. [$DEVICE_PLUGIN_COEXISTENCE]", plugin.CoexistenceStandDown, plugin.CoexistenceExcludeOwned, plugin.CoexistenceOff))
+	fs.StringVar(&f.devicePluginCoexistence, "device-plugin-coexistence", cli.Env("DEVICE_PLUGIN_COEXISTENCE", string(coexist.CoexistenceStandDown)), fmt.Sprintf("What to do while a device plugin (NVIDIA's k8s-device-plugin, the GPU Operator's default) advertises this node's NVIDIA GPUs too (nvidia.com/gpu, nvidia.com/mig-*), as the kubelet's PodResources API reports: %q publishes no device at all; %q publishes only the GPUs none of whose IDs, replicas or MIG devices the device plugin advertises or a pod holds through it; %q does not look. Where the API cannot be read, every GPU is published until it answers, with a warning. [$DEVICE_PLUGIN_COEXISTENCE]", coexist.CoexistenceStandDown, coexist.CoexistenceExcludeOwned, coexist.CoexistenceOff))
 	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", cli.Env("POD_RESOURCES_SOCKET", deviceplugins.DefaultSocket), "The kubelet's PodResources socket, asked which GPUs a device plugin hands out (see --device-plugin-coexistence). [$POD_RESOURCES_SOCKET]")
 	fs.BoolVar(&f.followUpgrades, "follow-gpu-operator-upgrades", envBool("FOLLOW_GPU_OPERATOR_UPGRADES", true), "Follow the GPU Operator's driver upgrades on this node: while its label nvidia.com/gpu-driver-upgrade-state says pod-restart-required (the driver pod is restarted and unloads the kernel module), release the GPUs as --release-gpus does, and reacquire them when the label moves on (a new driver version starts the plugin again). Watches this node's labels (RBAC: list and watch nodes). [$FOLLOW_GPU_OPERATOR_UPGRADES]")
-	fs.DurationVar(&f.devicePluginCheckInterval, "device-plugin-check-interval", envDuration("DEVICE_PLUGIN_CHECK_INTERVAL", plugin.DefaultDevicePluginCheckInterval), "How often the kubelet is asked again which GPUs a device plugin hands out (one is installed or removed during a migration); negative: only at start. [$DEVICE_PLUGIN_CHECK_INTERVAL]")
+	fs.DurationVar(&f.devicePluginCheckInterval, "device-plugin-check-interval", envDuration("DEVICE_PLUGIN_CHECK_INTERVAL", coexist.DefaultDevicePluginCheckInterval), "How often the kubelet is asked again which GPUs a device plugin hands out (one is installed or removed during a migration); negative: only at start. [$DEVICE_PLUGIN_CHECK_INTERVAL]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -170,7 +172,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	if err != nil {
 		return err
 	}
-	coexistence, err := plugin.ParseCoexistence(f.devicePluginCoexistence)
+	coexistence, err := coexist.ParseCoexistence(f.devicePluginCoexistence)
 	if err != nil {
 		return fmt.Errorf("--device-plugin-coexistence: %w", err)
 	}
@@ -228,10 +230,10 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 		PluginDataDir: f.pluginDataDir, RegistrarDir: f.registrarDir,
 		PodUID: types.UID(f.podUID), Metrics: telemetry.NewMetrics(reg), Health: monitor, Steps: health,
 		StaticMIGResync: f.staticMIGResync,
-		Maintenance: plugin.MaintenanceOptions{Session: lib, Files: cdiHandler, Dir: plugin.MaintenanceDir(f.pluginDataDir),
+		Maintenance: maintenance.Options{Session: lib, Files: cdiHandler, Dir: maintenance.Dir(f.pluginDataDir),
 			DriverRoot: f.driverRoot, Interval: f.driverRetry, RunHealth: true, Restart: restart,
 			UpgradeState: upgradeState(ctx, f, client)},
-		DevicePlugins: plugin.DevicePluginCheck{Coexistence: coexistence, Socket: f.podResourcesSocket,
+		DevicePlugins: coexist.DevicePluginCheck{Coexistence: coexistence, Socket: f.podResourcesSocket,
 			Interval: f.devicePluginCheckInterval},
 	})
 	if err != nil {
@@ -352,7 +354,7 @@ func upgradeState(ctx context.Context, f flags, client kubernetes.Interface) fun
 	if !f.followUpgrades {
 		return nil
 	}
-	return plugin.WatchUpgradeState(ctx, client, f.nodeName)
+	return maintenance.WatchUpgradeState(ctx, client, f.nodeName)
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 )
 
 // maintenanceWait bounds how long --release-gpus and --reacquire-gpus wait
@@ -20,27 +20,27 @@ func requestMaintenance(f flags) int {
 		fmt.Fprintln(os.Stderr, "--release-gpus and --reacquire-gpus: one at a time")
 		return 2
 	}
-	action, want := plugin.ActionRelease, []string{plugin.StateReleased}
+	action, want := maintenance.ActionRelease, []string{maintenance.StateReleased}
 	if f.reacquireGPUs {
-		action, want = plugin.ActionReacquire, []string{plugin.StateServing, plugin.StateRestarting}
+		action, want = maintenance.ActionReacquire, []string{maintenance.StateServing, maintenance.StateRestarting}
 	}
-	dir := plugin.MaintenanceDir(f.pluginDataDir)
-	id, err := plugin.RequestMaintenance(dir, action)
+	dir := maintenance.Dir(f.pluginDataDir)
+	id, err := maintenance.Request(dir, action)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), maintenanceWait)
 	defer cancel()
-	st, err := plugin.WaitMaintenance(ctx, dir, id, want...)
+	st, err := maintenance.Wait(ctx, dir, id, want...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "the plugin did not %s the GPUs: %v (state %q, driver %s)\n", action, err, st.State, st.DriverVersion)
 		return 1
 	}
 	switch st.State {
-	case plugin.StateReleased:
+	case maintenance.StateReleased:
 		fmt.Printf("GPUs released: the plugin has shut NVML down; reset the GPUs or upgrade the driver, then run --reacquire-gpus (a new driver version is taken up on its own)\n")
-	case plugin.StateRestarting:
+	case maintenance.StateRestarting:
 		fmt.Printf("a new driver is installed: the plugin is starting again to load it (ready once the driver is loaded)\n")
 	default:
 		fmt.Printf("GPUs reacquired: driver %s\n", st.DriverVersion)

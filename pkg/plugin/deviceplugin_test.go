@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 
@@ -31,11 +32,18 @@ import (
 // plugin advertises, and withholds them.
 
 // dpDriver is a driver whose device-plugin check asks srv's socket.
-func dpDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode Coexistence, socket string) (*Driver, *capturePublisher) {
+func dpDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode coexist.Coexistence, socket string) (*Driver, *capturePublisher) {
+	t.Helper()
+	return dpDriverEvery(t, e, cfg, mode, socket, 0)
+}
+
+// dpDriverEvery is dpDriver checking again every interval (zero: the
+// default).
+func dpDriverEvery(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode coexist.Coexistence, socket string, interval time.Duration) (*Driver, *capturePublisher) {
 	t.Helper()
 	d, pub := testDriver(t, e, cfg)
 	events := telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode)
-	d.dp = newDevicePluginWatch(DevicePluginCheck{Coexistence: mode, Socket: socket}, e.lib, events, e.metrics)
+	d.dp = coexist.NewWatch(coexist.DevicePluginCheck{Coexistence: mode, Socket: socket, Interval: interval}, e.lib, events, e.metrics)
 	return d, pub
 }
 
@@ -88,7 +96,7 @@ func uuidsOf(lib nvdev.Interface, indexes ...int) []string {
 func TestDevicePluginStandDown(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceStandDown, srv.Socket)
+	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
 	check(t, e.ctx, d)
 	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
 		t.Fatalf("without a device plugin: published %v, want all 8 GPUs", got)
@@ -99,7 +107,7 @@ func TestDevicePluginStandDown(t *testing.T) {
 	if got, sets := publishedGPUs(t, pub); len(got) != 0 || len(sets) != 0 {
 		t.Errorf("a device plugin advertises GPU 1: published GPUs %v and counter sets %v, want none", got, sets)
 	}
-	if ev := e.events.withReason(ReasonDevicePluginStandDown); len(ev) != 1 || !strings.Contains(ev[0], "nvidia.com/gpu (1 device(s))") {
+	if ev := e.events.withReason(coexist.ReasonDevicePluginStandDown); len(ev) != 1 || !strings.Contains(ev[0], "nvidia.com/gpu (1 device(s))") {
 		t.Errorf("stand-down events %q, want one naming nvidia.com/gpu", ev)
 	}
 	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 8 {
@@ -109,7 +117,7 @@ func TestDevicePluginStandDown(t *testing.T) {
 	// Checked again with the same answer: nothing new said or published.
 	n := pub.count()
 	d.checkDevicePlugins(e.ctx, true)
-	if pub.count() != n || len(e.events.withReason(ReasonDevicePluginStandDown)) != 1 {
+	if pub.count() != n || len(e.events.withReason(coexist.ReasonDevicePluginStandDown)) != 1 {
 		t.Errorf("an unchanged answer republished (%d -> %d) or warned again", n, pub.count())
 	}
 
@@ -118,8 +126,8 @@ func TestDevicePluginStandDown(t *testing.T) {
 	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
 		t.Errorf("the device plugin gone: published %v, want all 8 GPUs again", got)
 	}
-	if !slices.ContainsFunc(e.events.events, func(ev string) bool { return strings.HasPrefix(ev, "Normal "+ReasonDevicePluginGone+" ") }) {
-		t.Errorf("events %q, want a Normal %s", e.events.events, ReasonDevicePluginGone)
+	if !slices.ContainsFunc(e.events.events, func(ev string) bool { return strings.HasPrefix(ev, "Normal "+coexist.ReasonDevicePluginGone+" ") }) {
+		t.Errorf("events %q, want a Normal %s", e.events.events, coexist.ReasonDevicePluginGone)
 	}
 	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 0 {
 		t.Errorf("device_plugin_withheld_gpus = %v after the device plugin left, want 0", got)
@@ -142,7 +150,7 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 	e := newTestEnvIn(t, "dgxh100", cfg, stateDir)
 	gpus := e.lib.GPUs()
 	srv := podresourcestest.Start(t)
-	d, pub := dpDriver(t, e, cfg, CoexistenceExcludeOwned, srv.Socket)
+	d, pub := dpDriver(t, e, cfg, coexist.CoexistenceExcludeOwned, srv.Socket)
 	for _, tc := range []struct {
 		name   string
 		set    func()
@@ -180,7 +188,7 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 			if len(sets) != len(gpus)-len(tc.owned) {
 				t.Errorf("counter sets %v, want one per published GPU", sets)
 			}
-			ev := e.events.withReason(ReasonDevicePluginGPUsExcluded)
+			ev := e.events.withReason(coexist.ReasonDevicePluginGPUsExcluded)
 			if len(ev) == 0 || !strings.Contains(ev[len(ev)-1], fmt.Sprintf("GPU %d (%s", tc.owned[0], gpus[tc.owned[0]].UUID)) {
 				t.Errorf("exclusion events %q, want the last to name GPU %d", ev, tc.owned[0])
 			}
@@ -197,13 +205,13 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 // crashes.
 func TestDevicePluginCheckWithoutSocket(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceStandDown, filepath.Join(t.TempDir(), "kubelet.sock"))
+	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, filepath.Join(t.TempDir(), "kubelet.sock"))
 	check(t, e.ctx, d)
 	d.checkDevicePlugins(e.ctx, true)
 	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
 		t.Errorf("published %v without a socket, want every GPU", got)
 	}
-	if ev := e.events.withReason(ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "publishing every GPU") {
+	if ev := e.events.withReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "publishing every GPU") {
 		t.Errorf("check-failed events %q, want one saying every GPU is published", ev)
 	}
 	if got := testutil.ToFloat64(e.metrics.DpCheckFailed); got != 1 {
@@ -216,7 +224,7 @@ func TestDevicePluginCheckWithoutSocket(t *testing.T) {
 func TestDevicePluginCheckFailureKeepsTheLastAnswer(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceStandDown, srv.Socket)
+	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
 	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", "0"))
 	check(t, e.ctx, d)
 	srv.Fail(errors.New("kubelet restarting"))
@@ -224,7 +232,7 @@ func TestDevicePluginCheckFailureKeepsTheLastAnswer(t *testing.T) {
 	if got, _ := publishedGPUs(t, pub); len(got) != 0 {
 		t.Errorf("standing down, then the API failed: published %v, want still none", got)
 	}
-	if ev := e.events.withReason(ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "keeping its last answer") {
+	if ev := e.events.withReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "keeping its last answer") {
 		t.Errorf("check-failed events %q, want one saying the last answer is kept", ev)
 	}
 	srv.Fail(nil)
@@ -239,7 +247,7 @@ func TestDevicePluginCheckOff(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", "0"))
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceOff, srv.Socket)
+	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceOff, srv.Socket)
 	check(t, e.ctx, d)
 	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) || d.dp != nil {
 		t.Errorf("off: published %v, want every GPU, and no check", got)
@@ -251,7 +259,7 @@ func TestDevicePluginCheckOff(t *testing.T) {
 func TestPreparedClaimsUnpreparableWhileStandingDown(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceStandDown, srv.Socket)
+	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
 	check(t, e.ctx, d)
 	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-1").build()); err != nil {
 		t.Fatal(err)
@@ -274,8 +282,7 @@ func TestPreparedClaimsUnpreparableWhileStandingDown(t *testing.T) {
 func TestDevicePluginWatchRepublishes(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
-	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, CoexistenceStandDown, srv.Socket)
-	d.dp.check.Interval = 10 * time.Millisecond
+	d, pub := dpDriverEvery(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket, 10*time.Millisecond)
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	check(t, ctx, d)
@@ -325,18 +332,5 @@ func TestWithheldGPUKeepsTheOthersSlices(t *testing.T) {
 	got := sliceNames(inv.WithoutGPUs(map[string]bool{withheld: true}), "")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("GPU 6 withheld: slices %v, want the others' slices as before %v", got, want)
-	}
-}
-
-// TestDevicePluginEventNoteFitsTheAPI: the API server refuses an event
-// whose note is longer than 1024 bytes; a node of many GPUs withheld
-// must still get its event.
-func TestDevicePluginEventNoteFitsTheAPI(t *testing.T) {
-	long := eventNote("withheld: %s", strings.Repeat("GPU 0 (GPU-3f66aa2b-09a2-5a3c-8cfd-d51d3efe5322), ", 64))
-	if len(long) > 1024 || !strings.HasSuffix(long, "...") {
-		t.Errorf("a long note is %d bytes (%q...), want at most 1024, ending in ...", len(long), long[:40])
-	}
-	if short := eventNote("GPU %d", 1); short != "GPU 1" {
-		t.Errorf("a short note became %q", short)
 	}
 }

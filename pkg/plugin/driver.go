@@ -1,8 +1,8 @@
 // Package plugin is the kubelet's side of the node plugin: the DRA gRPC
 // service and its registration, publishing the inventory, the device
 // health stream and status, and the planes it wires (inventory, prepare,
-// device kinds, telemetry), with taking the GPUs out of service and back
-// (maintenance) and standing aside for a device plugin.
+// device kinds, telemetry, taking the GPUs out of service and back in
+// maintenance, standing aside for a device plugin in coexist).
 package plugin
 
 import (
@@ -26,6 +26,8 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -81,11 +83,11 @@ type Options struct {
 	StaticMIGResync time.Duration
 	// Maintenance lets an operator take the GPUs from the running plugin
 	// for a reset or a driver upgrade, and the plugin follow the driver's
-	// version (maintenance.go, driverwatch.go).
-	Maintenance MaintenanceOptions
+	// version (package maintenance).
+	Maintenance maintenance.Options
 	// DevicePlugins says what to do while a device plugin hands out the
-	// node's GPUs too (deviceplugin.go); the zero value does not look.
-	DevicePlugins DevicePluginCheck
+	// node's GPUs too (package coexist); the zero value does not look.
+	DevicePlugins coexist.DevicePluginCheck
 	// ClusterProbeInterval is how often the API server's version is
 	// checked, to ask again what it keeps of the slices (clustersupport.go);
 	// zero is DefaultClusterProbeInterval, negative never.
@@ -129,10 +131,10 @@ type Driver struct {
 	// wakes every health stream at once.
 	healthChanged chan struct{}
 	// maint: the GPUs released for maintenance, or not; nil: never.
-	maint  *maintenance
+	maint  *maintenance.Maintenance
 	events telemetry.NodeEvents
 	// dp withholds the GPUs a device plugin hands out; nil: no check.
-	dp *devicePluginWatch
+	dp *coexist.Watch
 }
 
 // publisher is what Driver needs of the kubelet plugin helper to publish
@@ -208,7 +210,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	steps.Step(ctx, "publishing devices")
 	// Asked before anything publishes (the health monitor's changes do):
 	// GPUs a device plugin hands out are never offered, not for a moment.
-	d.dp = newDevicePluginWatch(opts.DevicePlugins, opts.NVML, events, opts.Metrics)
+	d.dp = coexist.NewWatch(opts.DevicePlugins, opts.NVML, events, opts.Metrics)
 	d.checkDevicePlugins(ctx, false)
 	d.watchHealth(ctx)
 	probe := newClusterProbe(opts)
@@ -218,7 +220,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, err
 	}
 	d.watchStaticMIG(ctx, opts.NVML, cfg, opts.StaticMIGResync)
-	d.watchDriver(ctx)
+	d.maint.Watch(ctx)
 	d.watchDevicePlugins(ctx)
 	d.watchClusterSupport(ctx, probe)
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
@@ -304,12 +306,12 @@ func (d *Driver) SocketPath() string { return d.socket }
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	defer d.maint.hold()()
+	defer d.maint.Hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
 		// State adds the claim to the logger itself.
 		var devices []kubeletplugin.Device
-		err := d.maint.refusal()
+		err := d.maint.Refusal()
 		if err == nil {
 			devices, err = d.state.Prepare(ctx, claim)
 		}
@@ -328,7 +330,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	results := make(map[types.UID]error, len(claims))
 	// While released, teardowns that need no NVML go on; the others fail
 	// saying the GPUs are released.
-	defer d.maint.hold()()
+	defer d.maint.Hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
 		err := d.state.Unprepare(klog.NewContext(ctx, logger), claim.UID)

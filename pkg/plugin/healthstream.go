@@ -47,9 +47,9 @@ func (d *Driver) watchHealth(ctx context.Context) {
 // the maintenance taints while the GPUs are released.
 func (d *Driver) faults() []health.Fault {
 	if d.health == nil {
-		return d.maintenanceFaults()
+		return d.maint.Faults()
 	}
-	return append(d.health.Faults(), d.maintenanceFaults()...)
+	return append(d.health.Faults(), d.maint.Faults()...)
 }
 
 // WatchHealthStatus implements kubeletplugin.DRAPlugin: a report of every

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
@@ -31,7 +32,7 @@ const (
 	upgradedDriver = "550.54.15"
 )
 
-const maintenanceTaint = health.TaintKeyPrefix + KindMaintenance
+const maintenanceTaint = health.TaintKeyPrefix + maintenance.KindMaintenance
 
 // maintEnv is a started plugin whose NVML session can be released, on a
 // persistent mock machine (whose driver refuses to unload while a session
@@ -44,6 +45,11 @@ type maintEnv struct {
 	opts     nvdev.Options
 	root     *cditest.DriverRoot
 	restarts chan error
+	// dir holds the maintenance requests and answers of the last start.
+	dir string
+	// upgradeState, when set, stands in for the node's GPU Operator
+	// upgrade-state label (followedUpgradeState).
+	upgradeState func() string
 }
 
 func newMaintEnv(t *testing.T) *maintEnv {
@@ -87,20 +93,27 @@ func (m *maintEnv) start(t *testing.T) {
 	m.state = m.newState(t)
 	m.driver, m.pub = testDriver(t, m.testEnv, everyMode())
 	m.driver.health = monitor
-	m.driver.startMaintenance(m.ctx, Options{NVML: m.session, Health: monitor, Maintenance: MaintenanceOptions{
-		Session: m.session, Files: m.cdiHandler, Dir: filepath.Join(t.TempDir(), "maintenance"),
+	m.dir = filepath.Join(t.TempDir(), "maintenance")
+	m.driver.startMaintenance(m.ctx, Options{NVML: m.session, Health: monitor, Maintenance: maintenance.Options{
+		Session: m.session, Files: m.cdiHandler, Dir: m.dir,
 		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true,
-		Restart: func(err error) { m.restarts <- err },
+		Restart:      func(err error) { m.restarts <- err },
+		UpgradeState: m.readUpgradeState,
 	}}, telemetry.NewNodeEvents(context.Background(), m.events, nil, testNode))
-	t.Cleanup(func() {
-		if stop := m.driver.maint.stopHealth; stop != nil {
-			stop()
-		}
-	})
+	t.Cleanup(m.driver.maint.StopHealth)
 	m.driver.watchHealth(m.ctx)
 	if err := m.driver.publish(m.ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// readUpgradeState reads the stand-in of the upgrade-state label; "" (no
+// label) until a test follows one.
+func (m *maintEnv) readUpgradeState() string {
+	if m.upgradeState == nil {
+		return ""
+	}
+	return m.upgradeState()
 }
 
 // prepare prepares a claim of one device through the kubelet's call.
@@ -180,13 +193,13 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 		t.Fatalf("unload while the plugin holds NVML: %v, want %v", err, nvmock.ErrDriverInUse)
 	}
 
-	if err := m.driver.Release(m.ctx, "a GPU reset"); err != nil {
+	if err := m.driver.maint.Release(m.ctx, "a GPU reset"); err != nil {
 		t.Fatal(err)
 	}
 	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 		t.Fatalf("unload after the release: %v", err)
 	}
-	if m.driver.maint.stopHealth != nil {
+	if m.driver.maint.HealthRunning() {
 		t.Error("the health monitor (and its event set) still runs while released")
 	}
 	if err := m.driver.NotReady(); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
@@ -217,13 +230,13 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.driver.Reacquire(m.ctx, "reset done", func(error) {}); err != nil {
+	if err := m.driver.maint.Reacquire(m.ctx, "reset done", func(error) {}); err != nil {
 		t.Fatalf("Reacquire: %v", err)
 	}
 	if err := m.driver.NotReady(); err != nil {
 		t.Errorf("NotReady after reacquiring: %v", err)
 	}
-	if m.driver.maint.stopHealth == nil {
+	if !m.driver.maint.HealthRunning() {
 		t.Error("the health monitor does not run again after reacquiring")
 	}
 	if tainted, _ := m.taintedMaintenance(t); tainted != 0 {
@@ -264,7 +277,7 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 
 	// The GPU Operator's flow: released, the driver unloaded, the new one
 	// installed and loaded.
-	if err := m.driver.Release(m.ctx, "driver upgrade"); err != nil {
+	if err := m.driver.maint.Release(m.ctx, "driver upgrade"); err != nil {
 		t.Fatal(err)
 	}
 	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
@@ -274,10 +287,10 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	m.driver.driverTick(m.ctx)
+	m.driver.maint.Tick(m.ctx)
 	m.waitRestart(t)
-	if !m.sawEvent(v1.EventTypeNormal, ReasonDriverVersionChanged) {
-		t.Errorf("no %s event; events: %v", ReasonDriverVersionChanged, m.events.events)
+	if !m.sawEvent(v1.EventTypeNormal, maintenance.ReasonDriverVersionChanged) {
+		t.Errorf("no %s event; events: %v", maintenance.ReasonDriverVersionChanged, m.events.events)
 	}
 	if err := m.prepare(t, "stale", "gpu-4"); err == nil {
 		t.Errorf("the old process prepared a claim after the upgrade, with the old driver's files: %s", m.libraryOf(t, "stale"))
@@ -307,7 +320,7 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 func TestDriverUpgradedUnderALiveSessionIsTakenUp(t *testing.T) {
 	m := newMaintEnv(t)
 	m.root.Upgrade(t, upgradedDriver)
-	m.driver.driverTick(m.ctx)
+	m.driver.maint.Tick(m.ctx)
 	m.waitRestart(t)
 	if err := m.driver.NotReady(); err == nil {
 		t.Error("ready after the upgrade, with the old driver's files")
@@ -344,15 +357,15 @@ func (m *maintEnv) sawEvent(eventType, reason string) bool {
 // through its data directory and are answered there.
 func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 	m := newMaintEnv(t)
-	dir := m.driver.maint.opts.Dir
+	dir := m.dir
 	ctx, cancel := context.WithCancel(m.ctx)
 	defer cancel()
-	m.driver.watchDriver(ctx)
+	m.driver.maint.Watch(ctx)
 	for _, step := range []struct{ action, want string }{
-		{ActionRelease, StateReleased},
-		{ActionReacquire, StateServing},
+		{maintenance.ActionRelease, maintenance.StateReleased},
+		{maintenance.ActionReacquire, maintenance.StateServing},
 	} {
-		if step.action == ActionReacquire {
+		if step.action == maintenance.ActionReacquire {
 			if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
 				t.Fatalf("unload while released: %v", err)
 			}
@@ -360,12 +373,12 @@ func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		id, err := RequestMaintenance(dir, step.action)
+		id, err := maintenance.Request(dir, step.action)
 		if err != nil {
 			t.Fatal(err)
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err := WaitMaintenance(wctx, dir, id, step.want)
+		st, err := maintenance.Wait(wctx, dir, id, step.want)
 		wcancel()
 		if err != nil {
 			t.Fatalf("%s: %v (status %+v)", step.action, err, st)

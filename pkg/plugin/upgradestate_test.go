@@ -4,13 +4,9 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 )
 
 // followedUpgradeState makes the plugin follow a stand-in for its node's
@@ -18,7 +14,7 @@ import (
 func followedUpgradeState(m *maintEnv, initial string) *atomic.Value {
 	var state atomic.Value
 	state.Store(initial)
-	m.driver.maint.opts.UpgradeState = func() string { return state.Load().(string) }
+	m.upgradeState = func() string { return state.Load().(string) }
 	return &state
 }
 
@@ -35,15 +31,15 @@ func TestGPUOperatorDriverRestartReleasesTheGPUs(t *testing.T) {
 	state := followedUpgradeState(m, "")
 	for _, s := range []string{"", "upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required"} {
 		state.Store(s)
-		m.driver.driverTick(m.ctx)
-		if m.driver.maint.isReleased() {
+		m.driver.maint.Tick(m.ctx)
+		if m.driver.maint.Released() {
 			t.Fatalf("GPUs released at upgrade state %q, before the driver restart", s)
 		}
 	}
-	state.Store(upgradeStateDriverRestart)
-	m.driver.driverTick(m.ctx)
+	state.Store(maintenance.UpgradeStateDriverRestart)
+	m.driver.maint.Tick(m.ctx)
 	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
-		t.Fatalf("the driver pod's unload at %s: %v", upgradeStateDriverRestart, err)
+		t.Fatalf("the driver pod's unload at %s: %v", maintenance.UpgradeStateDriverRestart, err)
 	}
 	if tainted, all := m.taintedMaintenance(t); tainted != all || all == 0 {
 		t.Errorf("%d of %d devices tainted %s during the driver restart, want all", tainted, all, maintenanceTaint)
@@ -51,12 +47,12 @@ func TestGPUOperatorDriverRestartReleasesTheGPUs(t *testing.T) {
 	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	m.driver.driverTick(m.ctx)
-	if !m.driver.maint.isReleased() {
-		t.Fatalf("GPUs taken back while the label still says %s", upgradeStateDriverRestart)
+	m.driver.maint.Tick(m.ctx)
+	if !m.driver.maint.Released() {
+		t.Fatalf("GPUs taken back while the label still says %s", maintenance.UpgradeStateDriverRestart)
 	}
 	state.Store("validation-required")
-	m.driver.driverTick(m.ctx)
+	m.driver.maint.Tick(m.ctx)
 	if err := m.driver.NotReady(); err != nil {
 		t.Fatalf("after the driver restart: %v", err)
 	}
@@ -73,44 +69,14 @@ func TestGPUOperatorDriverRestartReleasesTheGPUs(t *testing.T) {
 func TestUpgradeStateLeavesAnOperatorsReleaseAlone(t *testing.T) {
 	m := newMaintEnv(t)
 	state := followedUpgradeState(m, "")
-	if err := m.driver.Release(m.ctx, "an operator's GPU reset"); err != nil {
+	if err := m.driver.maint.Release(m.ctx, "an operator's GPU reset"); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"upgrade-done", upgradeStateDriverRestart, "validation-required", ""} {
+	for _, s := range []string{"upgrade-done", maintenance.UpgradeStateDriverRestart, "validation-required", ""} {
 		state.Store(s)
-		m.driver.driverTick(m.ctx)
-		if !m.driver.maint.isReleased() {
+		m.driver.maint.Tick(m.ctx)
+		if !m.driver.maint.Released() {
 			t.Fatalf("an operator's release undone at upgrade state %q", s)
 		}
 	}
-}
-
-// The watch reads the label of the plugin's own node and follows it.
-func TestWatchUpgradeStateFollowsTheNodesLabel(t *testing.T) {
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, Labels: map[string]string{UpgradeStateLabel: "upgrade-required"}}}
-	client := fake.NewClientset(node)
-	ctx := t.Context()
-	read := WatchUpgradeState(ctx, client, testNode)
-	waitState := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for read() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("upgrade state %q, want %q", read(), want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitState("upgrade-required")
-	node = node.DeepCopy()
-	node.Labels[UpgradeStateLabel] = upgradeStateDriverRestart
-	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitState(upgradeStateDriverRestart)
-	delete(node.Labels, UpgradeStateLabel)
-	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitState("")
 }

@@ -28,7 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -48,9 +48,9 @@ func TestRealNodeDevicePlugin(t *testing.T) {
 
 	dp := startDevicePlugin(t, ctx, n, "nvidia.com/gpu", uuids[0], uuids[1]+"::0", uuids[1]+"::1")
 	waitPublishedGPUs(t, ctx, "stand-down with a device plugin", func(gpus []string) bool { return len(gpus) == 0 })
-	note := waitNodeEvent(t, ctx, plugin.ReasonDevicePluginStandDown)
+	note := waitNodeEvent(t, ctx, coexist.ReasonDevicePluginStandDown)
 	if !strings.Contains(note, "nvidia.com/gpu (3 device(s))") {
-		t.Errorf("%s event %q, want it to name nvidia.com/gpu and its 3 devices", plugin.ReasonDevicePluginStandDown, note)
+		t.Errorf("%s event %q, want it to name nvidia.com/gpu and its 3 devices", coexist.ReasonDevicePluginStandDown, note)
 	}
 
 	old := waitForPluginPod(t, ctx, "")
@@ -63,16 +63,16 @@ func TestRealNodeDevicePlugin(t *testing.T) {
 	waitForPluginPod(t, ctx, old.UID)
 	others := slices.DeleteFunc(slices.Clone(all), func(u string) bool { return u == uuids[0] || u == uuids[1] })
 	waitPublishedGPUs(t, ctx, "exclude-owned with a device plugin owning GPUs 0 and 1", func(gpus []string) bool { return slices.Equal(gpus, others) })
-	note = waitNodeEvent(t, ctx, plugin.ReasonDevicePluginGPUsExcluded)
+	note = waitNodeEvent(t, ctx, coexist.ReasonDevicePluginGPUsExcluded)
 	for _, want := range []string{"GPU 0 (" + uuids[0], "GPU 1 (" + uuids[1]} {
 		if !strings.Contains(note, want) {
-			t.Errorf("%s event %q, want it to name %s", plugin.ReasonDevicePluginGPUsExcluded, note, want)
+			t.Errorf("%s event %q, want it to name %s", coexist.ReasonDevicePluginGPUsExcluded, note, want)
 		}
 	}
 
 	dp.stop()
 	waitPublishedGPUs(t, ctx, "the device plugin gone", func(gpus []string) bool { return slices.Equal(gpus, all) })
-	waitNodeEvent(t, ctx, plugin.ReasonDevicePluginGone)
+	waitNodeEvent(t, ctx, coexist.ReasonDevicePluginGone)
 }
 
 // installWithDevicePluginCheck installs the chart with the suite's values

@@ -32,7 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -40,7 +40,7 @@ import (
 // root to: a later release of the same branch.
 const upgradedUserspaceVersion = "535.274.02"
 
-const maintenanceTaintKey = "gpu.gpuaas.io/" + plugin.KindMaintenance
+const maintenanceTaintKey = "gpu.gpuaas.io/" + maintenance.KindMaintenance
 
 // TestRealNodeDriverUpgrade installs the chart on its own real node,
 // releases the GPUs, upgrades the driver under the plugin and checks that
@@ -69,7 +69,7 @@ func TestRealNodeDriverUpgrade(t *testing.T) {
 	} else {
 		t.Logf("unload while the plugin serves: %v", err)
 	}
-	st := requestMaintenance(t, ctx, pluginDir, plugin.ActionRelease, plugin.StateReleased)
+	st := requestMaintenance(t, ctx, pluginDir, maintenance.ActionRelease, maintenance.StateReleased)
 	t.Logf("released: %+v", st)
 	if err := nvmock.UnloadDriver(mockDriver); err != nil {
 		t.Fatalf("unload after the release: %v", err)
@@ -85,7 +85,7 @@ func TestRealNodeDriverUpgrade(t *testing.T) {
 	// container for it: untainted, ready, no container restart.
 	waitDevicesTainted(t, ctx, n, false)
 	waitPluginReady(t, ctx, pluginPod, true)
-	if st, ok, err := plugin.ReadMaintenanceStatus(plugin.MaintenanceDir(pluginDir)); err != nil || !ok || st.State != plugin.StateServing || st.DriverVersion != upgradedUserspaceVersion {
+	if st, ok, err := maintenance.ReadStatus(maintenance.Dir(pluginDir)); err != nil || !ok || st.State != maintenance.StateServing || st.DriverVersion != upgradedUserspaceVersion {
 		t.Errorf("maintenance status after the upgrade: %+v (%v, %v), want serving driver %s", st, ok, err, upgradedUserspaceVersion)
 	}
 
@@ -137,7 +137,7 @@ func followGPUOperatorRestart(t *testing.T, ctx context.Context, n *realNode, pl
 	t.Helper()
 	setUpgradeState := func(state string) {
 		t.Helper()
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, plugin.UpgradeStateLabel, state)
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, maintenance.UpgradeStateLabel, state)
 		if _, err := cp.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -184,16 +184,16 @@ func checkSpecLibraries(t *testing.T, ctx context.Context, n *realNode, pod *v1.
 // requestMaintenance does what `dra-kubelet-plugin --release-gpus` (or
 // --reacquire-gpus) does in the plugin pod, from the host: a request in
 // the plugin's data directory, and a wait for its answer.
-func requestMaintenance(t *testing.T, ctx context.Context, pluginDir, action string, want ...string) plugin.MaintenanceStatus {
+func requestMaintenance(t *testing.T, ctx context.Context, pluginDir, action string, want ...string) maintenance.Status {
 	t.Helper()
-	dir := plugin.MaintenanceDir(pluginDir)
-	id, err := plugin.RequestMaintenance(dir, action)
+	dir := maintenance.Dir(pluginDir)
+	id, err := maintenance.Request(dir, action)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	st, err := plugin.WaitMaintenance(ctx, dir, id, want...)
+	st, err := maintenance.Wait(ctx, dir, id, want...)
 	if err != nil {
 		t.Fatalf("%s: %v (status %+v)", action, err, st)
 	}

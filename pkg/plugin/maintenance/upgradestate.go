@@ -1,4 +1,4 @@
-package plugin
+package maintenance
 
 import (
 	"context"
@@ -33,9 +33,9 @@ import (
 // UpgradeStateLabel is the GPU Operator's driver-upgrade state of a node.
 const UpgradeStateLabel = "nvidia.com/gpu-driver-upgrade-state"
 
-// upgradeStateDriverRestart is the state in which the driver pod is
+// UpgradeStateDriverRestart is the state in which the driver pod is
 // restarted and its kernel module unloaded.
-const upgradeStateDriverRestart = "pod-restart-required"
+const UpgradeStateDriverRestart = "pod-restart-required"
 
 // WatchUpgradeState watches the node's upgrade-state label and returns a
 // reader of its current value ("" when the label is absent or the node
@@ -69,8 +69,7 @@ func WatchUpgradeState(ctx context.Context, client kubernetes.Interface, nodeNam
 // pod-restart-required and reacquires those it released once the state
 // moved on. It reports whether the GPUs are held released for the upgrade,
 // in which case the driver watch must not take them back.
-func (d *Driver) followUpgradeState(ctx context.Context) bool {
-	m := d.maint
+func (m *Maintenance) followUpgradeState(ctx context.Context) bool {
 	if m.opts.UpgradeState == nil {
 		return false
 	}
@@ -80,29 +79,29 @@ func (d *Driver) followUpgradeState(ctx context.Context) bool {
 	m.mu.Unlock()
 	logger := klog.FromContext(ctx)
 	switch {
-	case state == upgradeStateDriverRestart && !released:
-		if err := d.Release(ctx, fmt.Sprintf("the GPU Operator restarts the driver (%s=%s)", UpgradeStateLabel, state)); err != nil {
+	case state == UpgradeStateDriverRestart && !released:
+		if err := m.Release(ctx, fmt.Sprintf("the GPU Operator restarts the driver (%s=%s)", UpgradeStateLabel, state)); err != nil {
 			logger.Error(err, "Releasing the GPUs for the GPU Operator's driver upgrade")
 			return false
 		}
 		m.mu.Lock()
 		m.forUpgrade = true
 		m.mu.Unlock()
-		d.writeStatus(ctx, d.stateName(), "", nil)
+		m.writeStatus(ctx, m.stateName(), "", nil)
 		return true
-	case state == upgradeStateDriverRestart:
+	case state == UpgradeStateDriverRestart:
 		return forUpgrade
 	case released && forUpgrade:
 		why := fmt.Sprintf("the GPU Operator's driver upgrade moved on (%s=%q)", UpgradeStateLabel, state)
-		err := d.Reacquire(ctx, why, d.waitingForDriver(ctx))
+		err := m.Reacquire(ctx, why, m.waitingForDriver(ctx))
 		if errors.Is(err, nvdev.ErrNewProcessNeeded) && m.opts.Restart != nil {
-			d.writeStatus(ctx, StateRestarting, "", nil)
+			m.writeStatus(ctx, StateRestarting, "", nil)
 			return true
 		}
 		if err != nil {
 			logger.Error(err, "Reacquiring the GPUs after the GPU Operator's driver upgrade; trying again")
 		}
-		d.writeStatus(ctx, d.stateName(), "", nil)
+		m.writeStatus(ctx, m.stateName(), "", nil)
 		return err != nil
 	}
 	return false

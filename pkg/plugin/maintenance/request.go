@@ -1,4 +1,4 @@
-package plugin
+package maintenance
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // An operator talks to the running plugin as for --clear-faults: through
 // files in the plugin's data directory, from `kubectl exec` into its pod.
 // A request file holds the latest request; the plugin takes it at its
-// next look (MaintenanceOptions.Interval) and answers in a status file,
+// next look (Options.Interval) and answers in a status file,
 // which names the request it answered so that the command can wait for
 // its own answer: a release is not done, and rmmod not safe, until NVML
 // is shut down.
@@ -48,17 +48,17 @@ const (
 	maintenanceTemp = ".maintenance-*"
 )
 
-// MaintenanceDir is where a plugin with data directory dataDir takes
-// maintenance requests.
-func MaintenanceDir(dataDir string) string { return filepath.Join(dataDir, "maintenance") }
+// Dir is where a plugin with data directory dataDir takes maintenance
+// requests.
+func Dir(dataDir string) string { return filepath.Join(dataDir, "maintenance") }
 
-type maintenanceRequest struct {
+type request struct {
 	Action string `json:"action"`
 	ID     string `json:"id"`
 }
 
-// MaintenanceStatus is the plugin's answer.
-type MaintenanceStatus struct {
+// Status is the plugin's answer.
+type Status struct {
 	State string `json:"state"`
 	// DriverVersion is the driver the plugin's session (and the CDI specs
 	// it writes) was last opened on.
@@ -71,9 +71,9 @@ type MaintenanceStatus struct {
 	Error string `json:"error,omitempty"`
 }
 
-// RequestMaintenance asks the plugin watching dir to release or reacquire
-// the GPUs; it returns the request's ID, which the answer names.
-func RequestMaintenance(dir, action string) (string, error) {
+// Request asks the plugin watching dir to release or reacquire the GPUs;
+// it returns the request's ID, which the answer names.
+func Request(dir, action string) (string, error) {
 	if action != ActionRelease && action != ActionReacquire {
 		return "", fmt.Errorf("maintenance request %q: want %q or %q", action, ActionRelease, ActionReacquire)
 	}
@@ -81,7 +81,7 @@ func RequestMaintenance(dir, action string) (string, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("maintenance request: %w", err)
 	}
-	req := maintenanceRequest{Action: action, ID: hex.EncodeToString(b[:])}
+	req := request{Action: action, ID: hex.EncodeToString(b[:])}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return "", err
@@ -95,9 +95,9 @@ func RequestMaintenance(dir, action string) (string, error) {
 	return req.ID, nil
 }
 
-// ReadMaintenanceStatus reads the plugin's answer; ok is false before the
-// plugin wrote one.
-func ReadMaintenanceStatus(dir string) (st MaintenanceStatus, ok bool, err error) {
+// ReadStatus reads the plugin's answer; ok is false before the plugin
+// wrote one.
+func ReadStatus(dir string) (st Status, ok bool, err error) {
 	data, err := os.ReadFile(filepath.Join(dir, statusFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, false, nil
@@ -111,13 +111,13 @@ func ReadMaintenanceStatus(dir string) (st MaintenanceStatus, ok bool, err error
 	return st, true, nil
 }
 
-// WaitMaintenance waits, as long as ctx allows, for the plugin's answer to
-// request id to reach one of want; it returns the last status read.
-func WaitMaintenance(ctx context.Context, dir, id string, want ...string) (MaintenanceStatus, error) {
+// Wait waits, as long as ctx allows, for the plugin's answer to request id
+// to reach one of want; it returns the last status read.
+func Wait(ctx context.Context, dir, id string, want ...string) (Status, error) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		st, ok, err := ReadMaintenanceStatus(dir)
+		st, ok, err := ReadStatus(dir)
 		if err != nil {
 			return st, err
 		}
@@ -138,8 +138,8 @@ func WaitMaintenance(ctx context.Context, dir, id string, want ...string) (Maint
 }
 
 // takeRequest removes and returns the pending request, if any.
-func takeRequest(ctx context.Context, dir string) (maintenanceRequest, bool) {
-	var req maintenanceRequest
+func takeRequest(ctx context.Context, dir string) (request, bool) {
+	var req request
 	path := filepath.Join(dir, requestFile)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -160,13 +160,12 @@ func takeRequest(ctx context.Context, dir string) (maintenanceRequest, bool) {
 
 // writeStatus answers in the status file; request is the request being
 // answered ("" for none), failed its error.
-func (d *Driver) writeStatus(ctx context.Context, state, request string, failed error) {
-	m := d.maint
+func (m *Maintenance) writeStatus(ctx context.Context, state, request string, failed error) {
 	if m.opts.Dir == "" {
 		return
 	}
 	m.mu.Lock()
-	st := MaintenanceStatus{State: state, DriverVersion: m.opts.Session.System().DriverVersion, Reason: m.reason,
+	st := Status{State: state, DriverVersion: m.opts.Session.System().DriverVersion, Reason: m.reason,
 		Since: m.since, Request: request}
 	m.mu.Unlock()
 	if failed != nil {

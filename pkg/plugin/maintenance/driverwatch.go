@@ -1,4 +1,4 @@
-package plugin
+package maintenance
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// watchDriver looks, every Interval until ctx ends, at the operators'
+// Watch looks, every Interval until ctx ends, at the operators'
 // maintenance requests and at the version of the driver installed under
 // the driver root.
 //
@@ -20,7 +20,7 @@ import (
 // to load CUDA. The plugin then lets go of the GPUs (if the operator had
 // not released them for the upgrade) and reacquires them; since this
 // process cannot load another version of the NVML library, the reacquire
-// ends in a new process (MaintenanceOptions.Restart: the plugin executes
+// ends in a new process (Options.Restart: the plugin executes
 // itself again), which waits for the new kernel module as any start does
 // and discovers the new version's files. Nothing is prepared meanwhile,
 // so no claim gets the old files. Claims already prepared keep their
@@ -28,12 +28,11 @@ import (
 // and get the new one when their pods are replaced. So the GPU Operator's
 // upgrade, once the GPUs were released for it, ends with the plugin
 // serving the new driver without another step.
-func (d *Driver) watchDriver(ctx context.Context) {
-	m := d.maint
+func (m *Maintenance) Watch(ctx context.Context) {
 	if m == nil || m.opts.Session == nil {
 		return
 	}
-	d.writeStatus(ctx, StateServing, "", nil)
+	m.writeStatus(ctx, StateServing, "", nil)
 	go func() {
 		t := time.NewTicker(m.interval())
 		defer t.Stop()
@@ -43,57 +42,57 @@ func (d *Driver) watchDriver(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			d.driverTick(ctx)
+			m.Tick(ctx)
 		}
 	}()
 }
 
-func (m *maintenance) interval() time.Duration {
+func (m *Maintenance) interval() time.Duration {
 	if m.opts.Interval > 0 {
 		return m.opts.Interval
 	}
 	return nvdev.DriverRetryInterval
 }
 
-// driverTick handles the pending request, then follows the GPU
-// Operator's upgrade and the driver.
-func (d *Driver) driverTick(ctx context.Context) {
-	if req, ok := takeRequest(ctx, d.maint.opts.Dir); ok {
-		d.handleRequest(ctx, req)
+// Tick is one look of Watch: it handles the pending request, then follows
+// the GPU Operator's upgrade and the driver.
+func (m *Maintenance) Tick(ctx context.Context) {
+	if req, ok := takeRequest(ctx, m.opts.Dir); ok {
+		m.handleRequest(ctx, req)
 	}
-	if d.followUpgradeState(ctx) {
+	if m.followUpgradeState(ctx) {
 		return
 	}
-	d.followDriverVersion(ctx)
+	m.followDriverVersion(ctx)
 }
 
 // handleRequest carries an operator's request out and answers it.
-func (d *Driver) handleRequest(ctx context.Context, req maintenanceRequest) {
+func (m *Maintenance) handleRequest(ctx context.Context, req request) {
 	logger := klog.FromContext(ctx)
 	logger.Info("Maintenance requested by an operator", "action", req.Action, "request", req.ID)
 	switch req.Action {
 	case ActionRelease:
-		err := d.Release(ctx, "requested by an operator (dra-kubelet-plugin --release-gpus)")
-		d.writeStatus(ctx, d.stateName(), req.ID, err)
+		err := m.Release(ctx, "requested by an operator (dra-kubelet-plugin --release-gpus)")
+		m.writeStatus(ctx, m.stateName(), req.ID, err)
 	case ActionReacquire:
-		d.writeStatus(ctx, StateReacquiring, req.ID, nil)
-		err := d.Reacquire(ctx, "requested by an operator (dra-kubelet-plugin --reacquire-gpus)", d.waitingForDriver(ctx))
-		if errors.Is(err, nvdev.ErrNewProcessNeeded) && d.maint.opts.Restart != nil {
-			d.writeStatus(ctx, StateRestarting, req.ID, nil)
+		m.writeStatus(ctx, StateReacquiring, req.ID, nil)
+		err := m.Reacquire(ctx, "requested by an operator (dra-kubelet-plugin --reacquire-gpus)", m.waitingForDriver(ctx))
+		if errors.Is(err, nvdev.ErrNewProcessNeeded) && m.opts.Restart != nil {
+			m.writeStatus(ctx, StateRestarting, req.ID, nil)
 			return
 		}
 		if err != nil {
 			logger.Error(err, "Reacquiring the GPUs")
-			d.events.Warn(ReasonReacquireFailed, "Reacquire", "GPUs not reacquired at an operator's request: %v", err)
+			m.host.Events.Warn(ReasonReacquireFailed, "Reacquire", "GPUs not reacquired at an operator's request: %v", err)
 		}
-		d.writeStatus(ctx, d.stateName(), req.ID, err)
+		m.writeStatus(ctx, m.stateName(), req.ID, err)
 	default:
-		d.writeStatus(ctx, d.stateName(), req.ID, fmt.Errorf("unknown maintenance action %q", req.Action))
+		m.writeStatus(ctx, m.stateName(), req.ID, fmt.Errorf("unknown maintenance action %q", req.Action))
 	}
 }
 
-func (d *Driver) stateName() string {
-	if d.maint.isReleased() {
+func (m *Maintenance) stateName() string {
+	if m.Released() {
 		return StateReleased
 	}
 	return StateServing
@@ -101,14 +100,14 @@ func (d *Driver) stateName() string {
 
 // waitingForDriver logs, once a minute or so, that a reacquire waits for
 // the driver.
-func (d *Driver) waitingForDriver(ctx context.Context) func(error) {
+func (m *Maintenance) waitingForDriver(ctx context.Context) func(error) {
 	var last time.Time
 	return func(err error) {
 		if time.Since(last) < time.Minute {
 			return
 		}
 		last = time.Now()
-		klog.FromContext(ctx).Info("Reacquiring the GPUs: NVIDIA driver not ready; waiting", "driverRoot", d.maint.opts.DriverRoot, "reason", err.Error())
+		klog.FromContext(ctx).Info("Reacquiring the GPUs: NVIDIA driver not ready; waiting", "driverRoot", m.opts.DriverRoot, "reason", err.Error())
 	}
 }
 
@@ -116,8 +115,7 @@ func (d *Driver) waitingForDriver(ctx context.Context) func(error) {
 // installed driver's version is no longer the one they were opened on.
 // A reacquire that fails (the new libraries over the old kernel module,
 // until it is reloaded) is tried again at the next look.
-func (d *Driver) followDriverVersion(ctx context.Context) {
-	m := d.maint
+func (m *Maintenance) followDriverVersion(ctx context.Context) {
 	installed := nvdev.InstalledDriverVersion(m.opts.DriverRoot)
 	m.mu.Lock()
 	known, announced := m.version, m.announced
@@ -131,16 +129,16 @@ func (d *Driver) followDriverVersion(ctx context.Context) {
 	why := fmt.Sprintf("driver upgraded from %s to %s", orUnknown(known), installed)
 	if installed != announced {
 		klog.FromContext(ctx).Info("Installed NVIDIA driver changed; reopening NVML and the driver's files for new claims", "from", known, "to", installed)
-		d.events.Normal(ReasonDriverVersionChanged, "Upgrade", "NVIDIA driver under %s changed from %s to %s: claims prepared from now on get its files; running containers keep the driver they started with until restarted",
+		m.host.Events.Normal(ReasonDriverVersionChanged, "Upgrade", "NVIDIA driver under %s changed from %s to %s: claims prepared from now on get its files; running containers keep the driver they started with until restarted",
 			m.opts.DriverRoot, orUnknown(known), installed)
 	}
-	if err := d.Release(ctx, why); err != nil {
+	if err := m.Release(ctx, why); err != nil {
 		klog.FromContext(ctx).Error(err, "Releasing the GPUs for a driver upgrade")
 		return
 	}
-	err := d.Reacquire(ctx, why, d.waitingForDriver(ctx))
+	err := m.Reacquire(ctx, why, m.waitingForDriver(ctx))
 	if errors.Is(err, nvdev.ErrNewProcessNeeded) && m.opts.Restart != nil {
-		d.writeStatus(ctx, StateRestarting, "", nil)
+		m.writeStatus(ctx, StateRestarting, "", nil)
 		return
 	}
 	if err != nil {
@@ -150,10 +148,10 @@ func (d *Driver) followDriverVersion(ctx context.Context) {
 		m.failedFor = installed
 		m.mu.Unlock()
 		if first {
-			d.events.Warn(ReasonReacquireFailed, "Upgrade", "GPUs not reacquired on driver %s (trying again every %s): %v", installed, m.interval(), err)
+			m.host.Events.Warn(ReasonReacquireFailed, "Upgrade", "GPUs not reacquired on driver %s (trying again every %s): %v", installed, m.interval(), err)
 		}
 	}
-	d.writeStatus(ctx, d.stateName(), "", nil)
+	m.writeStatus(ctx, m.stateName(), "", nil)
 }
 
 func orUnknown(v string) string {
