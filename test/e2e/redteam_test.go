@@ -92,6 +92,12 @@ var redTeamRoutes = []redTeamRoute{
 	// watch lags admits what the first one stopped reserving because its
 	// own cache showed it (redteam_replicas_test.go).
 	{name: "LaggingReplica", attack: attackLaggingReplica},
+	// Issue 36 route 1: bare claims take the tenant's whole limit, which
+	// Kueue does not see; then a Job that Kueue admits on its empty queue.
+	{name: "BareUsageThenKueueJob", attack: attackBareThenKueueJob},
+	// Issue 36 route 2: a claim admitted past the quota for a Job, its
+	// ownerReference removed and the Job deleted, kept for bare pods.
+	{name: "OverruledClaimOutlivesJob", attack: attackOverruledClaimOutlivesJob},
 }
 
 // redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:
@@ -449,8 +455,15 @@ func attackRerunCreate(t *testing.T, ctx context.Context, env *redTeamEnv) {
 // cohort (the admin's change, not the attacker's).
 func (env *redTeamEnv) allowBorrowing(t *testing.T, ctx context.Context) {
 	t.Helper()
+	env.changeQuota(t, ctx, func(q *gpuaas.TenantQuota) { q.Spec.BorrowingLimit = nil })
+}
+
+// changeQuota is the platform changing the tenant's TenantQuota; it
+// returns once the controller has read the change.
+func (env *redTeamEnv) changeQuota(t *testing.T, ctx context.Context, change func(*gpuaas.TenantQuota)) {
+	t.Helper()
 	q := &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: env.tenant}}
-	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) { q.Spec.BorrowingLimit = nil })
+	updateObject(t, ctx, q, change)
 	// The controller has read the change once its status describes it.
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var got gpuaas.TenantQuota
@@ -460,7 +473,7 @@ func (env *redTeamEnv) allowBorrowing(t *testing.T, ctx context.Context) {
 		return got.Status.ObservedGeneration >= q.Generation, nil
 	})
 	if err != nil {
-		t.Fatalf("the controller did not take up TenantQuota %s's new borrowing limit: %v", env.tenant, err)
+		t.Fatalf("the controller did not take up TenantQuota %s's change: %v", env.tenant, err)
 	}
 }
 

@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+)
+
+// The red team's routes through Kueue of issue 36: usage Kueue does not see
+// (bare claims) and usage it admitted add up against one TenantQuota, and a
+// claim admitted past the quota for a workload ends with the workload.
+
+// attackBareThenKueueJob (route 1): the tenant's bare claims take its whole
+// limit, which Kueue never sees; its queue is empty, so Kueue admits a Job.
+// Before the fix the Job's claim was overruled on top of the bare ones: 3
+// GPUs on a limit of 2.
+func attackBareThenKueueJob(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	kq := &kueueHelper{t: t}
+	env.endJob(t, ctx, env.job)
+	for _, name := range []string{"bare-0", "bare-1"} {
+		if _, err := env.claims().Create(ctx, gpuClaim(env.ns, name, "gpu.gpuaas.io", 1), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("bare claim %s within the limit: %v", name, err)
+		}
+	}
+	kq.job(ctx, env.ns, "second", jobSpec{class: "gpu.gpuaas.io"})
+	if got := kq.waitAdmitted(ctx, env.ns, "second"); got != 1000 {
+		t.Fatalf("Kueue charged the second Job %d milli-units, want 1000", got)
+	}
+	pod := env.podOfJob(t, ctx, "second")
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ev, err := cp.WaitForEvent(wctx, env.ns, "Pod", pod.Name, "QuotaExceeded",
+		`TenantQuota "`+env.tenant+`" exceeded`, "Kueue charged the active workloads")
+	if err != nil {
+		t.Errorf("the Job's claim was not refused: %v", err)
+		return
+	}
+	t.Logf("refused as expected: %s", ev.Message)
+}
+
+// attackOverruledClaimOutlivesJob (route 2): with its own limit at 0, the
+// tenant's Job gets its GPU only because Kueue admitted it. The tenant
+// removes the claim's ownerReference and deletes the Job: the
+// kube-controller-manager no longer deletes the claim, which the tenant
+// could use from bare pods for ever. The controller deletes it.
+func attackOverruledClaimOutlivesJob(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	kq := &kueueHelper{t: t}
+	env.endJob(t, ctx, env.job)
+	env.changeQuota(t, ctx, func(q *gpuaas.TenantQuota) { q.Spec.Limits.GpuUnits = units("0") })
+	kq.job(ctx, env.ns, "second", jobSpec{class: "gpu.gpuaas.io"})
+	kq.waitAdmitted(ctx, env.ns, "second")
+	var claim string
+	kq.poll(ctx, "the second Job's claim", func(ctx context.Context) (bool, error) {
+		pods := kq.jobPods(ctx, env.ns, "second")
+		if len(pods) != 1 || len(pods[0].Status.ResourceClaimStatuses) != 1 || pods[0].Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+			return false, nil
+		}
+		claim = *pods[0].Status.ResourceClaimStatuses[0].ResourceClaimName
+		return true, nil
+	})
+	if _, err := env.claims().Patch(ctx, claim, types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("the tenant removing its claim's ownerReference: %v", err)
+	}
+	err := env.attacker.Client.BatchV1().Jobs(env.ns).Delete(ctx, "second", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := env.claims().Get(ctx, claim, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Errorf("claim %s, admitted past the quota for a Job the tenant deleted, still exists: %v", claim, err)
+	}
+}
+
+// endJob deletes one of the tenant's Jobs, as the tenant, and waits until
+// its claims are gone.
+func (env *redTeamEnv) endJob(t *testing.T, ctx context.Context, job string) {
+	t.Helper()
+	kq := &kueueHelper{t: t}
+	err := env.attacker.Client.BatchV1().Jobs(env.ns).Delete(ctx, job, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if err != nil {
+		t.Fatalf("deleting Job %s: %v", job, err)
+	}
+	kq.poll(ctx, "the claims of Job "+job+" gone", func(ctx context.Context) (bool, error) {
+		claims, err := env.claims().List(ctx, metav1.ListOptions{})
+		return err == nil && len(claims.Items) == 0, err
+	})
+}
+
+// podOfJob waits for the Job's one pod.
+func (env *redTeamEnv) podOfJob(t *testing.T, ctx context.Context, job string) *v1.Pod {
+	t.Helper()
+	kq := &kueueHelper{t: t}
+	var pod *v1.Pod
+	kq.poll(ctx, "the pod of Job "+job, func(ctx context.Context) (bool, error) {
+		pods := kq.jobPods(ctx, env.ns, job)
+		if len(pods) == 1 {
+			pod = &pods[0]
+		}
+		return pod != nil, nil
+	})
+	return pod
+}
