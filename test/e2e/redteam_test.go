@@ -98,6 +98,9 @@ var redTeamRoutes = []redTeamRoute{
 	// Issue 36 route 2: a claim admitted past the quota for a Job, its
 	// ownerReference removed and the Job deleted, kept for bare pods.
 	{name: "OverruledClaimOutlivesJob", attack: attackOverruledClaimOutlivesJob},
+	// Issue 36 route 3: a re-run create of a name the tenant holds, with
+	// a dearer spec, admitted by borrowing and then AlreadyExists.
+	{name: "DearerRerunLocksLenderOut", attack: attackDearerRerun},
 }
 
 // redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:

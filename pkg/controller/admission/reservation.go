@@ -26,11 +26,20 @@ import (
 //	         (a re-run create that fails with AlreadyExists, or a claim
 //	         re-created a moment after its predecessor was deleted), so it
 //	         adds nothing.
+//	contested the cache shows another claim under its name that costs
+//	         less: the create fails with AlreadyExists unless that claim is
+//	         deleted first. It counts for its own tenant, which cannot
+//	         admit more on top of it, and not for the other tenants of its
+//	         cohort: a re-run create of a dearer spec held a lender's quota
+//	         for reservationGrace with nothing in the API (issue 36 route
+//	         3). Should the other claim be deleted first and the create
+//	         succeed, the peers miss the claim only until their cache shows
+//	         the deletion (then it is pending) or the claim (shown).
 //	lapsed   reservationGrace has passed since admission: the create was
 //	         either persisted (every cache shows it) or failed (a later
 //	         admission plugin refused it, or the name was taken).
 //
-// Only pending counts; a reclaim entry (reclaim.go) has no claim, so it is
+// Only pending counts (and contested, for its own tenant); a reclaim entry (reclaim.go) has no claim, so it is
 // pending until it lapses, and it counts for every tenant's decision except
 // its own tenant's. A book drops a lapsed reservation, and a shown or gone
 // one once settleDelay has passed (every other replica's cache has seen the
@@ -61,10 +70,11 @@ const (
 	gone
 	covered
 	lapsed
+	contested
 )
 
 func (p phase) String() string {
-	return [...]string{"pending", "shown", "gone", "covered", "lapsed"}[p]
+	return [...]string{"pending", "shown", "gone", "covered", "lapsed", "contested"}[p]
 }
 
 // Lifetimes of a reservation.
@@ -110,10 +120,14 @@ func (r reservation) phase(v claimView, now time.Time) phase {
 	case uid == r.UID:
 		return shown
 	}
-	if c, err := r.charge(); err == nil && covers(v.costOf(uid), c) {
+	c, err := r.charge()
+	switch {
+	case err != nil: // damaged: held until it lapses
+		return pending
+	case covers(v.costOf(uid), c):
 		return covered
 	}
-	return pending
+	return contested
 }
 
 // lapsed: the clock alone has ended r, whatever any cache shows. The
@@ -124,7 +138,7 @@ func (r reservation) lapsed(now time.Time) bool { return now.Sub(r.At) >= reserv
 // countsFor: r, in phase p and charged to tenant owner, counts in a
 // decision for tenant.
 func (r reservation) countsFor(p phase, owner, tenant string) bool {
-	return p == pending && (!r.Reclaim || owner != tenant)
+	return (p == pending && (!r.Reclaim || owner != tenant)) || (p == contested && owner == tenant)
 }
 
 // settled: a book may drop r, in phase p, its claim resolved in this
@@ -144,8 +158,9 @@ func (r reservation) settled(p phase, v claimView, now time.Time) (string, bool)
 
 // carriesOver: a new reservation of r's claim name, which replaces r in
 // the book, takes on r's cost (the dearer of the two in each resource)
-// while r, in phase p, still holds or may hold quota: pending or covered.
-func (p phase) carriesOver() bool { return p == pending || p == covered }
+// while r, in phase p, still holds or may hold quota: pending, covered or
+// contested.
+func (p phase) carriesOver() bool { return p == pending || p == covered || p == contested }
 
 // covers: c costs at least d in every resource.
 func covers(c, d quota.Charge) bool {

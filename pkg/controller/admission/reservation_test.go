@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -84,8 +85,9 @@ func TestReservationPhase(t *testing.T) {
 		{"shows a dearer same-name", "fresh", want{phase: covered}},
 		{"shows a dearer same-name", "past settleDelay", want{phase: covered}},
 		{"shows a dearer same-name", "past the grace", want{phase: lapsed}},
-		{"shows a cheaper same-name", "fresh", want{phase: pending}},
-		{"shows a cheaper same-name", "past settleDelay", want{phase: pending}},
+		// Issue 36 route 3: a re-run create of a dearer spec.
+		{"shows a cheaper same-name", "fresh", want{phase: contested}},
+		{"shows a cheaper same-name", "past settleDelay", want{phase: contested}},
 		{"shows a cheaper same-name", "past the grace", want{phase: lapsed}},
 		{"shows another name", "fresh", want{phase: pending}},
 		{"shows another name", "past the grace", want{phase: lapsed}},
@@ -99,13 +101,16 @@ func TestReservationPhase(t *testing.T) {
 				t.Fatalf("phase %s, want %s", p, tc.want.phase)
 			}
 			if got, want := r.countsFor(p, "team-a", "team-b"), p == pending; got != want {
-				t.Errorf("counts %v, want %v", got, want)
+				t.Errorf("counts for another tenant %v, want %v", got, want)
+			}
+			if got, want := r.countsFor(p, "team-a", "team-a"), p == pending || p == contested; got != want {
+				t.Errorf("counts for its own tenant %v, want %v", got, want)
 			}
 			rv, settled := r.settled(p, v, now)
 			if settled != tc.want.settled || rv != tc.want.rv {
 				t.Errorf("settled %v at %q, want %v at %q", settled, rv, tc.want.settled, tc.want.rv)
 			}
-			if got, want := p.carriesOver(), p == pending || p == covered; got != want {
+			if got, want := p.carriesOver(), p == pending || p == covered || p == contested; got != want {
 				t.Errorf("carries over %v, want %v", got, want)
 			}
 		})
@@ -141,5 +146,31 @@ func TestDamagedReservationIsNeverCovered(t *testing.T) {
 	v := fakeView{shows: map[types.NamespacedName]fakeClaim{key: {uid: "uid-2", cost: quota.Charge{Units: quota.WholeUnits(8)}}}}
 	if p := r.phase(v, at.Add(time.Second)); p != pending {
 		t.Errorf("phase %s, want pending", p)
+	}
+}
+
+// Issue 36 route 3, through admission: the tenant holds claim "own" (one
+// GPU) and re-runs its create with two, which is admitted by borrowing the
+// peer's idle unit and then fails AlreadyExists. Its reservation held that
+// unit for reservationGrace, refusing the peer its own quota; now it
+// counts for the tenant only.
+func TestDearerRerunDoesNotLockTheLenderOut(t *testing.T) {
+	objs := append(world(t), ns("a", nil), ns("b", nil),
+		tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research", Limits: gpuaas.QuotaLimits{GpuUnits: qty("2")}}),
+		tenantQuota("team-b", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"b"}, Cohort: "research", Limits: gpuaas.QuotaLimits{GpuUnits: qty("1")}}),
+		claim("a", "own", "h100", 1))
+	acct, _ := newAccountant(t, objs...)
+	adm, err := acct.Admit(ctx(t), claim("a", "own", "h100", 2), false)
+	if err != nil || !adm.Allowed || !adm.Borrows {
+		t.Fatalf("the re-run create of a dearer spec: %+v, %v; want admitted, borrowing", adm.Decision, err)
+	}
+	// The API server answers AlreadyExists: nothing of the re-run exists.
+	adm, err = acct.Admit(ctx(t), claim("b", "peer", "h100", 1), false)
+	if err != nil || !adm.Allowed {
+		t.Fatalf("the peer asking for its own unit: %+v, %v; want admitted", adm.Decision, err)
+	}
+	adm, err = acct.Admit(ctx(t), claim("a", "more", "h100", 1), false)
+	if err != nil || adm.Allowed {
+		t.Fatalf("the tenant adding a claim on top of its re-run: %+v, %v; want refused", adm.Decision, err)
 	}
 }

@@ -16,9 +16,10 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
 
-// The red team's routes through Kueue of issue 36: usage Kueue does not see
-// (bare claims) and usage it admitted add up against one TenantQuota, and a
-// claim admitted past the quota for a workload ends with the workload.
+// The second red team's routes (issue 36): usage Kueue does not see (bare
+// claims) and usage it admitted add up against one TenantQuota; a claim
+// admitted past the quota for a workload ends with the workload; a re-run
+// create holds no peer's quota.
 
 // attackBareThenKueueJob (route 1): the tenant's bare claims take its whole
 // limit, which Kueue never sees; its queue is empty, so Kueue admits a Job.
@@ -81,6 +82,25 @@ func attackOverruledClaimOutlivesJob(t *testing.T, ctx context.Context, env *red
 	})
 	if err != nil {
 		t.Errorf("claim %s, admitted past the quota for a Job the tenant deleted, still exists: %v", claim, err)
+	}
+}
+
+// attackDearerRerun (route 3): the tenant holds claim "own" (one GPU) and
+// re-runs its create with two, admitted by borrowing its peer's idle unit;
+// the API server then answers AlreadyExists. The reservation of that
+// nothing refused the peer its own quota for 35 s (checkContained's peer
+// claim follows at once).
+func attackDearerRerun(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	env.endJob(t, ctx, env.job)
+	env.allowBorrowing(t, ctx)
+	if _, err := env.claims().Create(ctx, gpuClaim(env.ns, "own", "gpu.gpuaas.io", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the tenant's own unit: %v", err)
+	}
+	for range 3 {
+		_, err := env.claims().Create(ctx, gpuClaim(env.ns, "own", "gpu.gpuaas.io", 2), metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("re-running the create with two GPUs: got %v, want AlreadyExists", err)
+		}
 	}
 }
 
