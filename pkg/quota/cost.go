@@ -74,10 +74,17 @@ type Unpriced struct {
 	// Interrupted: the request ended (its deadline, a cancelled dry run)
 	// before its selectors were evaluated against every device.
 	Interrupted bool
+	// OverBudget: interrupted because the claim's selectors spent its CEL
+	// budget (MaxCELCostPerClaim).
+	OverBudget bool
 }
 
 // Reason says why, for a denial.
 func (u Unpriced) Reason() string {
+	if u.OverBudget {
+		return fmt.Sprintf("the selectors of a request of class %q cost more to evaluate against the published devices than one claim may "+
+			"(%d CEL cost units): make them simpler or fewer", u.Class, MaxCELCostPerClaim)
+	}
 	if u.Interrupted {
 		return fmt.Sprintf("the selectors of a request of class %q could not be evaluated against the published devices before the request's deadline: retry", u.Class)
 	}
@@ -123,7 +130,7 @@ func (p *Pricer) Unpriced(ctx context.Context, spec *resourceapi.ResourceClaimSp
 		pr := p.priceOf(ctx, class, sel, capReq)
 		switch {
 		case pr.interrupted:
-			out = append(out, Unpriced{Class: class, Interrupted: true})
+			out = append(out, Unpriced{Class: class, Interrupted: true, OverBudget: overBudget(ctx)})
 		case !pr.ours || !pr.guessed:
 		case mode == resourceapi.DeviceAllocationModeAll:
 			out = append(out, Unpriced{Class: class, All: true})
@@ -390,12 +397,13 @@ func Matches(ctx context.Context, d *Device, exprs []string) bool {
 		if res.Error != nil {
 			return false
 		}
-		ok, _, err := res.DeviceMatches(ctx, cel.Device{
+		ok, details, err := res.DeviceMatches(ctx, cel.Device{
 			Driver:                   d.ID.Driver,
 			AllowMultipleAllocations: d.Basic.AllowMultipleAllocations,
 			Attributes:               d.Basic.Attributes,
 			Capacity:                 d.Basic.Capacity,
 		})
+		spendCEL(ctx, details)
 		if err != nil || !ok {
 			return false
 		}

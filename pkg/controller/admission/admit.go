@@ -488,6 +488,9 @@ func (a *Accountant) price(ctx context.Context, claim *resourceapi.ResourceClaim
 	return priceWith(ctx, cat.pricer, claim), nil
 }
 
+// priceWith prices a claim within its CEL budget (quota.MaxCELCostPerClaim).
 func priceWith(ctx context.Context, p *quota.Pricer, claim *resourceapi.ResourceClaim) *priced {
+	ctx, stop := quota.WithCELBudget(ctx, quota.MaxCELCostPerClaim)
+	defer stop()
 	return &priced{pricer: p, cost: p.ClaimCost(ctx, &claim.Spec), unpriced: p.Unpriced(ctx, &claim.Spec)}
 }
