@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
@@ -23,24 +24,24 @@ import (
 // device health, which it shows in the pod's status) although the device
 // is no longer published. The GPUs that are readable are published.
 func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
-	e := newTestEnvIn(t, "dgxh100", dynamicAll(), t.TempDir())
-	dev := e.partitionAt(t, 2, "2g.20gb", 2)
+	e := newTestEnvIn(t, "dgxh100", preparetest.DynamicAll(), t.TempDir())
+	dev := e.PartitionAt(t, 2, "2g.20gb", 2)
 	lostUUID := dev.GPU.UUID
-	claim := newClaim("m").device("mig", dev.Name()).build()
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	claim := preparetest.NewClaim("m").Device("mig", dev.Name()).Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvmock.SetGPULost(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 
-	e.reopenMachine(t, dynamicAll())
+	e.ReopenMachine(t, preparetest.DynamicAll())
 	e.state = restartWith(t, e, claim)
-	monitor := health.New(e.lib, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
-	d, pub := testDriver(t, e, dynamicAll())
+	monitor := health.New(e.Lib, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
+	d, pub := testDriver(t, e, preparetest.DynamicAll())
 	ctx := watchWithMonitor(t, e, d, monitor)
 
-	store, err := checkpoint.NewStore(e.ckptDir)
+	store, err := checkpoint.NewStore(e.CkptDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,14 +49,14 @@ func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	problems := inventory.FindGPUProblems(e.lib, records)
-	problems.Report(ctx, telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode), e.metrics, monitor)
+	problems := inventory.FindGPUProblems(e.Lib, records)
+	problems.Report(ctx, telemetry.NewNodeEvents(context.Background(), e.Events, nil, testNode), e.Metrics, monitor)
 	d.orphans = problems.Orphans
 
-	if got := e.events.withReason(inventory.ReasonGPUNotPublished); len(got) != 1 || !strings.Contains(got[0], "GPU 2 cannot be read") {
+	if got := e.Events.WithReason(inventory.ReasonGPUNotPublished); len(got) != 1 || !strings.Contains(got[0], "GPU 2 cannot be read") {
 		t.Errorf("Node events %v, want one saying GPU 2 cannot be read", got)
 	}
-	if got := testutil.ToFloat64(e.metrics.GPUProblems.WithLabelValues("2", "", "gpu-lost")); got != 1 {
+	if got := testutil.ToFloat64(e.Metrics.GPUProblems.WithLabelValues("2", "", "gpu-lost")); got != 1 {
 		t.Errorf("gpu_problems{index=2,reason=gpu-lost} = %v, want 1", got)
 	}
 	var lostFault bool
@@ -95,7 +96,7 @@ func TestLostGPUIsReportedWithItsPreparedClaims(t *testing.T) {
 	if !found {
 		t.Errorf("no health reported for %s, prepared on the lost GPU", dev.Name())
 	}
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Errorf("unpreparing the claim on the lost GPU: %v", err)
 	}
 }

@@ -49,14 +49,14 @@ func TestClusterSupportChangeRepublishes(t *testing.T) {
 	d, pub := testDriver(t, e, dynamicFirstFour())
 	api := &apiServer{}
 	probe := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: t.TempDir(), ClusterProbeInterval: 10 * time.Millisecond})
-	d.learnClusterSupport(e.ctx, probe)
-	if err := d.publish(e.ctx); err != nil {
+	d.learnClusterSupport(e.Ctx, probe)
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !usesCounters(pub.last(t)) {
 		t.Fatal("counters not published on a cluster that keeps them")
 	}
-	d.watchClusterSupport(e.ctx, probe)
+	d.watchClusterSupport(e.Ctx, probe)
 	api.countersOff.Store(true)
 	waitPublished(t, pub, func() bool { return !usesCounters(pub.last(t)) }, "dynamic MIG withdrawn after the cluster dropped counters")
 	api.countersOff.Store(false)
@@ -72,17 +72,17 @@ func TestClusterSupportFailsClosed(t *testing.T) {
 	api := &apiServer{}
 	api.down.Store(true)
 	probe := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: dir})
-	if got := probe.ask(e.ctx); got != sliceprobe.Least {
+	if got := probe.ask(e.Ctx); got != sliceprobe.Least {
 		t.Errorf("no answer ever: assumed %+v, want Least", got)
 	}
 	api.down.Store(false)
-	answered := probe.ask(e.ctx)
+	answered := probe.ask(e.Ctx)
 	if answered.Counters != sliceprobe.CountersInOwnSlices {
 		t.Fatalf("answered %+v", answered)
 	}
 	api.down.Store(true)
 	restarted := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: dir})
-	if got := restarted.ask(e.ctx); got != answered {
+	if got := restarted.ask(e.Ctx); got != answered {
 		t.Errorf("a restart that cannot ask assumed %+v, want the last answer %+v", got, answered)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/klog/v2/ktesting"
 )
@@ -42,8 +43,8 @@ func dpDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode coexist.
 func dpDriverEvery(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, mode coexist.Coexistence, socket string, interval time.Duration) (*Driver, *capturePublisher) {
 	t.Helper()
 	d, pub := testDriver(t, e, cfg)
-	events := telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode)
-	d.dp = coexist.NewWatch(coexist.DevicePluginCheck{Coexistence: mode, Socket: socket, Interval: interval}, e.lib, events, e.metrics)
+	events := telemetry.NewNodeEvents(context.Background(), e.Events, nil, testNode)
+	d.dp = coexist.NewWatch(coexist.DevicePluginCheck{Coexistence: mode, Socket: socket, Interval: interval}, e.Lib, events, e.Metrics)
 	return d, pub
 }
 
@@ -97,39 +98,39 @@ func TestDevicePluginStandDown(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
-	check(t, e.ctx, d)
-	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
+	check(t, e.Ctx, d)
+	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.Lib)) {
 		t.Fatalf("without a device plugin: published %v, want all 8 GPUs", got)
 	}
 
-	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.lib.GPUs()[1].UUID))
-	d.checkDevicePlugins(e.ctx, true)
+	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.Lib.GPUs()[1].UUID))
+	d.checkDevicePlugins(e.Ctx, true)
 	if got, sets := publishedGPUs(t, pub); len(got) != 0 || len(sets) != 0 {
 		t.Errorf("a device plugin advertises GPU 1: published GPUs %v and counter sets %v, want none", got, sets)
 	}
-	if ev := e.events.withReason(coexist.ReasonDevicePluginStandDown); len(ev) != 1 || !strings.Contains(ev[0], "nvidia.com/gpu (1 device(s))") {
+	if ev := e.Events.WithReason(coexist.ReasonDevicePluginStandDown); len(ev) != 1 || !strings.Contains(ev[0], "nvidia.com/gpu (1 device(s))") {
 		t.Errorf("stand-down events %q, want one naming nvidia.com/gpu", ev)
 	}
-	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 8 {
+	if got := testutil.ToFloat64(e.Metrics.DpWithheld); got != 8 {
 		t.Errorf("device_plugin_withheld_gpus = %v, want 8", got)
 	}
 
 	// Checked again with the same answer: nothing new said or published.
 	n := pub.count()
-	d.checkDevicePlugins(e.ctx, true)
-	if pub.count() != n || len(e.events.withReason(coexist.ReasonDevicePluginStandDown)) != 1 {
+	d.checkDevicePlugins(e.Ctx, true)
+	if pub.count() != n || len(e.Events.WithReason(coexist.ReasonDevicePluginStandDown)) != 1 {
 		t.Errorf("an unchanged answer republished (%d -> %d) or warned again", n, pub.count())
 	}
 
 	srv.SetAllocatable()
-	d.checkDevicePlugins(e.ctx, true)
-	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
+	d.checkDevicePlugins(e.Ctx, true)
+	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.Lib)) {
 		t.Errorf("the device plugin gone: published %v, want all 8 GPUs again", got)
 	}
-	if !slices.ContainsFunc(e.events.events, func(ev string) bool { return strings.HasPrefix(ev, "Normal "+coexist.ReasonDevicePluginGone+" ") }) {
-		t.Errorf("events %q, want a Normal %s", e.events.events, coexist.ReasonDevicePluginGone)
+	if !slices.ContainsFunc(e.Events.Events, func(ev string) bool { return strings.HasPrefix(ev, "Normal "+coexist.ReasonDevicePluginGone+" ") }) {
+		t.Errorf("events %q, want a Normal %s", e.Events.Events, coexist.ReasonDevicePluginGone)
 	}
-	if got := testutil.ToFloat64(e.metrics.DpWithheld); got != 0 {
+	if got := testutil.ToFloat64(e.Metrics.DpWithheld); got != 0 {
 		t.Errorf("device_plugin_withheld_gpus = %v after the device plugin left, want 0", got)
 	}
 }
@@ -148,7 +149,7 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2}}},
 	}}
 	e := newTestEnvIn(t, "dgxh100", cfg, stateDir)
-	gpus := e.lib.GPUs()
+	gpus := e.Lib.GPUs()
 	srv := podresourcestest.Start(t)
 	d, pub := dpDriver(t, e, cfg, coexist.CoexistenceExcludeOwned, srv.Socket)
 	for _, tc := range []struct {
@@ -174,9 +175,9 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 			srv.SetAllocatable()
 			srv.SetPodDevices()
 			tc.set()
-			check(t, e.ctx, d)
+			check(t, e.Ctx, d)
 			got, sets := publishedGPUs(t, pub)
-			want := slices.DeleteFunc(uuidsOf(e.lib), func(u string) bool { return slices.Contains(uuidsOf(e.lib, tc.owned...), u) })
+			want := slices.DeleteFunc(uuidsOf(e.Lib), func(u string) bool { return slices.Contains(uuidsOf(e.Lib, tc.owned...), u) })
 			if !slices.Equal(got, want) {
 				t.Errorf("published %v, want all but GPUs %v: %v", got, tc.owned, want)
 			}
@@ -188,11 +189,11 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 			if len(sets) != len(gpus)-len(tc.owned) {
 				t.Errorf("counter sets %v, want one per published GPU", sets)
 			}
-			ev := e.events.withReason(coexist.ReasonDevicePluginGPUsExcluded)
+			ev := e.Events.WithReason(coexist.ReasonDevicePluginGPUsExcluded)
 			if len(ev) == 0 || !strings.Contains(ev[len(ev)-1], fmt.Sprintf("GPU %d (%s", tc.owned[0], gpus[tc.owned[0]].UUID)) {
 				t.Errorf("exclusion events %q, want the last to name GPU %d", ev, tc.owned[0])
 			}
-			if got := testutil.ToFloat64(e.metrics.DpWithheld); got != float64(len(tc.owned)) {
+			if got := testutil.ToFloat64(e.Metrics.DpWithheld); got != float64(len(tc.owned)) {
 				t.Errorf("device_plugin_withheld_gpus = %v, want %d", got, len(tc.owned))
 			}
 		})
@@ -206,15 +207,15 @@ func TestDevicePluginExcludeOwned(t *testing.T) {
 func TestDevicePluginCheckWithoutSocket(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, filepath.Join(t.TempDir(), "kubelet.sock"))
-	check(t, e.ctx, d)
-	d.checkDevicePlugins(e.ctx, true)
-	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) {
+	check(t, e.Ctx, d)
+	d.checkDevicePlugins(e.Ctx, true)
+	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.Lib)) {
 		t.Errorf("published %v without a socket, want every GPU", got)
 	}
-	if ev := e.events.withReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "publishing every GPU") {
+	if ev := e.Events.WithReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "publishing every GPU") {
 		t.Errorf("check-failed events %q, want one saying every GPU is published", ev)
 	}
-	if got := testutil.ToFloat64(e.metrics.DpCheckFailed); got != 1 {
+	if got := testutil.ToFloat64(e.Metrics.DpCheckFailed); got != 1 {
 		t.Errorf("device_plugin_check_failed = %v, want 1", got)
 	}
 }
@@ -226,18 +227,18 @@ func TestDevicePluginCheckFailureKeepsTheLastAnswer(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
 	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", "0"))
-	check(t, e.ctx, d)
+	check(t, e.Ctx, d)
 	srv.Fail(errors.New("kubelet restarting"))
-	d.checkDevicePlugins(e.ctx, true)
+	d.checkDevicePlugins(e.Ctx, true)
 	if got, _ := publishedGPUs(t, pub); len(got) != 0 {
 		t.Errorf("standing down, then the API failed: published %v, want still none", got)
 	}
-	if ev := e.events.withReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "keeping its last answer") {
+	if ev := e.Events.WithReason(coexist.ReasonDevicePluginCheckFailed); len(ev) != 1 || !strings.Contains(ev[0], "keeping its last answer") {
 		t.Errorf("check-failed events %q, want one saying the last answer is kept", ev)
 	}
 	srv.Fail(nil)
-	d.checkDevicePlugins(e.ctx, true)
-	if got := testutil.ToFloat64(e.metrics.DpCheckFailed); got != 0 {
+	d.checkDevicePlugins(e.Ctx, true)
+	if got := testutil.ToFloat64(e.Metrics.DpCheckFailed); got != 0 {
 		t.Errorf("device_plugin_check_failed = %v once the API answers, want 0", got)
 	}
 }
@@ -248,8 +249,8 @@ func TestDevicePluginCheckOff(t *testing.T) {
 	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", "0"))
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceOff, srv.Socket)
-	check(t, e.ctx, d)
-	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.lib)) || d.dp != nil {
+	check(t, e.Ctx, d)
+	if got, _ := publishedGPUs(t, pub); !slices.Equal(got, uuidsOf(e.Lib)) || d.dp != nil {
 		t.Errorf("off: published %v, want every GPU, and no check", got)
 	}
 }
@@ -260,19 +261,19 @@ func TestPreparedClaimsUnpreparableWhileStandingDown(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriver(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket)
-	check(t, e.ctx, d)
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-1").build()); err != nil {
+	check(t, e.Ctx, d)
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-1").Build()); err != nil {
 		t.Fatal(err)
 	}
-	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.lib.GPUs()[1].UUID))
-	d.checkDevicePlugins(e.ctx, true)
+	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.Lib.GPUs()[1].UUID))
+	d.checkDevicePlugins(e.Ctx, true)
 	if got, _ := publishedGPUs(t, pub); len(got) != 0 {
 		t.Fatalf("published %v, want none", got)
 	}
-	if err := e.state.Unprepare(e.ctx, "a"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "a"); err != nil {
 		t.Errorf("unpreparing a claim prepared before the stand-down: %v", err)
 	}
-	if e.cdiSpecExists("a") {
+	if e.CDISpecExists("a") {
 		t.Error("the claim's CDI spec is left after unprepare")
 	}
 }
@@ -283,11 +284,11 @@ func TestDevicePluginWatchRepublishes(t *testing.T) {
 	srv := podresourcestest.Start(t)
 	e := newTestEnv(t, "dgxh100")
 	d, pub := dpDriverEvery(t, e, &configapi.NodeConfig{}, coexist.CoexistenceStandDown, srv.Socket, 10*time.Millisecond)
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	defer cancel()
 	check(t, ctx, d)
 	d.watchDevicePlugins(ctx)
-	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.lib.GPUs()[0].UUID))
+	srv.SetAllocatable(podresourcestest.Devices("nvidia.com/gpu", e.Lib.GPUs()[0].UUID))
 	var got []string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if got, _ = publishedGPUs(t, pub); len(got) == 0 {
@@ -307,8 +308,8 @@ func TestWithheldGPUKeepsTheOthersSlices(t *testing.T) {
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
 		{Indexes: []int{5, 6, 7}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}}}}
 	e := newTestEnvWith(t, "dgxh100", cfg)
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
-	withheld := e.lib.GPUs()[6].UUID
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
+	withheld := e.Lib.GPUs()[6].UUID
 	gpuOf := map[string]string{}
 	for _, d := range inv.Devices {
 		gpuOf[d.Name()] = d.GPU.UUID

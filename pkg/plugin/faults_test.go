@@ -39,9 +39,9 @@ func tainted(devices []device.AllocatableDevice, key string) map[string]bool {
 
 func TestGPUFaultTaintsEveryDeviceOfItsGPU(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, everyMode())
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, everyMode())
 	for index := range 4 {
-		gpu := e.lib.GPUs()[index]
+		gpu := e.Lib.GPUs()[index]
 		fault := health.Fault{Kind: health.KindXID, Value: "79", GPU: gpu.UUID, Effect: resourceapi.DeviceTaintEffectNoSchedule}
 		got := tainted(inv.WithFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
 		want := 0
@@ -65,7 +65,7 @@ func TestGPUFaultTaintsEveryDeviceOfItsGPU(t *testing.T) {
 func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
 	var target device.AllocatableDevice
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		if d.Partition() != nil && d.Partition().Profile.Name == "1g.10gb" {
 			target = d
 			break
@@ -73,7 +73,7 @@ func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 	}
 	fault := health.Fault{Kind: health.KindXID, Value: "94", GPU: target.GPU.UUID, Effect: resourceapi.DeviceTaintEffectNoSchedule,
 		MIG: &health.MIGScope{GIProfileID: target.Partition().Profile.GIProfileID, Placement: target.Partition().Placement}}
-	inv := inventory.Inventory{Devices: e.devices}
+	inv := inventory.Inventory{Devices: e.Devices}
 	got := tainted(inv.WithFaults([]health.Fault{fault}).Devices, "gpu.gpuaas.io/xid")
 	if len(got) != 1 || !got[target.Name()] {
 		t.Fatalf("tainted %v, want only %s", got, target.Name())
@@ -82,14 +82,14 @@ func TestMIGFaultTaintsOnlyItsPartition(t *testing.T) {
 
 func TestHealthReportNamesTheFault(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", everyMode())
-	gpu := e.lib.GPUs()[1] // four time-slice replicas
+	gpu := e.Lib.GPUs()[1] // four time-slice replicas
 	faults := []health.Fault{
 		{Kind: health.KindGPULost, Value: "not-answering", GPU: gpu.UUID, Effect: resourceapi.DeviceTaintEffectNoExecute},
-		{Kind: health.KindUnmonitored, Value: "no-xid-events", GPU: e.lib.GPUs()[5].UUID, Effect: resourceapi.DeviceTaintEffectNone},
+		{Kind: health.KindUnmonitored, Value: "no-xid-events", GPU: e.Lib.GPUs()[5].UUID, Effect: resourceapi.DeviceTaintEffectNone},
 	}
-	report := healthReport(testNode, e.devices, faults, time.Now())
-	if len(report.Devices) != len(e.devices) {
-		t.Fatalf("report covers %d devices, want all %d", len(report.Devices), len(e.devices))
+	report := healthReport(testNode, e.Devices, faults, time.Now())
+	if len(report.Devices) != len(e.Devices) {
+		t.Fatalf("report covers %d devices, want all %d", len(report.Devices), len(e.Devices))
 	}
 	unhealthy := 0
 	for _, h := range report.Devices {

@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
@@ -28,11 +29,11 @@ func newHealthEnv(t *testing.T, cfg health.Config) *healthEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := newTestEnvIn(t, "dgxh100", everyMode(), dir)
-	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg.ProbeInterval = 20 * time.Millisecond
-	monitor := health.New(e.lib, cfg, nil)
+	monitor := health.New(e.Lib, cfg, nil)
 	e.faults = monitor
 	e.state = e.newState(t)
 	d, pub := testDriver(t, e, everyMode())
@@ -75,7 +76,7 @@ func (h *healthEnv) waitTainted(t *testing.T, key string, what string, cond func
 
 func (h *healthEnv) devicesOfGPU(index int) map[string]bool {
 	out := map[string]bool{}
-	for _, d := range h.devices {
+	for _, d := range h.Devices {
 		if d.GPU.Index == index {
 			out[d.Name()] = true
 		}
@@ -87,7 +88,7 @@ func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 	h := newHealthEnv(t, health.Config{QuietPeriod: 500 * time.Millisecond})
 	for _, index := range []int{1, 3} { // time-sliced (4 replicas), whole
 		want := h.devicesOfGPU(index)
-		if err := nvmock.InjectEvent(h.dir, h.lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
+		if err := nvmock.InjectEvent(h.dir, h.Lib.GPUs()[index].UUID, nvml.EventTypeXidCriticalError, 62, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 			t.Fatal(err)
 		}
 		h.waitTainted(t, "gpu.gpuaas.io/xid", "every device of the GPU tainted", func(got map[string]bool) bool { return maps.Equal(got, want) })
@@ -97,7 +98,7 @@ func TestInjectedXIDTaintsTheGPUUntilQuiet(t *testing.T) {
 
 func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
-	gpu := h.lib.GPUs()[2] // shared
+	gpu := h.Lib.GPUs()[2] // shared
 	if err := nvmock.SetGPULost(h.dir, gpu.UUID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 	h.waitTainted(t, "gpu.gpuaas.io/xid", "XID 79 with it", func(got map[string]bool) bool { return maps.Equal(got, want) })
 
 	reports := make(chan kubeletplugin.DeviceHealthReport, 1)
-	ctx, cancel := context.WithCancel(h.ctx)
+	ctx, cancel := context.WithCancel(h.Ctx)
 	defer cancel()
 	go func() { _ = h.driver.WatchHealthStatus(ctx, reports) }()
 	report := <-reports
@@ -135,12 +136,12 @@ func TestLostGPUIsTaintedAndReportedUnhealthyUntilItAnswers(t *testing.T) {
 
 func TestMIGScopedXIDTaintsOnlyThatMIGDevice(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
-	name := h.partition(t, 0, "1g.10gb")
-	if _, err := h.state.Prepare(h.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	name := h.Partition(t, 0, "1g.10gb")
+	if _, err := h.state.Prepare(h.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatal(err)
 	}
-	inst := h.migDevices(t, 0)[0]
-	if err := nvmock.InjectEvent(h.dir, h.lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 94, uint32(inst.GIID), uint32(inst.CIID)); err != nil {
+	inst := h.MIGDevices(t, 0)[0]
+	if err := nvmock.InjectEvent(h.dir, h.Lib.GPUs()[0].UUID, nvml.EventTypeXidCriticalError, 94, uint32(inst.GIID), uint32(inst.CIID)); err != nil {
 		t.Fatal(err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/xid", "only the MIG device tainted", func(got map[string]bool) bool {
@@ -150,21 +151,21 @@ func TestMIGScopedXIDTaintsOnlyThatMIGDevice(t *testing.T) {
 
 func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
-	name := h.partition(t, 0, "2g.20gb")
-	if _, err := h.state.Prepare(h.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	name := h.Partition(t, 0, "2g.20gb")
+	if _, err := h.state.Prepare(h.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatal(err)
 	}
-	gpu := h.lib.GPUs()[0].UUID
+	gpu := h.Lib.GPUs()[0].UUID
 	if err := nvmock.SetMigDestroyFails(h.dir, gpu, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
+	if err := h.state.Unprepare(h.Ctx, "m"); err == nil {
 		t.Fatal("Unprepare succeeded although the MIG device cannot be destroyed")
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/cleanup-blocked", "the placement tainted", func(got map[string]bool) bool {
 		return maps.Equal(got, map[string]bool{name: true})
 	})
-	if err := h.state.Unprepare(h.ctx, "m"); err == nil {
+	if err := h.state.Unprepare(h.Ctx, "m"); err == nil {
 		t.Fatal("a retry succeeded while destroy still fails")
 	}
 	if got := h.taintedDevices(t, "gpu.gpuaas.io/cleanup-blocked"); !maps.Equal(got, map[string]bool{name: true}) {
@@ -173,18 +174,18 @@ func TestFailedMIGDestroyTaintsThePlacementUntilARetrySucceeds(t *testing.T) {
 	if err := nvmock.SetMigDestroyFails(h.dir, gpu, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.state.Unprepare(h.ctx, "m"); err != nil {
+	if err := h.state.Unprepare(h.Ctx, "m"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 	h.waitTainted(t, "gpu.gpuaas.io/cleanup-blocked", "the retry to clear it", func(got map[string]bool) bool { return len(got) == 0 })
-	if left := h.migDevices(t, 0); len(left) != 0 {
+	if left := h.MIGDevices(t, 0); len(left) != 0 {
 		t.Fatalf("MIG devices left: %+v", left)
 	}
 }
 
 func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
 	h := newHealthEnv(t, health.Config{})
-	gpu := h.lib.GPUs()[3]
+	gpu := h.Lib.GPUs()[3]
 	if err := nvmock.SetRowRemapPending(h.dir, gpu.UUID, true); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestPendingRowRemapTaintsTheGPUUntilApplied(t *testing.T) {
 // driver to it, as Start does; the context is the monitor's.
 func watchWithMonitor(t *testing.T, e *testEnv, d *Driver, monitor *health.Monitor) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	done := make(chan struct{})
 	go func() { monitor.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })

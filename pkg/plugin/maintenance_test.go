@@ -18,6 +18,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -56,11 +57,11 @@ func newMaintEnv(t *testing.T) *maintEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := newTestEnvIn(t, "dgxh100", everyMode(), dir)
-	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// The env's session knows no driver root: one that does replaces it.
-	if err := e.lib.Shutdown(); err != nil {
+	if err := e.Lib.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
 	m := &maintEnv{testEnv: e, root: cditest.NewDriverRoot(t, startDriver), restarts: make(chan error, 10)}
@@ -87,22 +88,22 @@ func (m *maintEnv) open(t *testing.T) *nvdev.Releasable {
 // plugin runs, the maintenance.
 func (m *maintEnv) start(t *testing.T) {
 	t.Helper()
-	m.lib, m.driverRoot, m.cdiHook = m.session, m.root.Root, cdi.HooksDisabled
+	m.Lib, m.DriverRoot, m.CDIHook = m.session, m.root.Root, cdi.HooksDisabled
 	monitor := health.New(m.session, health.Config{ProbeInterval: 20 * time.Millisecond}, nil)
 	m.faults = monitor
 	m.state = m.newState(t)
 	m.driver, m.pub = testDriver(t, m.testEnv, everyMode())
 	m.driver.health = monitor
 	m.dir = filepath.Join(t.TempDir(), "maintenance")
-	m.driver.startMaintenance(m.ctx, Options{NVML: m.session, Health: monitor, Maintenance: maintenance.Options{
+	m.driver.startMaintenance(m.Ctx, Options{NVML: m.session, Health: monitor, Maintenance: maintenance.Options{
 		Session: m.session, Files: m.cdiHandler, Dir: m.dir,
 		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true,
 		Restart:      func(err error) { m.restarts <- err },
 		UpgradeState: m.readUpgradeState,
-	}}, telemetry.NewNodeEvents(context.Background(), m.events, nil, testNode))
+	}}, telemetry.NewNodeEvents(context.Background(), m.Events, nil, testNode))
 	t.Cleanup(m.driver.maint.StopHealth)
-	m.driver.watchHealth(m.ctx)
-	if err := m.driver.publish(m.ctx); err != nil {
+	m.driver.watchHealth(m.Ctx)
+	if err := m.driver.publish(m.Ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -119,7 +120,7 @@ func (m *maintEnv) readUpgradeState() string {
 // prepare prepares a claim of one device through the kubelet's call.
 func (m *maintEnv) prepare(t *testing.T, uid, device string) error {
 	t.Helper()
-	res, err := m.driver.PrepareResourceClaims(m.ctx, []*resourceapi.ResourceClaim{newClaim(uid).device("r", device).build()})
+	res, err := m.driver.PrepareResourceClaims(m.Ctx, []*resourceapi.ResourceClaim{preparetest.NewClaim(uid).Device("r", device).Build()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func (m *maintEnv) prepare(t *testing.T, uid, device string) error {
 
 func (m *maintEnv) unprepare(t *testing.T, uid string) error {
 	t.Helper()
-	res, err := m.driver.UnprepareResourceClaims(m.ctx, []kubeletplugin.NamespacedObject{{UID: types.UID(uid)}})
+	res, err := m.driver.UnprepareResourceClaims(m.Ctx, []kubeletplugin.NamespacedObject{{UID: types.UID(uid)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func (m *maintEnv) taintedMaintenance(t *testing.T) (tainted, all int) {
 // libraryOf is the host path the claim's spec mounts NVML's library from.
 func (m *maintEnv) libraryOf(t *testing.T, uid string) string {
 	t.Helper()
-	data, err := os.ReadFile(cdi.SpecPath(m.cdiRoot, uid))
+	data, err := os.ReadFile(cdi.SpecPath(m.CDIRoot, uid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,21 +183,21 @@ func (m *maintEnv) libraryOf(t *testing.T, uid string) string {
 // and succeeds once the GPUs are reacquired.
 func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	m := newMaintEnv(t)
-	migDevice := m.partition(t, 0, "1g.10gb")
+	migDevice := m.Partition(t, 0, "1g.10gb")
 	if err := m.prepare(t, "mig", migDevice); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.prepare(t, "whole", "gpu-3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+	if err := nvmock.UnloadDriver(m.MockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
 		t.Fatalf("unload while the plugin holds NVML: %v, want %v", err, nvmock.ErrDriverInUse)
 	}
 
-	if err := m.driver.maint.Release(m.ctx, "a GPU reset"); err != nil {
+	if err := m.driver.maint.Release(m.Ctx, "a GPU reset"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.MockStateDir); err != nil {
 		t.Fatalf("unload after the release: %v", err)
 	}
 	if m.driver.maint.HealthRunning() {
@@ -211,26 +212,26 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	if err := m.prepare(t, "new", "gpu-4"); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
 		t.Errorf("prepare while released: %v, want the claim refused as GPUs released for maintenance", err)
 	}
-	if m.cdiSpecExists("new") || m.recordExists("new") {
+	if m.CDISpecExists("new") || m.RecordExists("new") {
 		t.Error("a refused claim left a spec or a record")
 	}
 	if err := m.unprepare(t, "whole"); err != nil {
 		t.Errorf("unprepare of a whole GPU while released: %v", err)
 	}
-	if m.cdiSpecExists("whole") || m.recordExists("whole") {
+	if m.CDISpecExists("whole") || m.RecordExists("whole") {
 		t.Error("the whole GPU's claim is not unprepared")
 	}
 	if err := m.unprepare(t, "mig"); err == nil || !strings.Contains(err.Error(), "GPUs released for maintenance") {
 		t.Errorf("unprepare of a dynamic MIG device while released: %v, want it to fail as GPUs released", err)
 	}
-	if !m.recordExists("mig") {
+	if !m.RecordExists("mig") {
 		t.Error("the MIG claim's record is gone though its device was not destroyed")
 	}
 
-	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(m.MockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.driver.maint.Reacquire(m.ctx, "reset done", func(error) {}); err != nil {
+	if err := m.driver.maint.Reacquire(m.Ctx, "reset done", func(error) {}); err != nil {
 		t.Fatalf("Reacquire: %v", err)
 	}
 	if err := m.driver.NotReady(); err != nil {
@@ -248,10 +249,10 @@ func TestReleasedGPUsLetTheDriverGoAndComeBack(t *testing.T) {
 	if err := m.unprepare(t, "mig"); err != nil {
 		t.Errorf("unprepare of the MIG claim after reacquiring: %v", err)
 	}
-	if left := m.migDevices(t, 0); len(left) != 0 {
+	if left := m.MIGDevices(t, 0); len(left) != 0 {
 		t.Errorf("MIG devices left after the unprepare: %+v", left)
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+	if err := nvmock.UnloadDriver(m.MockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
 		t.Errorf("unload after reacquiring: %v, want the new session to hold the driver", err)
 	}
 }
@@ -277,20 +278,20 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 
 	// The GPU Operator's flow: released, the driver unloaded, the new one
 	// installed and loaded.
-	if err := m.driver.maint.Release(m.ctx, "driver upgrade"); err != nil {
+	if err := m.driver.maint.Release(m.Ctx, "driver upgrade"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.MockStateDir); err != nil {
 		t.Fatal(err)
 	}
 	m.root.Upgrade(t, upgradedDriver)
-	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(m.MockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	m.driver.maint.Tick(m.ctx)
+	m.driver.maint.Tick(m.Ctx)
 	m.waitRestart(t)
 	if !m.sawEvent(v1.EventTypeNormal, maintenance.ReasonDriverVersionChanged) {
-		t.Errorf("no %s event; events: %v", maintenance.ReasonDriverVersionChanged, m.events.events)
+		t.Errorf("no %s event; events: %v", maintenance.ReasonDriverVersionChanged, m.Events.Events)
 	}
 	if err := m.prepare(t, "stale", "gpu-4"); err == nil {
 		t.Errorf("the old process prepared a claim after the upgrade, with the old driver's files: %s", m.libraryOf(t, "stale"))
@@ -320,12 +321,12 @@ func TestDriverUpgradeIsTakenUpForNewClaims(t *testing.T) {
 func TestDriverUpgradedUnderALiveSessionIsTakenUp(t *testing.T) {
 	m := newMaintEnv(t)
 	m.root.Upgrade(t, upgradedDriver)
-	m.driver.maint.Tick(m.ctx)
+	m.driver.maint.Tick(m.Ctx)
 	m.waitRestart(t)
 	if err := m.driver.NotReady(); err == nil {
 		t.Error("ready after the upgrade, with the old driver's files")
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.UnloadDriver(m.MockStateDir); err != nil {
 		t.Errorf("unload after the watch took the upgrade up: %v (the old session still holds the driver)", err)
 	}
 }
@@ -343,14 +344,7 @@ func (m *maintEnv) waitRestart(t *testing.T) {
 }
 
 func (m *maintEnv) sawEvent(eventType, reason string) bool {
-	m.events.mu.Lock()
-	defer m.events.mu.Unlock()
-	for _, e := range m.events.events {
-		if strings.HasPrefix(e, eventType+" "+reason+" ") {
-			return true
-		}
-	}
-	return false
+	return m.Events.Saw(eventType, reason)
 }
 
 // An operator's --release-gpus and --reacquire-gpus reach the plugin
@@ -358,7 +352,7 @@ func (m *maintEnv) sawEvent(eventType, reason string) bool {
 func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 	m := newMaintEnv(t)
 	dir := m.dir
-	ctx, cancel := context.WithCancel(m.ctx)
+	ctx, cancel := context.WithCancel(m.Ctx)
 	defer cancel()
 	m.driver.maint.Watch(ctx)
 	for _, step := range []struct{ action, want string }{
@@ -366,10 +360,10 @@ func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 		{maintenance.ActionReacquire, maintenance.StateServing},
 	} {
 		if step.action == maintenance.ActionReacquire {
-			if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
+			if err := nvmock.UnloadDriver(m.MockStateDir); err != nil {
 				t.Fatalf("unload while released: %v", err)
 			}
-			if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
+			if err := nvmock.LoadDriver(m.MockStateDir); err != nil {
 				t.Fatal(err)
 			}
 		}

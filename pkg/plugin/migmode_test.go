@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // A switch that re-binds the GPU gives it a new minor number: the claim's
@@ -12,12 +13,12 @@ import (
 // published devices carry the new minor.
 func TestReboundGPUGetsItsNewDeviceNode(t *testing.T) {
 	e := newModeEnv(t)
-	d, pub := testDriver(t, e, dynamicAll())
+	d, pub := testDriver(t, e, preparetest.DynamicAll())
 	e.state.OnRebound(d.gpuRebound)
-	if err := nvmock.SetRebindOnMigMode(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetRebindOnMigMode(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "2g.20gb")).Build()); err != nil {
 		t.Fatal(err)
 	}
 	minor := e.minorNow(t, 2)
@@ -32,7 +33,7 @@ func TestReboundGPUGetsItsNewDeviceNode(t *testing.T) {
 	}
 	for _, slice := range pub.last(t).Slices {
 		for _, dev := range slice.Devices {
-			if a, ok := dev.Attributes["uuid"]; ok && *a.StringValue == e.lib.GPUs()[2].UUID {
+			if a, ok := dev.Attributes["uuid"]; ok && *a.StringValue == e.Lib.GPUs()[2].UUID {
 				if got := dev.Attributes["minor"].IntValue; got == nil || *got != int64(minor) {
 					t.Errorf("device %s published with minor %v, want %d", dev.Name, got, minor)
 				}
@@ -41,10 +42,10 @@ func TestReboundGPUGetsItsNewDeviceNode(t *testing.T) {
 	}
 
 	// Back to a whole GPU: MIG mode off, re-bound again.
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", "gpu-2").build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("w").Device("gpu", "gpu-2").Build()); err != nil {
 		t.Fatal(err)
 	}
 	now := e.minorNow(t, 2)

@@ -14,6 +14,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -68,10 +69,10 @@ func dynamicFirstFour() *configapi.NodeConfig {
 // capturePublisher, as Start wires it with the helper.
 func testDriver(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) (*Driver, *capturePublisher) {
 	pub := &capturePublisher{}
-	e.metrics = telemetry.NewMetrics(prometheus.NewRegistry())
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
-	return &Driver{state: e.state, nodeName: testNode, metrics: e.metrics, inv: inv, pub: pub,
-		events: telemetry.NewNodeEvents(context.Background(), e.events, nil, testNode)}, pub
+	e.Metrics = telemetry.NewMetrics(prometheus.NewRegistry())
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
+	return &Driver{state: e.state, nodeName: testNode, metrics: e.Metrics, inv: inv, pub: pub,
+		events: telemetry.NewNodeEvents(context.Background(), e.Events, nil, testNode)}, pub
 }
 
 // storedWithout is the error the slice controller reports when the API
@@ -114,7 +115,7 @@ func usesCounters(pool resourceslice.Pool) bool {
 func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicFirstFour())
 	d, pub := testDriver(t, e, dynamicFirstFour())
-	if err := d.publish(e.ctx); err != nil {
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	first := pub.last(t)
@@ -126,12 +127,12 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 	}
 	// Every slice of the first publish comes back without its counters.
 	for i := range first.Slices {
-		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+		d.HandleError(e.Ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
 	}
 	if n := pub.count(); n != 2 {
 		t.Fatalf("%d publishes, want the first and one without dynamic MIG", n)
 	}
-	if got := e.events.withReason(telemetry.ReasonDynamicMIGWithdrawn); len(got) != 1 || !strings.Contains(got[0], "no longer offering dynamic MIG on 4 GPU(s)") {
+	if got := e.Events.WithReason(telemetry.ReasonDynamicMIGWithdrawn); len(got) != 1 || !strings.Contains(got[0], "no longer offering dynamic MIG on 4 GPU(s)") {
 		t.Errorf("Node events %q, want one saying why dynamic MIG is withdrawn", got)
 	}
 	after := pub.last(t)
@@ -155,10 +156,10 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 			t.Errorf("whole GPU %d no longer offered", i)
 		}
 	}
-	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 4 {
+	if got := testutil.ToFloat64(e.Metrics.WithdrawnMIG); got != 4 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 4", got)
 	}
-	if got := testutil.ToFloat64(e.metrics.PublishedDevices.WithLabelValues(string(device.TypeMIG))); got != 0 {
+	if got := testutil.ToFloat64(e.Metrics.PublishedDevices.WithLabelValues(string(device.TypeMIG))); got != 0 {
 		t.Errorf("published_devices{type=mig} = %v, want 0", got)
 	}
 }
@@ -168,14 +169,14 @@ func TestDroppedCountersWithdrawDynamicMIG(t *testing.T) {
 func TestOtherDroppedFieldsKeepDynamicMIG(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", dynamicFirstFour())
 	d, pub := testDriver(t, e, dynamicFirstFour())
-	if err := d.publish(e.ctx); err != nil {
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	first := pub.last(t)
 	first.Slices[1].Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "gpu.gpuaas.io/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	d.HandleError(e.ctx, storedWithout(first, 1, func(s *resourceapi.ResourceSliceSpec) { s.Devices[0].Taints = nil }), "update ResourceSlice")
-	if n := pub.count(); n != 1 || testutil.ToFloat64(e.metrics.WithdrawnMIG) != 0 {
-		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.metrics.WithdrawnMIG))
+	d.HandleError(e.Ctx, storedWithout(first, 1, func(s *resourceapi.ResourceSliceSpec) { s.Devices[0].Taints = nil }), "update ResourceSlice")
+	if n := pub.count(); n != 1 || testutil.ToFloat64(e.Metrics.WithdrawnMIG) != 0 {
+		t.Errorf("%d publishes, gauge %v: dynamic MIG withdrawn for dropped taints", n, testutil.ToFloat64(e.Metrics.WithdrawnMIG))
 	}
 }
 
@@ -209,12 +210,12 @@ func publishedNames(pool resourceslice.Pool) []string {
 func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
 	e, cfg := unitModes(t, nil)
 	d, pub := testDriver(t, e, cfg)
-	if err := d.publish(e.ctx); err != nil {
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	first := pub.last(t)
 	for i := range first.Slices {
-		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+		d.HandleError(e.Ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
 	}
 	if n := pub.count(); n != 2 {
 		t.Fatalf("%d publishes, want the first and one without counters", n)
@@ -235,7 +236,7 @@ func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
 	if got := publishedNames(after); !slices.Equal(got, want) {
 		t.Errorf("republished %v\nwant everything but dynamic GPU 0's: %v", got, want)
 	}
-	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 1 {
+	if got := testutil.ToFloat64(e.Metrics.WithdrawnMIG); got != 1 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 1", got)
 	}
 }
@@ -245,7 +246,7 @@ func TestDroppedCountersKeepUnitCountedDevices(t *testing.T) {
 func TestDroppedCountersWholeGPUsOnly(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	d, pub := testDriver(t, e, &configapi.NodeConfig{})
-	if err := d.publish(e.ctx); err != nil {
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	first := pub.last(t)
@@ -253,13 +254,13 @@ func TestDroppedCountersWholeGPUsOnly(t *testing.T) {
 		t.Fatalf("%d whole GPUs consume GPU milliunits, want 8", n)
 	}
 	for i := range first.Slices {
-		d.HandleError(e.ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
+		d.HandleError(e.Ctx, storedWithout(first, i, dropCounters), "create ResourceSlice")
 	}
 	after := pub.last(t)
 	if n := pub.count(); n != 2 || usesCounters(after) || !slices.Equal(publishedNames(after), publishedNames(first)) {
 		t.Errorf("%d publishes, last %v (counters: %v); want the 8 whole GPUs again without counters", n, publishedNames(after), usesCounters(after))
 	}
-	if got := testutil.ToFloat64(e.metrics.WithdrawnMIG); got != 0 {
+	if got := testutil.ToFloat64(e.Metrics.WithdrawnMIG); got != 0 {
 		t.Errorf("dynamic_mig_withdrawn_gpus = %v, want 0", got)
 	}
 }
@@ -269,14 +270,14 @@ func TestDroppedCountersWholeGPUsOnly(t *testing.T) {
 func TestDroppedFieldsWithoutCountersRepublishNothing(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	d, pub := testDriver(t, e, &configapi.NodeConfig{GPUUnitCounters: ptr.To(false)})
-	if err := d.publish(e.ctx); err != nil {
+	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	first := pub.last(t)
 	if usesCounters(first) {
 		t.Fatal("unit counters off, yet the publish uses counters")
 	}
-	d.withdrawDynamicMIG(e.ctx, &resourceslice.DroppedFieldsError{PoolName: testNode})
+	d.withdrawDynamicMIG(e.Ctx, &resourceslice.DroppedFieldsError{PoolName: testNode})
 	if n := pub.count(); n != 1 || d.withdrawn {
 		t.Errorf("%d publishes (withdrawn: %v), want only the first", n, d.withdrawn)
 	}
@@ -289,8 +290,8 @@ func TestDroppedFieldsWithoutCountersRepublishNothing(t *testing.T) {
 // when every upper half is taken does a lower half go.
 func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	published := apiSlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())))
-	classes := classLister{"mig-3g": celClass("mig-3g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
+	published := preparetest.APISlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, preparetest.DynamicAll())))
+	classes := preparetest.ClassLister{"mig-3g": preparetest.CELClass("mig-3g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
 		`device.attributes["gpu.gpuaas.io"].profile == "3g.40gb"`)}
 	allocated := sets.New[structured.DeviceID]()
 	take := func(name string) {
@@ -298,12 +299,12 @@ func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
 	}
 	next := func() string {
 		t.Helper()
-		alloc, err := structured.NewAllocator(t.Context(), schedulerFeatures, structured.AllocatedState{AllocatedDevices: allocated},
+		alloc, err := structured.NewAllocator(t.Context(), preparetest.SchedulerFeatures, structured.AllocatedState{AllocatedDevices: allocated},
 			classes, published, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := alloc.Allocate(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{oneDeviceClaim("mig-3g")})
+		res, err := alloc.Allocate(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{preparetest.OneDeviceClaim("mig-3g")})
 		if err != nil || len(res) != 1 {
 			t.Fatalf("allocating: %v (%d results)", err, len(res))
 		}
@@ -329,7 +330,7 @@ func TestDeferPlacementsKeepsGroups(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
 	cfg := &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic},
 		GPUs: []configapi.GpuModeSelector{{Indexes: []int{2}}}} // GPU 2 whole, between dynamic ones
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
 	names := map[string]int{}
 	for _, d := range inv.Devices {
 		names[d.Name()]++

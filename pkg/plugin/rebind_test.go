@@ -14,6 +14,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	resourceapi "k8s.io/api/resource/v1"
 )
 
@@ -37,7 +38,7 @@ func newWatchedEnv(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) *watched
 	t.Helper()
 	w := &watchedEnv{testEnv: e, lostSeen: map[string]bool{}}
 	w.d, w.pub = testDriver(t, e, cfg)
-	w.monitor = health.New(e.lib, health.Config{ProbeInterval: 10 * time.Millisecond}, nil)
+	w.monitor = health.New(e.Lib, health.Config{ProbeInterval: 10 * time.Millisecond}, nil)
 	w.monitor.OnChange(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -49,7 +50,7 @@ func newWatchedEnv(t *testing.T, e *testEnv, cfg *configapi.NodeConfig) *watched
 	})
 	w.d.reregister = w.monitor.Reregister
 	e.state.OnRebound(w.d.gpuRebound)
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	done := make(chan struct{})
 	go func() { w.monitor.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -68,7 +69,7 @@ func (w *watchedEnv) everLost(uuid string) bool {
 // again is lost, as on NVML, so it is sent again.
 func (w *watchedEnv) waitFault(t *testing.T, index int, kind string, poke func()) {
 	t.Helper()
-	uuid := w.gpuUUID(index)
+	uuid := w.GPUUUID(index)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if poke != nil {
 			poke()
@@ -82,7 +83,7 @@ func (w *watchedEnv) waitFault(t *testing.T, index int, kind string, poke func()
 
 func (w *watchedEnv) injectXID(t *testing.T, index int, xid uint64) func() {
 	return func() {
-		if err := nvmock.InjectEvent(w.mockStateDir, w.gpuUUID(index), nvml.EventTypeXidCriticalError, xid, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
+		if err := nvmock.InjectEvent(w.MockStateDir, w.GPUUUID(index), nvml.EventTypeXidCriticalError, xid, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -91,7 +92,7 @@ func (w *watchedEnv) injectXID(t *testing.T, index int, xid uint64) func() {
 // migDevicesNow lists a GPU's MIG devices on a handle asked for now.
 func (e *testEnv) migDevicesNow(t *testing.T, index int) []mig.Instance {
 	t.Helper()
-	insts, err := mig.List(e.gpuDev(t, index))
+	insts, err := mig.List(e.GPUDev(t, index))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,26 +107,26 @@ func (e *testEnv) migDevicesNow(t *testing.T, index int) []mig.Instance {
 // asked for again and the monitor registers again.
 func TestGPUReboundByAMIGModeSwitchStaysWatched(t *testing.T) {
 	e := newModeEnv(t)
-	w := newWatchedEnv(t, e, dynamicAll())
-	if err := nvmock.SetRebindOnMigMode(e.mockStateDir, "2", true); err != nil {
+	w := newWatchedEnv(t, e, preparetest.DynamicAll())
+	if err := nvmock.SetRebindOnMigMode(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "2g.20gb")).Build()); err != nil {
 		t.Fatal(err)
 	}
 	if e.minorNow(t, 2) == 2 {
 		t.Fatal("the mock did not re-bind the GPU")
 	}
 	// Only a probe that finds the GPU answering reads its row remapping.
-	if err := nvmock.SetRowRemapPending(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetRowRemapPending(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFault(t, 2, health.KindRowRemap, nil)
 	w.waitFault(t, 2, health.KindXID, w.injectXID(t, 2, 48))
-	if w.everLost(e.gpuUUID(2)) {
+	if w.everLost(e.GPUUUID(2)) {
 		t.Errorf("the re-bound GPU was taken for lost; faults: %+v", w.monitor.Faults())
 	}
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
 	if left := e.migDevicesNow(t, 2); len(left) != 0 {
@@ -146,7 +147,7 @@ func TestStaticMIGGPUReboundFromOutsideGetsItsNewMinor(t *testing.T) {
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{{Indexes: []int{0}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}}}}
 	e, w := reboundFromOutside(t, cfg, dir, 0, "1g10gb")
 	w.waitFault(t, 0, health.KindXID, w.injectXID(t, 0, 48))
-	if w.everLost(e.gpuUUID(0)) {
+	if w.everLost(e.GPUUUID(0)) {
 		t.Errorf("the re-bound GPU was taken for lost; faults: %+v", w.monitor.Faults())
 	}
 }
@@ -167,12 +168,12 @@ func reboundFromOutside(t *testing.T, cfg *configapi.NodeConfig, dir string, ind
 	t.Helper()
 	e := newTestEnvIn(t, "dgxh100", cfg, dir)
 	w := newWatchedEnv(t, e, cfg)
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	t.Cleanup(cancel)
 	if err := w.d.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
+	w.d.watchStaticMIG(ctx, e.Lib, cfg, 20*time.Millisecond)
 	if err := nvmock.RebindGPU(dir, strconv.Itoa(index)); err != nil {
 		t.Fatal(err)
 	}
@@ -182,12 +183,12 @@ func reboundFromOutside(t *testing.T, cfg *configapi.NodeConfig, dir string, ind
 	}
 	var device string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && device == ""; time.Sleep(20 * time.Millisecond) {
-		device = publishedWithMinor(w.pub, e.gpuUUID(index), minor, part)
+		device = publishedWithMinor(w.pub, e.GPUUUID(index), minor, part)
 	}
 	if device == "" {
 		t.Fatalf("GPU %d's devices never published with its new minor %d", index, minor)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("c").device("gpu", device).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("c").Device("gpu", device).Build()); err != nil {
 		t.Fatal(err)
 	}
 	if got := gpuNodes(t, e, "c"); !slices.Equal(got, []int{minor}) {

@@ -9,6 +9,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // Issue 25 item 5: GPU 0 is offered as static MIG, but mig-manager makes
@@ -21,23 +22,23 @@ func TestStaticMIGMadeAfterStartIsPublished(t *testing.T) {
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{{Indexes: []int{0}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}}}}
 	e := newTestEnvIn(t, "dgxh100", cfg, t.TempDir())
 	d, pub := testDriver(t, e, cfg)
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	defer cancel()
 	if err := d.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := publishedOnGPU(t, pub, e.lib.GPUs()[0].UUID); !slices.Equal(got, []string{"gpu-0"}) {
+	if got := publishedOnGPU(t, pub, e.Lib.GPUs()[0].UUID); !slices.Equal(got, []string{"gpu-0"}) {
 		t.Fatalf("at start GPU 0 (MIG mode off) publishes %v, want it whole", got)
 	}
-	d.watchStaticMIG(ctx, e.lib, cfg, 20*time.Millisecond)
+	d.watchStaticMIG(ctx, e.Lib, cfg, 20*time.Millisecond)
 
-	made, err := nvmock.LayoutMIG(e.mockStateDir, "dgxh100", testNode, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb"})
+	made, err := nvmock.LayoutMIG(e.MockStateDir, "dgxh100", testNode, 0, []string{"3g.40gb", "2g.20gb", "1g.10gb"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if got = publishedOnGPU(t, pub, e.lib.GPUs()[0].UUID); len(got) == len(made) {
+		if got = publishedOnGPU(t, pub, e.Lib.GPUs()[0].UUID); len(got) == len(made) {
 			break
 		}
 	}
@@ -50,7 +51,7 @@ func TestStaticMIGMadeAfterStartIsPublished(t *testing.T) {
 			small = name
 		}
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("s").device("mig", small).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("s").Device("mig", small).Build()); err != nil {
 		t.Fatalf("preparing a claim on %s, published after start: %v", small, err)
 	}
 	if others := len(pub.last(t).Slices); others == 0 {

@@ -31,32 +31,32 @@ func TestGPUOperatorDriverRestartReleasesTheGPUs(t *testing.T) {
 	state := followedUpgradeState(m, "")
 	for _, s := range []string{"", "upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required"} {
 		state.Store(s)
-		m.driver.maint.Tick(m.ctx)
+		m.driver.maint.Tick(m.Ctx)
 		if m.driver.maint.Released() {
 			t.Fatalf("GPUs released at upgrade state %q, before the driver restart", s)
 		}
 	}
 	state.Store(maintenance.UpgradeStateDriverRestart)
-	m.driver.maint.Tick(m.ctx)
-	if err := nvmock.UnloadDriver(m.mockStateDir); err != nil {
+	m.driver.maint.Tick(m.Ctx)
+	if err := nvmock.UnloadDriver(m.MockStateDir); err != nil {
 		t.Fatalf("the driver pod's unload at %s: %v", maintenance.UpgradeStateDriverRestart, err)
 	}
 	if tainted, all := m.taintedMaintenance(t); tainted != all || all == 0 {
 		t.Errorf("%d of %d devices tainted %s during the driver restart, want all", tainted, all, maintenanceTaint)
 	}
-	if err := nvmock.LoadDriver(m.mockStateDir); err != nil {
+	if err := nvmock.LoadDriver(m.MockStateDir); err != nil {
 		t.Fatal(err)
 	}
-	m.driver.maint.Tick(m.ctx)
+	m.driver.maint.Tick(m.Ctx)
 	if !m.driver.maint.Released() {
 		t.Fatalf("GPUs taken back while the label still says %s", maintenance.UpgradeStateDriverRestart)
 	}
 	state.Store("validation-required")
-	m.driver.maint.Tick(m.ctx)
+	m.driver.maint.Tick(m.Ctx)
 	if err := m.driver.NotReady(); err != nil {
 		t.Fatalf("after the driver restart: %v", err)
 	}
-	if err := nvmock.UnloadDriver(m.mockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
+	if err := nvmock.UnloadDriver(m.MockStateDir); !errors.Is(err, nvmock.ErrDriverInUse) {
 		t.Errorf("unload after reacquiring: %v, want the new session to hold the driver", err)
 	}
 	if err := m.prepare(t, "after", "gpu-4"); err != nil {
@@ -69,12 +69,12 @@ func TestGPUOperatorDriverRestartReleasesTheGPUs(t *testing.T) {
 func TestUpgradeStateLeavesAnOperatorsReleaseAlone(t *testing.T) {
 	m := newMaintEnv(t)
 	state := followedUpgradeState(m, "")
-	if err := m.driver.maint.Release(m.ctx, "an operator's GPU reset"); err != nil {
+	if err := m.driver.maint.Release(m.Ctx, "an operator's GPU reset"); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"upgrade-done", maintenance.UpgradeStateDriverRestart, "validation-required", ""} {
 		state.Store(s)
-		m.driver.maint.Tick(m.ctx)
+		m.driver.maint.Tick(m.Ctx)
 		if !m.driver.maint.Released() {
 			t.Fatalf("an operator's release undone at upgrade state %q", s)
 		}

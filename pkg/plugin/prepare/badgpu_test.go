@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // Issue 25 item 1: a GPU that fell off the bus while claims were prepared
@@ -17,34 +18,34 @@ import (
 // the dynamic MIG claim on it, whose MIG device
 // cannot be destroyed while the GPU is lost (a reset destroys it).
 func TestClaimsOnALostGPUAreUnpreparedAfterARestart(t *testing.T) {
-	e := newTestEnvIn(t, "dgxh100", dynamicAll(), t.TempDir())
-	mig := newClaim("m").device("mig", e.partitionAt(t, 2, "2g.20gb", 2).Name()).build()
-	other := newClaim("o").device("gpu", e.partitionAt(t, 4, "1g.10gb", 0).Name()).build()
+	e := newTestEnvIn(t, "dgxh100", preparetest.DynamicAll(), t.TempDir())
+	mig := preparetest.NewClaim("m").Device("mig", e.PartitionAt(t, 2, "2g.20gb", 2).Name()).Build()
+	other := preparetest.NewClaim("o").Device("gpu", e.PartitionAt(t, 4, "1g.10gb", 0).Name()).Build()
 	for _, claim := range []*resourceapi.ResourceClaim{mig, other} {
-		if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := nvmock.SetGPULost(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetGPULost(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
 
-	e.reopenMachine(t, dynamicAll())
-	for _, g := range e.lib.GPUs() {
+	e.ReopenMachine(t, preparetest.DynamicAll())
+	for _, g := range e.Lib.GPUs() {
 		if g.Index == 2 {
 			t.Fatalf("the lost GPU is enumerated: %+v", g)
 		}
 	}
-	if p := e.lib.Problems(); len(p) != 1 || !p[0].Lost {
+	if p := e.Lib.Problems(); len(p) != 1 || !p[0].Lost {
 		t.Fatalf("problems %v, want GPU 2 lost", p)
 	}
 	s := restartWith(t, e, mig, other)
 	for _, uid := range []string{"m", "o"} {
-		if err := s.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := s.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			t.Errorf("unpreparing %s: %v", uid, err)
 		}
-		if e.recordExists(uid) || e.cdiSpecExists(uid) {
-			t.Errorf("claim %s still recorded (%v) or its CDI spec left (%v)", uid, e.recordExists(uid), e.cdiSpecExists(uid))
+		if e.RecordExists(uid) || e.CDISpecExists(uid) {
+			t.Errorf("claim %s still recorded (%v) or its CDI spec left (%v)", uid, e.RecordExists(uid), e.CDISpecExists(uid))
 		}
 	}
 }
@@ -54,7 +55,7 @@ func TestClaimsOnALostGPUAreUnpreparedAfterARestart(t *testing.T) {
 func TestReplicaAndWholeClaimsOnALostGPUAreUnprepared(t *testing.T) {
 	e := newTestEnvIn(t, "dgxh100", everyMode(), t.TempDir())
 	var replica, whole string
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		switch {
 		case d.GPU.Index == 1 && d.Type() == device.TypeTimeSlice && replica == "":
 			replica = d.Name()
@@ -65,26 +66,26 @@ func TestReplicaAndWholeClaimsOnALostGPUAreUnprepared(t *testing.T) {
 		}
 	}
 	claims := []*resourceapi.ResourceClaim{
-		newClaim("r").device("gpu", replica).build(),
-		newClaim("w").device("gpu", whole).build(),
+		preparetest.NewClaim("r").Device("gpu", replica).Build(),
+		preparetest.NewClaim("w").Device("gpu", whole).Build(),
 	}
 	for _, c := range claims {
-		if _, err := e.state.Prepare(e.ctx, c); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, gpu := range []string{"1", "3"} {
-		if err := nvmock.SetGPULost(e.mockStateDir, gpu, true); err != nil {
+		if err := nvmock.SetGPULost(e.MockStateDir, gpu, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.reopenMachine(t, everyMode())
+	e.ReopenMachine(t, everyMode())
 	s := restartWith(t, e, claims...)
 	for _, uid := range []string{"r", "w"} {
-		if err := s.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := s.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			t.Errorf("unpreparing %s: %v", uid, err)
 		}
-		if e.recordExists(uid) || e.cdiSpecExists(uid) {
+		if e.RecordExists(uid) || e.CDISpecExists(uid) {
 			t.Errorf("claim %s still recorded or its CDI spec left", uid)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -30,8 +31,8 @@ func BenchmarkPrepareUnprepare(b *testing.B) {
 // files and NVIDIA's hooks (nvidia-cdi-hook), as on a GPU node.
 func BenchmarkPrepareUnprepareWithDriver(b *testing.B) {
 	e := newTestEnv(b, "dgxh100")
-	e.driverRoot = cditest.NewDriverRoot(b, e.lib.System().DriverVersion).Root
-	e.cdiHook = "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-cdi-hook"
+	e.DriverRoot = cditest.NewDriverRoot(b, e.Lib.System().DriverVersion).Root
+	e.CDIHook = "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-cdi-hook"
 	e.state = e.newState(b)
 	benchPrepareUnprepare(b, e, "gpu-0")
 }
@@ -39,7 +40,9 @@ func BenchmarkPrepareUnprepareWithDriver(b *testing.B) {
 // benchPrepareUnprepare runs prepare+unprepare of one claim on device and
 // reports the p99 latency next to the mean (ns/op).
 func benchPrepareUnprepare(b *testing.B, e *testEnv, device string) {
-	benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim { return newClaim(uid).device("gpu", device).build() })
+	benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim {
+		return preparetest.NewClaim(uid).Device("gpu", device).Build()
+	})
 }
 
 // benchClaims prepares and unprepares one claim per iteration.
@@ -51,11 +54,11 @@ func benchClaims(b *testing.B, e *testEnv, claim func(uid string) *resourceapi.R
 		start := time.Now()
 		uid := fmt.Sprintf("claim-%d", i)
 		before := atomicfile.Syncs()
-		if _, err := e.state.Prepare(e.ctx, claim(uid)); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, claim(uid)); err != nil {
 			b.Fatal(err)
 		}
 		middle := atomicfile.Syncs()
-		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(start))
@@ -78,8 +81,8 @@ func BenchmarkPrepareWithPrepared(b *testing.B) {
 		b.Run(fmt.Sprintf("prepared=%d", n), func(b *testing.B) {
 			e := newTestEnv(b, "dgxh100")
 			for i := range n {
-				claim := newClaim(fmt.Sprintf("bg-%d", i)).adminDevice("gpu", fmt.Sprintf("gpu-%d", i%8)).build()
-				if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+				claim := preparetest.NewClaim(fmt.Sprintf("bg-%d", i)).AdminDevice("gpu", fmt.Sprintf("gpu-%d", i%8)).Build()
+				if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -96,9 +99,9 @@ func BenchmarkPrepareWithPrepared(b *testing.B) {
 // on the mock NVML, CDI spec and checkpoint records (four fsynced writes:
 // PrepareStarted, the intent, the created instance, PrepareCompleted).
 func BenchmarkPrepareUnprepareDynamicMIG(b *testing.B) {
-	e := newTestEnvWith(b, "dgxh100", dynamicAll())
+	e := newTestEnvWith(b, "dgxh100", preparetest.DynamicAll())
 	var name string
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		if d.Partition() != nil && d.Partition().Profile.Name == "1g.10gb" {
 			name = d.Name()
 			break
@@ -115,7 +118,7 @@ func BenchmarkPublishDynamicMIGNode(b *testing.B) {
 	logger := klog.Background()
 	b.ResetTimer()
 	for b.Loop() {
-		inv := inventory.Discover(logger, e.lib, dynamicAll())
+		inv := inventory.Discover(logger, e.Lib, preparetest.DynamicAll())
 		// 1 of counter sets, 1 per GPU, 1 of the GPUs' deferred lower 3g
 		// placements (mig.Layout.Deferred).
 		if n := len(inventory.Resources(testNode, inv).Pools[testNode].Slices); n != 10 {

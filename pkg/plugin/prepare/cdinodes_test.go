@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	cdipkg "github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -17,7 +18,7 @@ import (
 // procDevicesPath is the env's fake /proc/devices, beside its fake
 // mig-minors.
 func procDevicesPath(e *testEnv) string {
-	return filepath.Join(filepath.Dir(e.migMinors), "devices")
+	return filepath.Join(filepath.Dir(e.MigMinors), "devices")
 }
 
 func writeTestFile(t *testing.T, path, content string) {
@@ -44,15 +45,6 @@ func minorOf(t *testing.T, minors, key string) int64 {
 	return -1
 }
 
-func readClaimSpec(t *testing.T, e *testEnv, uid string) *cdi.Spec {
-	t.Helper()
-	spec, err := cdi.ReadSpec(cdipkg.SpecPath(e.cdiRoot, uid), 0)
-	if err != nil {
-		t.Fatalf("reading the CDI spec of %s: %v", uid, err)
-	}
-	return spec
-}
-
 // capNodes are the /dev/nvidia-caps nodes of a spec's devices.
 func capNodes(spec *cdi.Spec) []*specs.DeviceNode {
 	var out []*specs.DeviceNode
@@ -73,23 +65,23 @@ func capNodes(spec *cdi.Spec) []*specs.DeviceNode {
 // /proc/devices, the minor of mig-minors), the runtime creates them in the
 // container.
 func TestMIGCapNodesAreFullCharDevices(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	minors := minorsFile(8)
-	writeTestFile(t, e.migMinors, minors)
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	minors := preparetest.MinorsFile(8)
+	writeTestFile(t, e.MigMinors, minors)
 	const capsMajor = 237
 	writeTestFile(t, procDevicesPath(e), fmt.Sprintf("Character devices:\n  1 mem\n195 nvidia\n%d nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n%d nvidia-caps-fake-block\n", capsMajor, capsMajor+1))
-	name := e.partition(t, 2, "1g.10gb")
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	name := e.Partition(t, 2, "1g.10gb")
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
-	inst := e.migDevices(t, 2)[0]
-	gpu := e.lib.GPUs()[2].Minor
+	inst := e.MIGDevices(t, 2)[0]
+	gpu := e.Lib.GPUs()[2].Minor
 	want := map[string]int64{}
 	for _, key := range []string{fmt.Sprintf("gpu%d/gi%d/access", gpu, inst.GIID), fmt.Sprintf("gpu%d/gi%d/ci%d/access", gpu, inst.GIID, inst.CIID)} {
 		minor := minorOf(t, minors, key)
 		want[fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor)] = minor
 	}
-	nodes := capNodes(readClaimSpec(t, e, "m"))
+	nodes := capNodes(preparetest.ReadClaimSpec(t, e.Env, "m"))
 	if len(nodes) != len(want) {
 		t.Fatalf("capability nodes %+v, want %v", nodes, want)
 	}
@@ -106,39 +98,39 @@ func TestMIGCapNodesAreFullCharDevices(t *testing.T) {
 // MIG off that is the whole GPU. It must give the MIG device another claim
 // created there, and create or destroy nothing itself.
 func TestAdminAccessToDynamicMIGObservesTheMIGDevice(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	writeTestFile(t, e.migMinors, minorsFile(8))
-	name := e.partition(t, 2, "1g.10gb")
-	parent := e.lib.GPUs()[2].UUID
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	writeTestFile(t, e.MigMinors, preparetest.MinorsFile(8))
+	name := e.Partition(t, 2, "1g.10gb")
+	parent := e.Lib.GPUs()[2].UUID
 
-	if _, err := e.state.Prepare(e.ctx, newClaim("mon-early").adminDevice("mig", name).build()); err == nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("mon-early").AdminDevice("mig", name).Build()); err == nil {
 		t.Error("admin access to a partition no MIG device occupies: want an error")
 	}
-	if insts := e.migDevices(t, 2); len(insts) != 0 {
+	if insts := e.MIGDevices(t, 2); len(insts) != 0 {
 		t.Fatalf("admin access created MIG devices: %+v", insts)
 	}
 
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
-	inst := e.migDevices(t, 2)[0]
-	devs, err := e.state.Prepare(e.ctx, newClaim("mon").adminDevice("mig", name).build())
+	inst := e.MIGDevices(t, 2)[0]
+	devs, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("mon").AdminDevice("mig", name).Build())
 	if err != nil {
 		t.Fatalf("admin Prepare: %v", err)
 	}
 	checkSpecParses(t, e, "mon", devs[0].CDIDeviceIDs...)
-	data, _ := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "mon"))
+	data, _ := os.ReadFile(cdipkg.SpecPath(e.CDIRoot, "mon"))
 	if !strings.Contains(string(data), inst.UUID) || strings.Contains(string(data), parent) {
 		t.Errorf("admin spec must name the MIG device %s, never its parent %s: %s", inst.UUID, parent, data)
 	}
-	if n := len(capNodes(readClaimSpec(t, e, "mon"))); n != 2 {
+	if n := len(capNodes(preparetest.ReadClaimSpec(t, e.Env, "mon"))); n != 2 {
 		t.Errorf("admin spec has %d capability nodes, want the MIG device's 2", n)
 	}
 
-	if err := e.state.Unprepare(e.ctx, "mon"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "mon"); err != nil {
 		t.Fatal(err)
 	}
-	if insts := e.migDevices(t, 2); len(insts) != 1 || insts[0].UUID != inst.UUID {
+	if insts := e.MIGDevices(t, 2); len(insts) != 1 || insts[0].UUID != inst.UUID {
 		t.Errorf("after the admin claim left, MIG devices are %+v, want %s untouched", insts, inst.UUID)
 	}
 }

@@ -18,7 +18,7 @@ import (
 // device is lost.
 func TestCountersBesideTheirDevices(t *testing.T) {
 	e, cfg := unitModes(t, nil)
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
 	beside := sliceprobe.Full
 	beside.Counters = sliceprobe.CountersInDeviceSlice
 	pool := inventory.Resources(testNode, inv.ForCluster(beside)).Pools[testNode]
@@ -54,7 +54,7 @@ func TestCountersBesideTheirDevices(t *testing.T) {
 // no counter set.
 func TestForTheLeastCluster(t *testing.T) {
 	e, cfg := unitModes(t, nil)
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg).ForCluster(sliceprobe.Least)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg).ForCluster(sliceprobe.Least)
 	if len(inv.CounterSets) != 0 {
 		t.Errorf("%d counter sets kept", len(inv.CounterSets))
 	}

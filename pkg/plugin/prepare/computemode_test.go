@@ -9,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -16,7 +17,7 @@ import (
 // daemon whose reset failed, or another tool would leave it.
 func (e *testEnv) setComputeMode(t *testing.T, uuid string, mode nvml.ComputeMode) {
 	t.Helper()
-	dev, err := e.lib.DeviceByUUID(uuid)
+	dev, err := e.Lib.DeviceByUUID(uuid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +40,10 @@ func TestTimeSlicingPutsGPUInDefaultComputeMode(t *testing.T) {
 			cfg.GPUs[0].TimeSlicing.Interval = interval
 			e := newTestEnvWith(t, "dgxh100", cfg)
 			withTools(t, e)
-			uuid := e.gpuUUID(4)
+			uuid := e.GPUUUID(4)
 
 			e.setComputeMode(t, uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
-			if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build()); err != nil {
+			if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()); err != nil {
 				t.Fatal(err)
 			}
 			if mode := e.computeMode(t, uuid); mode != nvml.COMPUTEMODE_DEFAULT {
@@ -51,14 +52,14 @@ func TestTimeSlicingPutsGPUInDefaultComputeMode(t *testing.T) {
 			}
 
 			e.setComputeMode(t, uuid, nvml.COMPUTEMODE_PROHIBITED)
-			if _, err := e.state.Prepare(e.ctx, newClaim("b").device("gpu", "gpu-4-ts-1").build()); err != nil {
+			if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("b").Device("gpu", "gpu-4-ts-1").Build()); err != nil {
 				t.Fatal(err)
 			}
 			if mode := e.computeMode(t, uuid); mode != nvml.COMPUTEMODE_DEFAULT {
 				t.Errorf("compute mode %s after preparing a second replica, want DEFAULT", device.ComputeModeName(mode, nvml.SUCCESS))
 			}
 			for _, uid := range []string{"a", "b"} {
-				if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
+				if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -75,18 +76,18 @@ func TestTimeSlicingPutsGPUInDefaultComputeMode(t *testing.T) {
 func TestTimeSlicingComputeModeFailureIsAClaimError(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	withTools(t, e)
-	uuid := e.gpuUUID(4)
+	uuid := e.GPUUUID(4)
 	e.setComputeMode(t, uuid, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
-	for _, dev := range e.lib.NVML().(*server.Server).Devices {
+	for _, dev := range e.Lib.NVML().(*server.Server).Devices {
 		if d := dev.(*server.Device); d.UUID == uuid {
 			d.SetComputeModeFunc = func(nvml.ComputeMode) nvml.Return { return nvml.ERROR_NO_PERMISSION }
 		}
 	}
-	_, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build())
+	_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build())
 	if err == nil || !strings.Contains(err.Error(), "DEFAULT compute mode (now EXCLUSIVE_PROCESS)") {
 		t.Fatalf("prepare on a GPU stuck in EXCLUSIVE_PROCESS: %v, want an error naming the compute mode", err)
 	}
-	if e.cdiSpecExists("a") || e.recordExists("a") {
+	if e.CDISpecExists("a") || e.RecordExists("a") {
 		t.Error("failed prepare left files")
 	}
 }

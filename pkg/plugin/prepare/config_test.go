@@ -6,6 +6,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	resourceapi "k8s.io/api/resource/v1"
 )
 
@@ -15,11 +16,11 @@ func TestConfigPriority(t *testing.T) {
 	// class's, must win; a config for another request must not apply.
 	const gpuCfg = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Exclusive"}}`
 	const bare = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig"}`
-	claim := newClaim("x").
-		config(resourceapi.AllocationConfigSourceClaim, bare).
-		config(resourceapi.AllocationConfigSourceClass, gpuCfg).
-		config(resourceapi.AllocationConfigSourceClaim, gpuCfg, "other").
-		build()
+	claim := preparetest.NewClaim("x").
+		Config(resourceapi.AllocationConfigSourceClaim, bare).
+		Config(resourceapi.AllocationConfigSourceClass, gpuCfg).
+		Config(resourceapi.AllocationConfigSourceClaim, gpuCfg, "other").
+		Build()
 	configs, err := decodeConfigs(claim.Status.Allocation.Devices.Config)
 	if err != nil {
 		t.Fatal(err)

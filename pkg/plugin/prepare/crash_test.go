@@ -25,6 +25,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -143,9 +144,9 @@ func newCrashHarness(t *testing.T, rng *rand.Rand) *crashHarness {
 	h.static = layOutStaticMIG(t, stateDir, 3)
 	h.e = newTestEnvIn(t, "dgxh100", crashNode(), stateDir)
 	h.tools = newFakeTools(t, h.fault)
-	h.e.sharing = device.SharingOptions{DriverRoot: h.tools.root, Runner: h.tools, MPSDir: filepath.Join(t.TempDir(), "mps"), NVML: h.e.lib}
+	h.e.Sharing = device.SharingOptions{DriverRoot: h.tools.root, Runner: h.tools, MPSDir: filepath.Join(t.TempDir(), "mps"), NVML: h.e.Lib}
 	h.e.wrapCDI = func(w CDIWriter) CDIWriter { return &faultyCDI{CDIWriter: w, fault: h.fault} }
-	h.e.metrics = telemetry.NewMetrics(prometheus.NewRegistry())
+	h.e.Metrics = telemetry.NewMetrics(prometheus.NewRegistry())
 	h.hookMachine()
 	h.state = h.e.newState(t)
 	restore(t, h.e, h.state)
@@ -214,7 +215,7 @@ func (h *crashHarness) step() {
 func (h *crashHarness) kubeletPrepare(claim *resourceapi.ResourceClaim) {
 	for {
 		var err error
-		if !killedDuring(func() { _, err = h.state.Prepare(h.e.ctx, claim) }) {
+		if !killedDuring(func() { _, err = h.state.Prepare(h.e.Ctx, claim) }) {
 			if err != nil && h.retryable != nil && h.retryable(err) {
 				continue
 			}
@@ -246,7 +247,7 @@ func (h *crashHarness) kubeletUnprepare(uid types.UID) {
 	}
 	for {
 		var err error
-		if !killedDuring(func() { err = h.state.Unprepare(h.e.ctx, uid) }) {
+		if !killedDuring(func() { err = h.state.Unprepare(h.e.Ctx, uid) }) {
 			if err != nil {
 				h.t.Fatalf("unprepare of %s after %d kills: %v", uid, h.stats.kills, err)
 			}
@@ -267,7 +268,7 @@ func (h *crashHarness) kubeletUnprepare(uid types.UID) {
 func (h *crashHarness) restart() {
 	for {
 		h.stats.restarts++
-		h.e.reopenMachine(h.t, crashNode())
+		h.e.ReopenMachine(h.t, crashNode())
 		h.hookMachine()
 		s := h.e.newState(h.t)
 		if h.tune != nil {
@@ -281,7 +282,7 @@ func (h *crashHarness) restart() {
 			h.arm()
 		}
 		var err error
-		if !killedDuring(func() { err = s.Restore(h.e.ctx, fake.NewClientset(objs...)) }) {
+		if !killedDuring(func() { err = s.Restore(h.e.Ctx, fake.NewClientset(objs...)) }) {
 			if err != nil {
 				h.t.Errorf("restore: %v", err)
 			}
@@ -318,7 +319,7 @@ const mpsConfig = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sh
 
 func (h *crashHarness) claimOfKind(uid types.UID, kind string) *resourceapi.ResourceClaim {
 	var free []string
-	for _, d := range h.e.devices {
+	for _, d := range h.e.Devices {
 		if h.fits(kind, &d) {
 			free = append(free, d.Name())
 		}
@@ -329,11 +330,11 @@ func (h *crashHarness) claimOfKind(uid types.UID, kind string) *resourceapi.Reso
 	name := free[h.rng.IntN(len(free))]
 	switch kind {
 	case "share":
-		return shareClaim(string(uid), "10Gi").build()
+		return shareClaim(string(uid), "10Gi").Build()
 	case "MPS":
-		return newClaim(string(uid)).device("gpu", name).config(resourceapi.AllocationConfigSourceClaim, mpsConfig).build()
+		return preparetest.NewClaim(string(uid)).Device("gpu", name).Config(resourceapi.AllocationConfigSourceClaim, mpsConfig).Build()
 	}
-	return newClaim(string(uid)).device("gpu", name).build()
+	return preparetest.NewClaim(string(uid)).Device("gpu", name).Build()
 }
 
 func (h *crashHarness) fits(kind string, d *device.AllocatableDevice) bool {
@@ -376,9 +377,9 @@ func (h *crashHarness) free(d *device.AllocatableDevice) bool {
 }
 
 func (h *crashHarness) wholeGPU(index int) *device.AllocatableDevice {
-	for i, d := range h.e.devices {
+	for i, d := range h.e.Devices {
 		if d.Type() == device.TypeGPU && d.GPU.Index == index {
-			return &h.e.devices[i]
+			return &h.e.Devices[i]
 		}
 	}
 	h.t.Fatalf("no whole-GPU device on GPU %d", index)
@@ -407,7 +408,7 @@ func countersFit(used, capacity []resourceapi.DeviceCounterConsumption) bool {
 // the GPU never saw the call, after one that the plugin never saw the
 // answer.
 func (h *crashHarness) hookMachine() {
-	for _, dev := range h.e.lib.NVML().(*server.Server).Devices {
+	for _, dev := range h.e.Lib.NVML().(*server.Server).Devices {
 		h.hookDevice(dev.(*server.Device))
 	}
 }
@@ -591,7 +592,7 @@ func (l crashLeaks) String() string {
 func (h *crashHarness) leaks() crashLeaks {
 	t := h.t
 	var l crashLeaks
-	specs, err := cdi.NewHandler(cdi.Options{CDIRoot: h.e.cdiRoot, NVML: h.e.lib.NVML()})
+	specs, err := cdi.NewHandler(cdi.Options{CDIRoot: h.e.CDIRoot, NVML: h.e.Lib.NVML()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +601,7 @@ func (h *crashHarness) leaks() crashLeaks {
 		t.Fatal(err)
 	}
 	l.specs = len(uids)
-	store, err := checkpoint.NewStore(h.e.ckptDir)
+	store, err := checkpoint.NewStore(h.e.CkptDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,11 +617,11 @@ func (h *crashHarness) leaks() crashLeaks {
 		}
 		l.migDevices += len(gis)
 	}
-	if now := h.e.migDevices(t, 3); !slices.Equal(now, h.static) {
+	if now := h.e.MIGDevices(t, 3); !slices.Equal(now, h.static) {
 		l.staticChanged = 1
 		t.Logf("static MIG layout %+v, was %+v", now, h.static)
 	}
-	for i := range h.e.lib.GPUs() {
+	for i := range h.e.Lib.GPUs() {
 		if mode, ret := h.mockGPUDevice(i).GetComputeMode(); ret != nvml.SUCCESS || mode != nvml.COMPUTEMODE_DEFAULT {
 			l.computeModes++
 		}
@@ -635,7 +636,7 @@ func (h *crashHarness) leaks() crashLeaks {
 }
 
 func (h *crashHarness) mockGPUDevice(index int) nvml.Device {
-	dev, err := h.e.lib.DeviceByUUID(h.e.lib.GPUs()[index].UUID)
+	dev, err := h.e.Lib.DeviceByUUID(h.e.Lib.GPUs()[index].UUID)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	resourceapi "k8s.io/api/resource/v1"
 )
 
@@ -42,7 +43,7 @@ func TestCrashPreparesLeakNothingWithHardwareFaults(t *testing.T) {
 	// Whole GPUs offered in dynamic mode switch MIG off, partitions on:
 	// both kinds make the GPUs switch MIG mode back and forth.
 	h.extraKinds = []string{"dynamic whole", "dynamic whole"}
-	dir := h.e.mockStateDir
+	dir := h.e.MockStateDir
 	must(t, nvmock.SetCreateDelay(dir, 2*time.Millisecond))
 	for _, gpu := range []string{"1", "2"} {
 		must(t, nvmock.SetRebindOnMigMode(dir, gpu, true))
@@ -116,9 +117,9 @@ func must(t *testing.T, err error) {
 func checkSpecMinors(t *testing.T, e *testEnv, uid string) {
 	t.Helper()
 	rec := e.record(t, uid)
-	spec := readClaimSpec(t, e, uid)
+	spec := preparetest.ReadClaimSpec(t, e.Env, uid)
 	for _, d := range rec.Devices {
-		dev, ret := e.lib.NVML().DeviceGetHandleByUUID(d.GPUUUID)
+		dev, ret := e.Lib.NVML().DeviceGetHandleByUUID(d.GPUUUID)
 		if ret != nvml.SUCCESS {
 			t.Fatalf("GPU %s of %s: %v", d.GPUUUID, d.Device, ret)
 		}
@@ -134,7 +135,7 @@ func checkSpecMinors(t *testing.T, e *testEnv, uid string) {
 			}
 			found = true
 			for _, n := range sd.ContainerEdits.DeviceNodes {
-				if m := gpuNodePath.FindStringSubmatch(n.Path); m != nil && m[1] != strconv.Itoa(want) {
+				if m := preparetest.GPUNodePath.FindStringSubmatch(n.Path); m != nil && m[1] != strconv.Itoa(want) {
 					t.Errorf("claim %s device %s: the CDI spec names %s, the GPU is /dev/nvidia%d", uid, d.Device, n.Path, want)
 				}
 			}

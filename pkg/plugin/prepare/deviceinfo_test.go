@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -18,31 +19,31 @@ import (
 // series goes with the claim. And the prepare/unprepare error series exist
 // at 0 from the start, so an alert on their increase sees the first error.
 func TestPreparedDeviceInfo(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	e.metrics = telemetry.NewMetrics(prometheus.NewRegistry())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	e.Metrics = telemetry.NewMetrics(prometheus.NewRegistry())
 	e.state = e.newState(t)
-	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.CollectAndCount(e.metrics.Operations); got != 4 {
+	if got := testutil.CollectAndCount(e.Metrics.Operations); got != 4 {
 		t.Errorf("%d claim operation series before any operation, want prepare/unprepare x success/error", got)
 	}
-	name := e.partition(t, 2, "1g.10gb")
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	name := e.Partition(t, 2, "1g.10gb")
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
-	inst := e.migDevices(t, 2)[0]
-	series := e.metrics.DeviceInfo.WithLabelValues("team-a", "claim-m", name, e.gpuUUID(2), strconv.Itoa(inst.GIID), inst.UUID)
+	inst := e.MIGDevices(t, 2)[0]
+	series := e.Metrics.DeviceInfo.WithLabelValues("team-a", "claim-m", name, e.GPUUUID(2), strconv.Itoa(inst.GIID), inst.UUID)
 	if got := testutil.ToFloat64(series); got != 1 {
 		t.Errorf("prepared_device_info for the MIG device = %v, want 1", got)
 	}
-	if got := testutil.CollectAndCount(e.metrics.DeviceInfo); got != 1 {
+	if got := testutil.CollectAndCount(e.Metrics.DeviceInfo); got != 1 {
 		t.Errorf("%d info series for one prepared device", got)
 	}
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.CollectAndCount(e.metrics.DeviceInfo); got != 0 {
+	if got := testutil.CollectAndCount(e.Metrics.DeviceInfo); got != 0 {
 		t.Errorf("%d info series after unprepare, want none", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -23,17 +24,17 @@ func TestPrepareMakesOneDurableWrite(t *testing.T) {
 		{Indexes: []int{1}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2}}},
 	}}
 	e := newTestEnvWith(t, "dgxh100", cfg)
-	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, device := range []string{"gpu-3", "gpu-1-ts-0", e.partition(t, 0, "1g.10gb")} {
+	for _, device := range []string{"gpu-3", "gpu-1-ts-0", e.Partition(t, 0, "1g.10gb")} {
 		uid := "claim-" + device
 		before := atomicfile.Syncs()
-		if _, err := e.state.Prepare(e.ctx, newClaim(uid).device("gpu", device).build()); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim(uid).Device("gpu", device).Build()); err != nil {
 			t.Fatalf("%s: %v", device, err)
 		}
 		prepared := atomicfile.Syncs()
-		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			t.Fatalf("%s: %v", device, err)
 		}
 		if got := prepared - before; got != 2 {

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // Every kind a node publishes is torn down and counted, after a restart,
@@ -24,7 +25,7 @@ func TestRecordedModeReadsBackAsItsKind(t *testing.T) {
 	}}
 	e := newTestEnvWith(t, "dgxh100", cfg)
 	seen := map[string]bool{}
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		rec := checkpoint.Device{GPUMode: d.Kind.ModeName()}
 		if d.Partition() != nil {
 			rec.CreatedMIG = &mig.Instance{}
@@ -49,7 +50,7 @@ func TestKindTearDownReleasesWhatItHolds(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	withTools(t, e)
 	ctx := context.Background()
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := e.state.env.Store.Load("a")
@@ -59,7 +60,7 @@ func TestKindTearDownReleasesWhatItHolds(t *testing.T) {
 	if err := device.StaticMIG(nil).TearDown(ctx, &e.state.env, rec, 0); err != nil {
 		t.Fatal(err)
 	}
-	uuid := e.lib.GPUs()[4].UUID
+	uuid := e.Lib.GPUs()[4].UUID
 	if n, _ := e.state.env.Sharing.Holders(uuid); n != 1 {
 		t.Fatalf("%d holders after a static MIG teardown of the record; want the replica's 1", n)
 	}

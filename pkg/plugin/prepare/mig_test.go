@@ -13,43 +13,14 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2/ktesting"
 )
 
-func dynamicAll() *configapi.NodeConfig {
-	return &configapi.NodeConfig{Default: configapi.GpuMode{MIG: configapi.MigDynamic}}
-}
-
-func (e *testEnv) migDevices(t *testing.T, gpuIndex int) []mig.Instance {
-	t.Helper()
-	dev, err := e.lib.DeviceByUUID(e.lib.GPUs()[gpuIndex].UUID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	insts, err := mig.List(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return insts
-}
-
-// firstPartition returns the name of the first published partition of a
-// profile on a GPU.
-func (e *testEnv) partition(t *testing.T, gpuIndex int, profile string) string {
-	t.Helper()
-	for _, d := range e.devices {
-		if d.Partition() != nil && d.GPU.Index == gpuIndex && d.Partition().Profile.Name == profile {
-			return d.Name()
-		}
-	}
-	t.Fatalf("no %s partition on GPU %d", profile, gpuIndex)
-	return ""
-}
-
 func TestDynamicMIGInventory(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, preparetest.DynamicAll())
 	pool := inventory.Resources(testNode, inv).Pools[testNode]
 	// One slice per GPU, then one of every GPU's deferred devices (the
 	// lower 3g.40gb, listed last so first fit packs: mig.Layout.Deferred).
@@ -88,16 +59,16 @@ func TestDynamicMIGInventory(t *testing.T) {
 }
 
 func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	if err := os.WriteFile(e.migMinors, []byte(minorsFile(8)), 0o600); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	name := e.partition(t, 2, "1g.10gb")
-	devs, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build())
+	name := e.Partition(t, 2, "1g.10gb")
+	devs, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", name).Build())
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
-	insts := e.migDevices(t, 2)
+	insts := e.MIGDevices(t, 2)
 	if len(insts) != 1 || insts[0].Profile != "1g.10gb" {
 		t.Fatalf("MIG devices after prepare: %+v", insts)
 	}
@@ -105,46 +76,29 @@ func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
 	if !strings.Contains(string(spec), insts[0].UUID) || !strings.Contains(string(spec), "/dev/nvidia-caps/nvidia-cap") {
 		t.Errorf("CDI spec lacks the MIG UUID or its capability nodes: %s", spec)
 	}
-	if strings.Contains(string(spec), e.lib.GPUs()[2].UUID) {
+	if strings.Contains(string(spec), e.Lib.GPUs()[2].UUID) {
 		t.Errorf("CDI spec exposes the parent GPU's UUID")
 	}
 	checkSpecParses(t, e, "m", devs[0].CDIDeviceIDs...)
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	if left := e.migDevices(t, 2); len(left) != 0 {
+	if left := e.MIGDevices(t, 2); len(left) != 0 {
 		t.Errorf("MIG devices left after unprepare: %+v", left)
 	}
 }
 
-// minorsFile fakes /proc/driver/nvidia-caps/mig-minors for a few GPUs.
-func minorsFile(gpus int) string {
-	var b strings.Builder
-	minor := 1
-	for g := range gpus {
-		for gi := range 8 {
-			fmt.Fprintf(&b, "gpu%d/gi%d/access %d\n", g, gi, minor)
-			minor++
-			for ci := range 8 {
-				fmt.Fprintf(&b, "gpu%d/gi%d/ci%d/access %d\n", g, gi, ci, minor)
-				minor++
-			}
-		}
-	}
-	return b.String()
-}
-
 func cdiSpecPath(e *testEnv, uid string) string {
-	return e.cdiRoot + "/k8s.gpu.gpuaas.io-claim_" + uid + ".json"
+	return e.CDIRoot + "/k8s.gpu.gpuaas.io-claim_" + uid + ".json"
 }
 
 func TestDynamicMIGRollbackOnFailure(t *testing.T) {
 	// Two overlapping placements in one claim: the scheduler never does
 	// this (counters), but it makes the second create fail after the first
 	// succeeded, which is the half-way failure to roll back.
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
 	var a, b string
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		if d.Partition() == nil || d.GPU.Index != 1 {
 			continue
 		}
@@ -155,40 +109,40 @@ func TestDynamicMIGRollbackOnFailure(t *testing.T) {
 			b = d.Name()
 		}
 	}
-	_, err := e.state.Prepare(e.ctx, newClaim("r").device("big", a).device("small", b).build())
+	_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("r").Device("big", a).Device("small", b).Build())
 	if err == nil {
 		t.Fatal("prepare of overlapping MIG devices succeeded")
 	}
-	if left := e.migDevices(t, 1); len(left) != 0 {
+	if left := e.MIGDevices(t, 1); len(left) != 0 {
 		t.Errorf("rollback left MIG devices: %+v", left)
 	}
-	if e.recordExists("r") || e.cdiSpecExists("r") {
+	if e.RecordExists("r") || e.CDISpecExists("r") {
 		t.Error("rollback left a record or CDI spec")
 	}
 }
 
 func TestDynamicMIGWholeGPUSwitchesMIGOff(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	name := e.partition(t, 0, "3g.40gb")
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", name).build()); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	name := e.Partition(t, 0, "3g.40gb")
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", name).Build()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", "gpu-0").build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("w").Device("gpu", "gpu-0").Build()); err != nil {
 		t.Fatalf("whole GPU after MIG: %v", err)
 	}
-	dev, _ := e.lib.DeviceByUUID(e.lib.GPUs()[0].UUID)
+	dev, _ := e.Lib.DeviceByUUID(e.Lib.GPUs()[0].UUID)
 	if mode, _, _ := dev.GetMigMode(); mode != 0 {
 		t.Errorf("MIG mode still %d for a whole-GPU claim", mode)
 	}
 }
 
 func TestRestartUndoesInterruptedMIGPrepare(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	name := e.partition(t, 3, "2g.20gb")
-	if _, err := e.state.Prepare(e.ctx, newClaim("half").device("mig", name).build()); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	name := e.Partition(t, 3, "2g.20gb")
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("half").Device("mig", name).Build()); err != nil {
 		t.Fatal(err)
 	}
 	// Turn the record back into what a crash before completion leaves.
@@ -197,33 +151,33 @@ func TestRestartUndoesInterruptedMIGPrepare(t *testing.T) {
 	if err := e.state.env.Store.Save(rec); err != nil {
 		t.Fatal(err)
 	}
-	restartWith(t, e, newClaim("half").build())
-	if left := e.migDevices(t, 3); len(left) != 0 {
+	restartWith(t, e, preparetest.NewClaim("half").Build())
+	if left := e.MIGDevices(t, 3); len(left) != 0 {
 		t.Errorf("interrupted prepare left MIG devices: %+v", left)
 	}
 }
 
 func TestRestartDestroysMIGOfDeletedClaims(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	live := newClaim("live").device("mig", e.partition(t, 4, "1g.10gb")).build()
-	gone := newClaim("gone").device("mig", e.partition(t, 5, "1g.10gb")).build()
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	live := preparetest.NewClaim("live").Device("mig", e.Partition(t, 4, "1g.10gb")).Build()
+	gone := preparetest.NewClaim("gone").Device("mig", e.Partition(t, 5, "1g.10gb")).Build()
 	for _, c := range []*resourceapi.ResourceClaim{live, gone} {
-		if _, err := e.state.Prepare(e.ctx, c); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	restartWith(t, e, live)
-	if n := len(e.migDevices(t, 4)); n != 1 {
+	if n := len(e.MIGDevices(t, 4)); n != 1 {
 		t.Errorf("live claim's MIG device: %d, want 1", n)
 	}
-	if n := len(e.migDevices(t, 5)); n != 0 {
+	if n := len(e.MIGDevices(t, 5)); n != 0 {
 		t.Errorf("deleted claim's MIG device not destroyed: %d left", n)
 	}
 }
 
 func TestStaticMIGIsNeverCreatedOrDestroyed(t *testing.T) {
 	base := newTestEnv(t, "dgxh100")
-	dev, _ := base.lib.DeviceByUUID(base.lib.GPUs()[6].UUID)
+	dev, _ := base.Lib.DeviceByUUID(base.Lib.GPUs()[6].UUID)
 	if err := mig.EnableMigMode(dev); err != nil {
 		t.Fatal(err)
 	}
@@ -234,13 +188,13 @@ func TestStaticMIGIsNeverCreatedOrDestroyed(t *testing.T) {
 	}
 	// Re-open: the GPU now reports MIG mode on, as after the admin's change.
 	cfg := &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{{Indexes: []int{6}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}}}}
-	gpus := base.lib.GPUs()
+	gpus := base.Lib.GPUs()
 	gpus[6].MigEnabled = true
-	e := &testEnv{lib: base.lib, cdiRoot: base.cdiRoot, ckptDir: base.ckptDir, migMinors: base.migMinors, ctx: base.ctx}
-	e.devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), base.lib, cfg).Devices
+	e := &testEnv{Env: &preparetest.Env{Lib: base.Lib, CDIRoot: base.CDIRoot, CkptDir: base.CkptDir, MigMinors: base.MigMinors, Ctx: base.Ctx}}
+	e.Devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), base.Lib, cfg).Devices
 	e.state = e.newState(t)
 	var static string
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		if d.GPU.Index == 6 {
 			if d.StaticInstance() == nil {
 				t.Fatalf("GPU 6 offers %s, want only its existing MIG device", d.Name())
@@ -248,43 +202,43 @@ func TestStaticMIGIsNeverCreatedOrDestroyed(t *testing.T) {
 			static = d.Name()
 		}
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("s").device("mig", static).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("s").Device("mig", static).Build()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(e.migDevices(t, 6)); n != 1 {
+	if n := len(e.MIGDevices(t, 6)); n != 1 {
 		t.Errorf("static prepare changed MIG devices: %d", n)
 	}
-	if err := e.state.Unprepare(e.ctx, "s"); err != nil {
+	if err := e.state.Unprepare(e.Ctx, "s"); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(e.migDevices(t, 6)); n != 1 {
+	if n := len(e.MIGDevices(t, 6)); n != 1 {
 		t.Errorf("static unprepare destroyed the admin's MIG device")
 	}
 }
 
 func TestAmpereDynamicWithoutAdminFallsBackToWhole(t *testing.T) {
-	e := newTestEnvWith(t, "dgxa100", dynamicAll())
-	for _, d := range e.devices {
+	e := newTestEnvWith(t, "dgxa100", preparetest.DynamicAll())
+	for _, d := range e.Devices {
 		// A whole GPU consumes only its milliunits, from its unit-only set.
 		units := mig.MilliunitsConsumption(mig.CounterSetName(d.GPU.Index), mig.GPUMilliunits)
 		if d.Type() != device.TypeGPU || d.Kind.ModeName() != "" || !reflect.DeepEqual(d.API.ConsumesCounters, units) {
 			t.Fatalf("A100 with MIG off offered %s (mode %q, consuming %v) under dynamic MIG; want whole GPUs", d.Name(), d.Kind.ModeName(), d.API.ConsumesCounters)
 		}
 	}
-	if len(e.devices) != 8 {
-		t.Errorf("%d devices, want 8 whole GPUs", len(e.devices))
+	if len(e.Devices) != 8 {
+		t.Errorf("%d devices, want 8 whole GPUs", len(e.Devices))
 	}
 }
 
 func TestModeChangeOfBusyGPUIsRefused(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	if _, err := e.state.Prepare(e.ctx, newClaim("busy").device("mig", e.partition(t, 0, "1g.10gb")).build()); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("busy").Device("mig", e.Partition(t, 0, "1g.10gb")).Build()); err != nil {
 		t.Fatal(err)
 	}
 	records, _, _ := e.state.env.Store.LoadAll()
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
-	cfg := device.PinModes(logger, &configapi.NodeConfig{}, e.lib.GPUs(), records) // admin asks for "whole" everywhere
-	inv := inventory.Discover(logger, e.lib, cfg)
+	cfg := device.PinModes(logger, &configapi.NodeConfig{}, e.Lib.GPUs(), records) // admin asks for "whole" everywhere
+	inv := inventory.Discover(logger, e.Lib, cfg)
 	modes := map[int]string{}
 	for _, d := range inv.Devices {
 		modes[d.GPU.Index] = d.Kind.ModeName()

@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/klog/v2/ktesting"
 )
@@ -46,7 +47,7 @@ const (
 func (e *testEnv) mockGPU(t *testing.T, index int) *server.Device {
 	t.Helper()
 	// The mock server's own device, under the plugin's wrapped handle.
-	dev, ret := e.lib.NVML().DeviceGetHandleByUUID(e.gpuUUID(index))
+	dev, ret := e.Lib.NVML().DeviceGetHandleByUUID(e.GPUUUID(index))
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
@@ -96,23 +97,23 @@ func (e *testEnv) gpuInstances(t *testing.T, index int) int {
 func TestRestoreDestroysMIGInstanceOfInterruptedPrepare(t *testing.T) {
 	for name, stage := range map[string]createStage{"after GPU instance": afterGPUInstance, "after compute instance": afterComputeInstance} {
 		t.Run(name, func(t *testing.T) {
-			e := newTestEnvWith(t, "dgxh100", dynamicAll())
-			claim := newClaim("k").device("mig", e.partition(t, 2, "2g.20gb")).build()
+			e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+			claim := preparetest.NewClaim("k").Device("mig", e.Partition(t, 2, "2g.20gb")).Build()
 			e.killDuringCreate(t, 2, stage)
-			if !killedDuring(func() { _, _ = e.state.Prepare(e.ctx, claim) }) {
+			if !killedDuring(func() { _, _ = e.state.Prepare(e.Ctx, claim) }) {
 				t.Fatal("prepare was not killed")
 			}
 			if n := e.gpuInstances(t, 2); n != 1 {
 				t.Fatalf("the kill left %d GPU instances, want the one being made", n)
 			}
 			s := restartWith(t, e, claim)
-			if n := e.gpuInstances(t, 2); n != 0 || e.recordExists("k") {
-				t.Fatalf("after restart: %d GPU instances, record %v; want none", n, e.recordExists("k"))
+			if n := e.gpuInstances(t, 2); n != 0 || e.RecordExists("k") {
+				t.Fatalf("after restart: %d GPU instances, record %v; want none", n, e.RecordExists("k"))
 			}
-			if _, err := s.Prepare(e.ctx, claim); err != nil {
+			if _, err := s.Prepare(e.Ctx, claim); err != nil {
 				t.Fatalf("the kubelet's retry: %v", err)
 			}
-			if err := s.Unprepare(e.ctx, "k"); err != nil || e.gpuInstances(t, 2) != 0 {
+			if err := s.Unprepare(e.Ctx, "k"); err != nil || e.gpuInstances(t, 2) != 0 {
 				t.Errorf("unprepare: %v, %d GPU instances left", err, e.gpuInstances(t, 2))
 			}
 		})
@@ -124,27 +125,27 @@ func TestRestoreDestroysMIGInstanceOfInterruptedPrepare(t *testing.T) {
 // prepare undoes the killed attempt's device before making its own (no
 // leak, no second device, no failure on the occupied placement).
 func TestRetriedPrepareUndoesMIGInstanceOfKilledAttempt(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
 	a := e.state
 	b := secondInstance(t, e)
-	claim := newClaim("k").device("mig", e.partition(t, 2, "3g.40gb")).build()
+	claim := preparetest.NewClaim("k").Device("mig", e.Partition(t, 2, "3g.40gb")).Build()
 	e.killDuringCreate(t, 2, afterComputeInstance)
-	if !killedDuring(func() { _, _ = a.Prepare(e.ctx, claim) }) {
+	if !killedDuring(func() { _, _ = a.Prepare(e.Ctx, claim) }) {
 		t.Fatal("prepare was not killed")
 	}
-	killed := e.migDevices(t, 2)
+	killed := e.MIGDevices(t, 2)
 	if len(killed) != 1 {
 		t.Fatalf("the kill left MIG devices %+v, want the one being made", killed)
 	}
-	if _, err := b.Prepare(e.ctx, claim); err != nil {
+	if _, err := b.Prepare(e.Ctx, claim); err != nil {
 		t.Fatalf("retried prepare: %v", err)
 	}
-	left := e.migDevices(t, 2)
+	left := e.MIGDevices(t, 2)
 	if len(left) != 1 || left[0].UUID == killed[0].UUID || e.gpuInstances(t, 2) != 1 {
 		t.Errorf("after the retry: MIG devices %+v in %d GPU instances; want one, not the killed attempt's %s",
 			left, e.gpuInstances(t, 2), killed[0].UUID)
 	}
-	if err := b.Unprepare(e.ctx, "k"); err != nil || e.gpuInstances(t, 2) != 0 {
+	if err := b.Unprepare(e.Ctx, "k"); err != nil || e.gpuInstances(t, 2) != 0 {
 		t.Errorf("unprepare: %v, %d GPU instances left", err, e.gpuInstances(t, 2))
 	}
 }
@@ -154,15 +155,15 @@ func TestRetriedPrepareUndoesMIGInstanceOfKilledAttempt(t *testing.T) {
 // Create has undone its own part, so neither the rollback nor a restart
 // destroys what the claim never made.
 func TestFailedCreateLeavesOthersMIGDevice(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	name := e.partition(t, 2, "1g.10gb")
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	name := e.Partition(t, 2, "1g.10gb")
 	admin := e.adminMIG(t, 2, e.device(name).Partition().Profile, e.device(name).Partition().Placement)
-	claim := newClaim("k").device("mig", name).build()
-	if _, err := e.state.Prepare(e.ctx, claim); err == nil {
+	claim := preparetest.NewClaim("k").Device("mig", name).Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err == nil {
 		t.Fatal("prepared a MIG device on an occupied placement")
 	}
 	restartWith(t, e, claim)
-	if left := e.migDevices(t, 2); len(left) != 1 || left[0].UUID != admin.UUID {
+	if left := e.MIGDevices(t, 2); len(left) != 1 || left[0].UUID != admin.UUID {
 		t.Errorf("MIG devices = %+v, want the admin's %s untouched", left, admin.UUID)
 	}
 }
@@ -181,61 +182,49 @@ func (e *testEnv) adminMIG(t *testing.T, index int, p mig.Profile, pl mig.Placem
 	return inst
 }
 
-// partitionAt is the dynamic device of a profile at a memory slice.
-func (e *testEnv) partitionAt(t *testing.T, index int, profile string, start int) *device.AllocatableDevice {
-	t.Helper()
-	for i, d := range e.devices {
-		if p := d.Partition(); p != nil && d.GPU.Index == index && p.Profile.Name == profile && p.Placement.Start == start {
-			return &e.devices[i]
-		}
-	}
-	t.Fatalf("no %s at memory slice %d on GPU %d", profile, start, index)
-	return nil
-}
-
 // Item 4: MIG devices that no claim owns (an admin's, and a bare GPU
 // instance) are left alone at restart, counted, and their placements are
 // no longer offered; the GPU's other placements and its owned device are.
 func TestRestoreWithholdsPlacementsOfUnownedMIG(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	owned := newClaim("owned").device("mig", e.partitionAt(t, 3, "1g.10gb", 6).Name()).build()
-	if _, err := e.state.Prepare(e.ctx, owned); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	owned := preparetest.NewClaim("owned").Device("mig", e.PartitionAt(t, 3, "1g.10gb", 6).Name()).Build()
+	if _, err := e.state.Prepare(e.Ctx, owned); err != nil {
 		t.Fatal(err)
 	}
-	two := e.partitionAt(t, 3, "2g.20gb", 0)
+	two := e.PartitionAt(t, 3, "2g.20gb", 0)
 	admin := e.adminMIG(t, 3, two.Partition().Profile, two.Partition().Placement)
 	e.killDuringCreate(t, 3, afterGPUInstance) // a bare GPU instance at slice 4
-	one := e.partitionAt(t, 3, "1g.10gb", 4).Partition()
+	one := e.PartitionAt(t, 3, "1g.10gb", 4).Partition()
 	if !killedDuring(func() { _, _ = mig.Create(e.mockGPU(t, 3), one.Profile, one.Placement) }) {
 		t.Fatal("no bare GPU instance made")
 	}
-	full := e.partitionAt(t, 5, "7g.80gb", 0).Partition()
+	full := e.PartitionAt(t, 5, "7g.80gb", 0).Partition()
 	e.adminMIG(t, 5, full.Profile, full.Placement)
 
 	s := restartWith(t, e, owned)
-	inv := s.Withhold(inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, dynamicAll()))
+	inv := s.Withhold(inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, preparetest.DynamicAll()))
 
-	if e.gpuInstances(t, 3) != 3 || !slices.ContainsFunc(e.migDevices(t, 3), func(i mig.Instance) bool { return i == admin }) {
+	if e.gpuInstances(t, 3) != 3 || !slices.ContainsFunc(e.MIGDevices(t, 3), func(i mig.Instance) bool { return i == admin }) {
 		t.Errorf("restart destroyed unowned MIG devices: %d GPU instances left, want 3", e.gpuInstances(t, 3))
 	}
-	if got := testutil.ToFloat64(e.metrics.UnownedMIG.WithLabelValues(e.gpuUUID(3))); got != 2 {
+	if got := testutil.ToFloat64(e.Metrics.UnownedMIG.WithLabelValues(e.GPUUUID(3))); got != 2 {
 		t.Errorf("unowned_mig_instances{GPU 3} = %v, want 2", got)
 	}
 	for gpu, want := range map[int]float64{4: 0, 5: 1} {
-		if got := testutil.ToFloat64(e.metrics.UnownedMIG.WithLabelValues(e.gpuUUID(gpu))); got != want {
+		if got := testutil.ToFloat64(e.Metrics.UnownedMIG.WithLabelValues(e.GPUUUID(gpu))); got != want {
 			t.Errorf("unowned_mig_instances{GPU %d} = %v, want %v", gpu, got, want)
 		}
 	}
 	checkWithheld(t, e, inv)
 	// ... and the Node says so, once per GPU with unowned devices.
-	if got := e.events.withReason(telemetry.ReasonUnownedMIGDevices); len(got) != 2 ||
-		!strings.Contains(strings.Join(got, "\n"), "GPU "+e.gpuUUID(3)+" has 2 MIG device(s) that no claim owns") {
+	if got := e.Events.WithReason(telemetry.ReasonUnownedMIGDevices); len(got) != 2 ||
+		!strings.Contains(strings.Join(got, "\n"), "GPU "+e.GPUUUID(3)+" has 2 MIG device(s) that no claim owns") {
 		t.Errorf("Node events %q, want one for GPU 3 (2 devices) and one for GPU 5", got)
 	}
-	if _, err := s.Prepare(e.ctx, newClaim("held").device("mig", two.Name()).build()); err == nil {
+	if _, err := s.Prepare(e.Ctx, preparetest.NewClaim("held").Device("mig", two.Name()).Build()); err == nil {
 		t.Error("prepared a device at an unowned MIG device's placement")
 	}
-	if _, err := s.Prepare(e.ctx, newClaim("free").device("mig", e.partitionAt(t, 3, "1g.10gb", 2).Name()).build()); err != nil {
+	if _, err := s.Prepare(e.Ctx, preparetest.NewClaim("free").Device("mig", e.PartitionAt(t, 3, "1g.10gb", 2).Name()).Build()); err != nil {
 		t.Errorf("a free placement beside unowned MIG devices: %v", err)
 	}
 }
@@ -250,7 +239,7 @@ func checkWithheld(t *testing.T, e *testEnv, inv inventory.Inventory) {
 	for _, d := range inv.Devices {
 		published[d.Name()] = true
 	}
-	for _, d := range e.devices {
+	for _, d := range e.Devices {
 		p := d.Partition()
 		occupied := p != nil && d.GPU.Index == 3 && (p.Placement.Overlaps(mig.Placement{Start: 0, Size: 2}) || p.Placement.Overlaps(mig.Placement{Start: 4, Size: 1}))
 		want := !occupied && d.Name() != device.GPUDeviceName(3) && d.GPU.Index != 5

@@ -2,7 +2,6 @@ package prepare
 
 import (
 	"errors"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // Issue 25 item 2: MIG mode switches are not final on real hardware. These
@@ -21,34 +21,22 @@ import (
 // MIG mode changes wait briefly for a held GPU.
 func newModeEnv(t *testing.T) *testEnv {
 	t.Helper()
-	e := newTestEnvIn(t, "dgxh100", dynamicAll(), t.TempDir())
-	e.state.env.InUseRetry = fastInUseRetry
+	e := newTestEnvIn(t, "dgxh100", preparetest.DynamicAll(), t.TempDir())
+	e.state.env.InUseRetry = preparetest.FastInUseRetry
 	return e
-}
-
-// fastInUseRetry waits as mig.DefaultInUseRetry does, in less time.
-var fastInUseRetry = mig.InUseRetry{Within: 300 * time.Millisecond, First: 5 * time.Millisecond}
-
-func (e *testEnv) gpuDev(t *testing.T, index int) nvml.Device {
-	t.Helper()
-	dev, ret := e.lib.NVML().DeviceGetHandleByUUID(e.lib.GPUs()[index].UUID)
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	return dev
 }
 
 // checkNothingLeft checks that a failed prepare on a GPU left nothing: no
 // record, no CDI spec, no MIG device, MIG mode off with nothing pending.
 func (e *testEnv) checkNothingLeft(t *testing.T, uid string, index int) {
 	t.Helper()
-	if e.recordExists(uid) || e.cdiSpecExists(uid) {
-		t.Errorf("claim %s left a record (%v) or a CDI spec (%v)", uid, e.recordExists(uid), e.cdiSpecExists(uid))
+	if e.RecordExists(uid) || e.CDISpecExists(uid) {
+		t.Errorf("claim %s left a record (%v) or a CDI spec (%v)", uid, e.RecordExists(uid), e.CDISpecExists(uid))
 	}
-	if left := e.migDevices(t, index); len(left) != 0 {
+	if left := e.MIGDevices(t, index); len(left) != 0 {
 		t.Errorf("MIG devices left on GPU %d: %+v", index, left)
 	}
-	if cur, pend, ret := e.gpuDev(t, index).GetMigMode(); ret != nvml.SUCCESS || cur != nvml.DEVICE_MIG_DISABLE || pend != cur {
+	if cur, pend, ret := e.GPUDev(t, index).GetMigMode(); ret != nvml.SUCCESS || cur != nvml.DEVICE_MIG_DISABLE || pend != cur {
 		t.Errorf("GPU %d MIG mode %d pending %d (%v), want off with nothing pending", index, cur, pend, ret)
 	}
 }
@@ -58,13 +46,13 @@ func (e *testEnv) checkNothingLeft(t *testing.T, uid string, index int) {
 func TestPrepareWaitsForAGPUHeldForAMoment(t *testing.T) {
 	e := newModeEnv(t)
 	e.state.env.InUseRetry.Within = time.Minute // however slow the machine
-	if err := nvmock.SetMigModeInUse(e.mockStateDir, "2", 3); err != nil {
+	if err := nvmock.SetMigModeInUse(e.MockStateDir, "2", 3); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "2g.20gb")).Build()); err != nil {
 		t.Fatalf("prepare on a GPU held for three refusals: %v", err)
 	}
-	if made := e.migDevices(t, 2); len(made) != 1 {
+	if made := e.MIGDevices(t, 2); len(made) != 1 {
 		t.Fatalf("MIG devices on GPU 2: %+v, want the claim's", made)
 	}
 }
@@ -75,25 +63,25 @@ func TestPrepareWaitsForAGPUHeldForAMoment(t *testing.T) {
 func TestPrepareOnAHeldGPUFailsNamingTheHolder(t *testing.T) {
 	e := newModeEnv(t)
 	holder := nvmock.Process{PID: 4242, Name: "dcgm-exporter"}
-	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, true); err != nil {
+	if err := nvmock.SetHolder(e.MockStateDir, "2", holder, true); err != nil {
 		t.Fatal(err)
 	}
-	claim := newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build()
-	_, err := e.state.Prepare(e.ctx, claim)
+	claim := preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "2g.20gb")).Build()
+	_, err := e.state.Prepare(e.Ctx, claim)
 	if !errors.Is(err, nvml.ERROR_IN_USE) {
 		t.Fatalf("prepare on a held GPU = %v, want ERROR_IN_USE", err)
 	}
-	for _, want := range []string{e.lib.GPUs()[2].UUID, "(GPU 2)", "another process holds the GPU", "pid 4242 (dcgm-exporter)"} {
+	for _, want := range []string{e.Lib.GPUs()[2].UUID, "(GPU 2)", "another process holds the GPU", "pid 4242 (dcgm-exporter)"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
 	e.checkNothingLeft(t, "m", 2)
 
-	if err := nvmock.SetHolder(e.mockStateDir, "2", holder, false); err != nil {
+	if err := nvmock.SetHolder(e.MockStateDir, "2", holder, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatalf("the kubelet's retry once the GPU is free: %v", err)
 	}
 }
@@ -102,17 +90,17 @@ func TestPrepareOnAHeldGPUFailsNamingTheHolder(t *testing.T) {
 // too, and the claim says so.
 func TestWholeGPUOnAHeldGPUFailsClearly(t *testing.T) {
 	e := newModeEnv(t)
-	if _, ret := e.gpuDev(t, 5).SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+	if _, ret := e.GPUDev(t, 5).SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	if err := nvmock.SetMigModeInUse(e.mockStateDir, "5", 1000); err != nil {
+	if err := nvmock.SetMigModeInUse(e.MockStateDir, "5", 1000); err != nil {
 		t.Fatal(err)
 	}
-	_, err := e.state.Prepare(e.ctx, newClaim("w").device("gpu", "gpu-5").build())
+	_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("w").Device("gpu", "gpu-5").Build())
 	if !errors.Is(err, nvml.ERROR_IN_USE) || !strings.Contains(err.Error(), "NVML lists no process on it") {
 		t.Fatalf("whole GPU on a held GPU = %v, want ERROR_IN_USE saying what may hold it", err)
 	}
-	if e.recordExists("w") || e.cdiSpecExists("w") {
+	if e.RecordExists("w") || e.CDISpecExists("w") {
 		t.Error("the failed prepare left a record or a CDI spec")
 	}
 }
@@ -121,20 +109,18 @@ func TestWholeGPUOnAHeldGPUFailsClearly(t *testing.T) {
 // saying so, and no mode waits for the GPU's next reset.
 func TestPendingMigModeIsPutBack(t *testing.T) {
 	e := newModeEnv(t)
-	if err := nvmock.SetMigModePending(e.mockStateDir, "2", true); err != nil {
+	if err := nvmock.SetMigModePending(e.MockStateDir, "2", true); err != nil {
 		t.Fatal(err)
 	}
-	_, err := e.state.Prepare(e.ctx, newClaim("m").device("mig", e.partition(t, 2, "2g.20gb")).build())
+	_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "2g.20gb")).Build())
 	if !errors.Is(err, mig.ErrPendingReset) || !strings.Contains(err.Error(), "pending a GPU reset") {
 		t.Fatalf("prepare with the switch left pending = %v, want ErrPendingReset", err)
 	}
 	e.checkNothingLeft(t, "m", 2)
-	if err := nvmock.ResetGPU(e.mockStateDir, "2"); err != nil {
+	if err := nvmock.ResetGPU(e.MockStateDir, "2"); err != nil {
 		t.Fatal(err)
 	}
-	if cur, _, _ := e.gpuDev(t, 2).GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE {
+	if cur, _, _ := e.GPUDev(t, 2).GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE {
 		t.Error("the GPU's reset switched MIG on: the change was left pending")
 	}
 }
-
-var gpuNodePath = regexp.MustCompile(`^/dev/nvidia([0-9]+)$`)

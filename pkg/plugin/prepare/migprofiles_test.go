@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // migProfilesOnly offers dynamic MIG of the given profiles on every GPU.
@@ -21,8 +22,8 @@ func migProfilesOnly(profiles ...string) *configapi.NodeConfig {
 // publishing a layout the admin did not ask for.
 func TestDiscoverOffersOnlyTheListedMIGProfiles(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	all := inventory.Discover(klog.Background(), e.lib, dynamicAll())
-	some := inventory.Discover(klog.Background(), e.lib, migProfilesOnly("1g.10gb", "7g.80gb"))
+	all := inventory.Discover(klog.Background(), e.Lib, preparetest.DynamicAll())
+	some := inventory.Discover(klog.Background(), e.Lib, migProfilesOnly("1g.10gb", "7g.80gb"))
 	profiles := map[string]int{}
 	for _, d := range some.Devices {
 		if d.Partition() != nil {
@@ -39,7 +40,7 @@ func TestDiscoverOffersOnlyTheListedMIGProfiles(t *testing.T) {
 	if len(some.CounterSets) != len(all.CounterSets) || len(some.CounterSets[0].Counters) != len(all.CounterSets[0].Counters) {
 		t.Errorf("counter sets differ from offering every profile: %d sets", len(some.CounterSets))
 	}
-	bad := inventory.Discover(klog.Background(), e.lib, migProfilesOnly("1g.10gb", "9g.99gb"))
+	bad := inventory.Discover(klog.Background(), e.Lib, migProfilesOnly("1g.10gb", "9g.99gb"))
 	for _, d := range bad.Devices {
 		if d.Partition() != nil {
 			t.Fatalf("a GPU without profile 9g.99gb offers MIG device %s", d.API.Name)

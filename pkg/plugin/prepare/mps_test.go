@@ -53,14 +53,14 @@ func withDaemons(t *testing.T, e *testEnv) *daemonRunner {
 	t.Helper()
 	withTools(t, e)
 	r := &daemonRunner{alive: map[string]bool{}}
-	e.sharing.Runner = r
+	e.Sharing.Runner = r
 	e.state = e.newState(t)
 	return r
 }
 
 func (e *testEnv) computeMode(t *testing.T, uuid string) nvml.ComputeMode {
 	t.Helper()
-	dev, err := e.lib.DeviceByUUID(uuid)
+	dev, err := e.Lib.DeviceByUUID(uuid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,13 +79,13 @@ func (e *testEnv) computeMode(t *testing.T, uuid string) nvml.ComputeMode {
 func TestRestoreRestartsMPSDaemonAndComputeMode(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	uuid := e.gpuUUID(7)
-	claim := mpsShareClaim("a", "10Gi").build()
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	uuid := e.GPUUUID(7)
+	claim := mpsShareClaim("a", "10Gi").Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatal(err)
 	}
 	run.alive[uuid] = false
-	dev, _ := e.lib.DeviceByUUID(uuid)
+	dev, _ := e.Lib.DeviceByUUID(uuid)
 	if ret := dev.SetComputeMode(nvml.COMPUTEMODE_DEFAULT); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
@@ -104,8 +104,8 @@ func TestRestoreRestartsMPSDaemonAndComputeMode(t *testing.T) {
 func TestRestoreKeepsLiveMPSDaemon(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	claim := mpsShareClaim("a", "10Gi").build()
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	claim := mpsShareClaim("a", "10Gi").Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatal(err)
 	}
 	restartWith(t, e, claim)
@@ -120,15 +120,15 @@ func TestRestoreKeepsLiveMPSDaemon(t *testing.T) {
 func TestRestoreStopsMPSDaemonNobodyHolds(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withDaemons(t, e)
-	uuid := e.gpuUUID(7)
-	if err := e.state.env.Sharing.Apply(e.ctx, uuid, timeslice.Settings{Strategy: "MPS"}); err != nil {
+	uuid := e.GPUUUID(7)
+	if err := e.state.env.Sharing.Apply(e.Ctx, uuid, timeslice.Settings{Strategy: "MPS"}); err != nil {
 		t.Fatal(err)
 	}
 	restartWith(t, e)
 	if run.alive[uuid] || !slices.Equal(run.quits, []string{uuid}) {
 		t.Errorf("orphaned daemon not stopped: alive %v quits %v", run.alive[uuid], run.quits)
 	}
-	if _, err := os.Stat((&mps.Daemons{Dir: e.sharing.MPSDir}).GPUDir(uuid)); !os.IsNotExist(err) {
+	if _, err := os.Stat((&mps.Daemons{Dir: e.Sharing.MPSDir}).GPUDir(uuid)); !os.IsNotExist(err) {
 		t.Errorf("its directory is left: %v", err)
 	}
 	if mode := e.computeMode(t, uuid); mode != nvml.COMPUTEMODE_DEFAULT {

@@ -33,7 +33,7 @@ func TestPublishedWholeGPUs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.machine, func(t *testing.T) {
 			e := newTestEnv(t, tc.machine)
-			res := inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, &configapi.NodeConfig{}))
+			res := inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, &configapi.NodeConfig{}))
 			pool, ok := res.Pools[testNode]
 			if !ok || len(res.Pools) != 1 {
 				t.Fatalf("pools = %v, want one named %q", res.Pools, testNode)
@@ -44,7 +44,7 @@ func TestPublishedWholeGPUs(t *testing.T) {
 				t.Fatalf("want a slice of 8 counter sets and one of 8 devices, got %d slices", len(pool.Slices))
 			}
 			for i, d := range pool.Slices[1].Devices {
-				gpu := e.lib.GPUs()[i]
+				gpu := e.Lib.GPUs()[i]
 				checkWholeGPU(t, d, gpu, i, tc.product, tc.arch, tc.cc, tc.memory, tc.sms)
 				if set, milli := milliunits(d); set != mig.CounterSetName(i) || milli != mig.GPUMilliunits {
 					t.Errorf("%s takes %d milliunits of %q, want 1000 of %s", d.Name, milli, set, mig.CounterSetName(i))
@@ -135,23 +135,7 @@ func TestSlicesHoldAtMost64Devices(t *testing.T) {
 func unitModes(t *testing.T, units *bool) (*testEnv, *configapi.NodeConfig) {
 	t.Helper()
 	e := newTestEnv(t, "dgxh100")
-	dev, err := e.lib.DeviceByUUID(e.lib.GPUs()[1].UUID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mig.EnableMigMode(dev); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mig.ApplyLayout(dev, []string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"}); err != nil {
-		t.Fatal(err)
-	}
-	e.lib.GPUs()[1].MigEnabled = true // as the admin's change reports after a re-open
-	return e, &configapi.NodeConfig{GPUUnitCounters: units, GPUs: []configapi.GpuModeSelector{
-		{Indexes: []int{0}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}},
-		{Indexes: []int{1}, GpuMode: configapi.GpuMode{MIG: configapi.MigStatic}},
-		{Indexes: []int{2}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 3}}},
-		{Indexes: []int{3}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{}}},
-	}}
+	return e, e.MakeUnitModes(t, units)
 }
 
 // milliunits is what a device takes of gpu-milliunits, and from which set.
@@ -169,7 +153,7 @@ func milliunits(d resourceapi.Device) (string, int64) {
 // replicas and static MIG from a set of that counter alone.
 func TestUnitCountersEveryMode(t *testing.T) {
 	e, cfg := unitModes(t, nil)
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
 	pool := inventory.Resources(testNode, inv).Pools[testNode]
 	checkPoolValid(t, pool)
 	sets := map[string]resourceapi.CounterSet{}
@@ -217,7 +201,7 @@ func TestUnitCountersEveryMode(t *testing.T) {
 // and have no set; dynamic MIG keeps its counters but gpu-milliunits.
 func TestUnitCountersOff(t *testing.T) {
 	e, cfg := unitModes(t, ptr.To(false))
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.lib, cfg)
+	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)
 	checkPoolValid(t, inventory.Resources(testNode, inv).Pools[testNode])
 	if len(inv.CounterSets) != 1 || inv.CounterSets[0].Name != mig.CounterSetName(0) {
 		t.Fatalf("counter sets %v, want only dynamic GPU 0's", inv.CounterSets)

@@ -16,6 +16,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	cdipkg "github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
 )
@@ -64,24 +65,24 @@ func secondInstance(t *testing.T, e *testEnv, apiClaims ...*resourceapi.Resource
 // Item 3: the old instance (A) prepares a claim after the new one (B)
 // started; the kubelet asks B to unprepare it.
 func TestRollingUpdateNewInstanceUnpreparesClaimOfOldOne(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
 	a := e.state
 	b := secondInstance(t, e)
-	claim := newClaim("late").device("mig", e.partition(t, 2, "1g.10gb")).build()
-	if _, err := a.Prepare(e.ctx, claim); err != nil {
+	claim := preparetest.NewClaim("late").Device("mig", e.Partition(t, 2, "1g.10gb")).Build()
+	if _, err := a.Prepare(e.Ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Unprepare(e.ctx, "late"); err != nil {
+	if err := b.Unprepare(e.Ctx, "late"); err != nil {
 		t.Fatalf("B unprepare: %v", err)
 	}
-	if e.cdiSpecExists("late") || e.recordExists("late") {
-		t.Errorf("B's unprepare left spec %v, record %v", e.cdiSpecExists("late"), e.recordExists("late"))
+	if e.CDISpecExists("late") || e.RecordExists("late") {
+		t.Errorf("B's unprepare left spec %v, record %v", e.CDISpecExists("late"), e.RecordExists("late"))
 	}
-	if left := e.migDevices(t, 2); len(left) != 0 {
+	if left := e.MIGDevices(t, 2); len(left) != 0 {
 		t.Errorf("B's unprepare left MIG devices: %+v", left)
 	}
 	// A learns that the device is free again.
-	if _, err := a.Prepare(e.ctx, newClaim("next").device("mig", e.partition(t, 2, "1g.10gb")).build()); err != nil {
+	if _, err := a.Prepare(e.Ctx, preparetest.NewClaim("next").Device("mig", e.Partition(t, 2, "1g.10gb")).Build()); err != nil {
 		t.Errorf("A cannot prepare the freed device: %v", err)
 	}
 }
@@ -89,13 +90,13 @@ func TestRollingUpdateNewInstanceUnpreparesClaimOfOldOne(t *testing.T) {
 // Item 3: the new instance's Restore runs while the old one is half-way
 // through a dynamic MIG prepare (record PrepareStarted, MIG device made).
 func TestRollingUpdateRestoreWaitsForInFlightPrepare(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
 	a := e.state
 	block := newBlockingCDI(a.cdi)
 	a.cdi = block
-	claim := newClaim("busy").device("mig", e.partition(t, 3, "2g.20gb")).build()
+	claim := preparetest.NewClaim("busy").Device("mig", e.Partition(t, 3, "2g.20gb")).Build()
 	prepared := make(chan error, 1)
-	go func() { _, err := a.Prepare(e.ctx, claim); prepared <- err }()
+	go func() { _, err := a.Prepare(e.Ctx, claim); prepared <- err }()
 	<-block.entered
 
 	b := e.newState(t)
@@ -110,13 +111,13 @@ func TestRollingUpdateRestoreWaitsForInFlightPrepare(t *testing.T) {
 	if err := <-restored; err != nil {
 		t.Fatalf("B's Restore: %v", err)
 	}
-	if !e.cdiSpecExists("busy") || !e.recordExists("busy") {
-		t.Errorf("after B's Restore: spec %v, record %v", e.cdiSpecExists("busy"), e.recordExists("busy"))
+	if !e.CDISpecExists("busy") || !e.RecordExists("busy") {
+		t.Errorf("after B's Restore: spec %v, record %v", e.CDISpecExists("busy"), e.RecordExists("busy"))
 	}
-	if n := len(e.migDevices(t, 3)); n != 1 {
+	if n := len(e.MIGDevices(t, 3)); n != 1 {
 		t.Errorf("A's MIG device undone by B's Restore: %d MIG devices", n)
 	}
-	if err := b.Unprepare(e.ctx, "busy"); err != nil || len(e.migDevices(t, 3)) != 0 {
+	if err := b.Unprepare(e.Ctx, "busy"); err != nil || len(e.MIGDevices(t, 3)) != 0 {
 		t.Errorf("B cannot unprepare A's claim: %v", err)
 	}
 }
@@ -128,20 +129,20 @@ func TestRollingUpdateSharingCountedAcrossInstances(t *testing.T) {
 	run := withTools(t, e)
 	a := e.state
 	b := secondInstance(t, e)
-	if _, err := a.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build()); err != nil {
+	if _, err := a.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Prepare(e.ctx, newClaim("b").device("gpu", "gpu-4-ts-1").build()); err != nil {
+	if _, err := b.Prepare(e.Ctx, preparetest.NewClaim("b").Device("gpu", "gpu-4-ts-1").Build()); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Unprepare(e.ctx, "b"); err != nil {
+	if err := b.Unprepare(e.Ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	set := "nvidia-smi compute-policy -i " + e.gpuUUID(4) + " --set-timeslice=3"
+	set := "nvidia-smi compute-policy -i " + e.GPUUUID(4) + " --set-timeslice=3"
 	if got := run.take(); !slices.Equal(got, []string{set}) {
 		t.Errorf("commands = %v, want only A's %q", got, set)
 	}
-	if err := b.Unprepare(e.ctx, "a"); err != nil {
+	if err := b.Unprepare(e.Ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	if got := run.take(); len(got) != 1 || !strings.HasSuffix(got[0], "--set-timeslice=0") {
@@ -157,11 +158,11 @@ func TestUnprepareWaitsForInFlightPrepare(t *testing.T) {
 	e.state.cdi = block
 	prepared := make(chan error, 1)
 	go func() {
-		_, err := e.state.Prepare(e.ctx, newClaim("c").device("gpu", "gpu-1").build())
+		_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("c").Device("gpu", "gpu-1").Build())
 		prepared <- err
 	}()
 	<-block.entered
-	returned, unprepared := returnsWithin(500*time.Millisecond, func() error { return e.state.Unprepare(e.ctx, "c") })
+	returned, unprepared := returnsWithin(500*time.Millisecond, func() error { return e.state.Unprepare(e.Ctx, "c") })
 	if returned {
 		t.Error("unprepare returned while the prepare was in flight")
 	}
@@ -172,8 +173,8 @@ func TestUnprepareWaitsForInFlightPrepare(t *testing.T) {
 	if err := <-unprepared; err != nil {
 		t.Fatal(err)
 	}
-	if e.cdiSpecExists("c") || e.recordExists("c") {
-		t.Errorf("claim unprepared during its prepare left spec %v, record %v", e.cdiSpecExists("c"), e.recordExists("c"))
+	if e.CDISpecExists("c") || e.RecordExists("c") {
+		t.Errorf("claim unprepared during its prepare left spec %v, record %v", e.CDISpecExists("c"), e.RecordExists("c"))
 	}
 }
 
@@ -204,19 +205,19 @@ func (r ctxRunner) Run(ctx context.Context, c timeslice.Cmd) ([]byte, error) {
 func TestRollbackOnCancelledContext(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	e.sharing.Runner = ctxRunner{run}
+	e.Sharing.Runner = ctxRunner{run}
 	e.state = e.newState(t)
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(e.Ctx)
 	defer cancel()
 	e.state.cdi = cancellingCDI{CDIWriter: e.state.cdi, cancel: cancel}
-	_, err := e.state.Prepare(ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build())
+	_, err := e.state.Prepare(ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build())
 	if err == nil || strings.Contains(err.Error(), "rolling back") {
 		t.Fatalf("prepare error = %v, want the CDI failure alone", err)
 	}
 	if got := run.take(); len(got) != 2 || !strings.HasSuffix(got[1], "--set-timeslice=0") {
 		t.Errorf("rollback did not reset the interval: %v", got)
 	}
-	if e.recordExists("a") {
+	if e.RecordExists("a") {
 		t.Error("rolled-back claim left its record")
 	}
 }
@@ -226,25 +227,25 @@ func TestRollbackOnCancelledContext(t *testing.T) {
 func TestRestoreUndoesInterruptedPrepareWithoutResettingOthers(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	done := newClaim("b-done").device("gpu", "gpu-4-ts-1").build()
-	if _, err := e.state.Prepare(e.ctx, done); err != nil {
+	done := preparetest.NewClaim("b-done").Device("gpu", "gpu-4-ts-1").Build()
+	if _, err := e.state.Prepare(e.Ctx, done); err != nil {
 		t.Fatal(err)
 	}
 	long := timeslice.Settings{Strategy: configapi.TimeSlicingStrategy, Interval: configapi.LongTimeSlice}
 	half := &checkpoint.Claim{UID: "a-half", Namespace: "team-a", Name: "claim-a-half", State: checkpoint.PrepareStarted,
-		Devices: []checkpoint.Device{{Pool: testNode, Device: "gpu-4-ts-0", GPUUUID: e.gpuUUID(4), Sharing: &long}}}
+		Devices: []checkpoint.Device{{Pool: testNode, Device: "gpu-4-ts-0", GPUUUID: e.GPUUUID(4), Sharing: &long}}}
 	if err := e.state.env.Store.Save(half); err != nil {
 		t.Fatal(err)
 	}
 	run.take()
-	s := restartWith(t, e, done, newClaim("a-half").build())
+	s := restartWith(t, e, done, preparetest.NewClaim("a-half").Build())
 	if got := run.take(); slices.ContainsFunc(got, func(c string) bool { return strings.HasSuffix(c, "--set-timeslice=0") }) {
 		t.Errorf("interval reset under a running claim: %v", got)
 	}
-	if e.recordExists("a-half") {
+	if e.RecordExists("a-half") {
 		t.Error("interrupted prepare not undone")
 	}
-	if n, st := s.env.Sharing.Holders(e.gpuUUID(4)); n != 1 || st != long {
+	if n, st := s.env.Sharing.Holders(e.GPUUUID(4)); n != 1 || st != long {
 		t.Errorf("after restore: %d holders of %v, want 1 of %v", n, st, long)
 	}
 }
@@ -253,14 +254,14 @@ func TestRestoreUndoesInterruptedPrepareWithoutResettingOthers(t *testing.T) {
 // restart) although its device is no longer published.
 func TestRePrepareOfClaimWhoseDeviceVanished(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	claim := newClaim("kept").device("gpu", "gpu-1").build()
-	before, err := e.state.Prepare(e.ctx, claim)
+	claim := preparetest.NewClaim("kept").Device("gpu", "gpu-1").Build()
+	before, err := e.state.Prepare(e.Ctx, claim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.devices = slices.DeleteFunc(slices.Clone(e.devices), func(d device.AllocatableDevice) bool { return d.Name() == "gpu-1" })
+	e.Devices = slices.DeleteFunc(slices.Clone(e.Devices), func(d device.AllocatableDevice) bool { return d.Name() == "gpu-1" })
 	s := restartWith(t, e, claim)
-	after, err := s.Prepare(e.ctx, claim)
+	after, err := s.Prepare(e.Ctx, claim)
 	if err != nil {
 		t.Fatalf("re-prepare: %v", err)
 	}
@@ -273,12 +274,12 @@ func TestRePrepareOfClaimWhoseDeviceVanished(t *testing.T) {
 // at restart.
 func TestRestartRemovesCheckpointTempFiles(t *testing.T) {
 	e := newTestEnv(t, "dgxh100")
-	tmp := filepath.Join(e.ckptDir, ".tmp-x.json-123")
+	tmp := filepath.Join(e.CkptDir, ".tmp-x.json-123")
 	if err := os.WriteFile(tmp, []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	restartWith(t, e)
-	if fileExists(tmp) {
+	if preparetest.FileExists(tmp) {
 		t.Error("checkpoint temp file left after restart")
 	}
 }
@@ -287,9 +288,9 @@ func TestRestartRemovesCheckpointTempFiles(t *testing.T) {
 // MIG device; the kubelet's retry undoes that first instead of overwriting
 // the record that names the device.
 func TestRetriedPrepareUndoesUnfinishedAttempt(t *testing.T) {
-	e := newTestEnvWith(t, "dgxh100", dynamicAll())
-	claim := newClaim("m").device("mig", e.partition(t, 1, "3g.40gb")).build()
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	claim := preparetest.NewClaim("m").Device("mig", e.Partition(t, 1, "3g.40gb")).Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatal(err)
 	}
 	rec := e.state.index.get("m")
@@ -300,14 +301,14 @@ func TestRetriedPrepareUndoesUnfinishedAttempt(t *testing.T) {
 	e.state.index.remove(rec)
 	first := rec.Devices[0].CreatedMIG.UUID
 
-	if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 		t.Fatalf("retried prepare: %v", err)
 	}
-	left := e.migDevices(t, 1)
+	left := e.MIGDevices(t, 1)
 	if len(left) != 1 || left[0].UUID == first {
 		t.Errorf("MIG devices after the retry: %+v; want one, not the first attempt's %s", left, first)
 	}
-	if err := e.state.Unprepare(e.ctx, "m"); err != nil || len(e.migDevices(t, 1)) != 0 {
-		t.Errorf("unprepare after the retry: %v, %d MIG devices left", err, len(e.migDevices(t, 1)))
+	if err := e.state.Unprepare(e.Ctx, "m"); err != nil || len(e.MIGDevices(t, 1)) != 0 {
+		t.Errorf("unprepare after the retry: %v, %d MIG devices left", err, len(e.MIGDevices(t, 1)))
 	}
 }

@@ -12,12 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 )
 
 // BenchmarkSchedulerFilter is the kube-scheduler's work per node for one
@@ -43,15 +42,15 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		stripMIG    bool
 	}{
 		{"whole-gpu", "whole", &configapi.NodeConfig{}, false, false},
-		{"dynamic-mig-1g", "mig-1g", dynamicAll(), false, false},
-		{"dynamic-mig-1g-half-full", "mig-1g", dynamicAll(), true, false},
+		{"dynamic-mig-1g", "mig-1g", preparetest.DynamicAll(), false, false},
+		{"dynamic-mig-1g-half-full", "mig-1g", preparetest.DynamicAll(), true, false},
 		{"dynamic-mig-1g-four-profiles", "mig-1g", migProfilesOnly(fourProfiles...), false, false},
 		{"dynamic-mig-1g-four-profiles-half-full", "mig-1g", migProfilesOnly(fourProfiles...), true, false},
-		{"dynamic-mig-1g-eight-attributes", "mig-1g", dynamicAll(), false, true},
+		{"dynamic-mig-1g-eight-attributes", "mig-1g", preparetest.DynamicAll(), false, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			e := newTestEnv(b, "dgxh100")
-			slices := apiSlices(inventory.Resources(testNode, inventory.Discover(klog.Background(), e.lib, c.config)))
+			slices := preparetest.APISlices(inventory.Resources(testNode, inventory.Discover(klog.Background(), e.Lib, c.config)))
 			if c.stripMIG {
 				stripRepeatedAttributes(slices)
 			}
@@ -62,10 +61,10 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 				}
 			}
 			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}
-			claims := []*resourceapi.ResourceClaim{oneDeviceClaim(c.class)}
+			claims := []*resourceapi.ResourceClaim{preparetest.OneDeviceClaim(c.class)}
 			cache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: true})
 			for b.Loop() {
-				alloc, err := structured.NewAllocator(b.Context(), schedulerFeatures, state, benchClasses, slices, cache)
+				alloc, err := structured.NewAllocator(b.Context(), preparetest.SchedulerFeatures, state, benchClasses, slices, cache)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -101,71 +100,9 @@ func stripRepeatedAttributes(slices []*resourceapi.ResourceSlice) {
 // and whole GPUs offers: 14 devices per H100 instead of 29.
 var fourProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"}
 
-// schedulerFeatures are the allocator features of a v1.37 scheduler with
-// the gates the e2e cluster runs (partitionable devices, consumable
-// capacity, prioritized lists, device taints).
-var schedulerFeatures = structured.Features{
-	AdminAccess: true, ConsumableCapacity: true, DeviceTaints: true,
-	PartitionableDevices: true, PrioritizedList: true,
-}
-
-// apiSlices turns the plugin's pool into the ResourceSlices the
-// resourceslice controller would store.
-func apiSlices(res resourceslice.DriverResources) []*resourceapi.ResourceSlice {
-	pool := res.Pools[testNode]
-	var out []*resourceapi.ResourceSlice
-	for i, s := range pool.Slices {
-		out = append(out, &resourceapi.ResourceSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", testNode, i)},
-			Spec: resourceapi.ResourceSliceSpec{
-				Driver:         configapi.DriverName,
-				Pool:           resourceapi.ResourcePool{Name: testNode, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
-				NodeName:       ptr.To(testNode),
-				Devices:        s.Devices,
-				SharedCounters: s.SharedCounters,
-			},
-		})
-	}
-	return out
-}
-
-func oneDeviceClaim(class string) *resourceapi.ResourceClaim {
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "claim", Namespace: "default", UID: "claim-uid"},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
-		}}}},
-	}
-}
-
-// classLister serves the catalog's classes of the benchmark.
-type classLister map[string]*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
-	var out []*resourceapi.DeviceClass
-	for _, c := range l {
-		out = append(out, c)
-	}
-	return out, nil
-}
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	if c, ok := l[name]; ok {
-		return c, nil
-	}
-	return nil, fmt.Errorf("no DeviceClass %q", name)
-}
-
-func celClass(name, expr string) *resourceapi.DeviceClass {
-	return &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}},
-	}
-}
-
 // benchClasses are the demo catalog's classes (demo/specs/00-catalog).
-var benchClasses = classLister{
-	"whole": celClass("whole", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`),
-	"mig-1g": celClass("mig-1g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
+var benchClasses = preparetest.ClassLister{
+	"whole": preparetest.CELClass("whole", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`),
+	"mig-1g": preparetest.CELClass("mig-1g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
 		`device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`),
 }

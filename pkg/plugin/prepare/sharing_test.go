@@ -18,6 +18,7 @@ import (
 	cdipkg "github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -92,28 +93,26 @@ func withTools(t *testing.T, e *testEnv) *fakeRunner {
 		}
 	}
 	r := &fakeRunner{}
-	e.sharing = device.SharingOptions{DriverRoot: root, Runner: r, MPSDir: filepath.Join(t.TempDir(), "mps"), NVML: e.lib}
+	e.Sharing = device.SharingOptions{DriverRoot: root, Runner: r, MPSDir: filepath.Join(t.TempDir(), "mps"), NVML: e.Lib}
 	e.state = e.newState(t)
 	return r
 }
 
 func (e *testEnv) device(name string) *device.AllocatableDevice {
-	for i := range e.devices {
-		if e.devices[i].Name() == name {
-			return &e.devices[i]
+	for i := range e.Devices {
+		if e.Devices[i].Name() == name {
+			return &e.Devices[i]
 		}
 	}
 	return nil
 }
-
-func (e *testEnv) gpuUUID(index int) string { return e.lib.GPUs()[index].UUID }
 
 func TestReplicaDevicesAndCapacities(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	if e.device("gpu-4") != nil || e.device("gpu-5") != nil {
 		t.Error("a time-sliced or shared GPU is also offered whole")
 	}
-	gpu := e.lib.GPUs()[4]
+	gpu := e.Lib.GPUs()[4]
 	for r := range 4 {
 		d := e.device(fmt.Sprintf("gpu-4-ts-%d", r))
 		if d == nil {
@@ -145,7 +144,7 @@ func TestSharedDeviceShape(t *testing.T) {
 	if d == nil || d.Type() != device.TypeShared || !d.MultiAllocatable() {
 		t.Fatalf("shared device = %+v", d)
 	}
-	if *d.API.Attributes["type"].StringValue != "shared" || *d.API.Attributes["parentUUID"].StringValue != e.gpuUUID(5) ||
+	if *d.API.Attributes["type"].StringValue != "shared" || *d.API.Attributes["parentUUID"].StringValue != e.GPUUUID(5) ||
 		*d.API.Attributes["sharingStrategy"].StringValue != "TimeSlicing" {
 		t.Errorf("attributes %v", d.API.Attributes)
 	}
@@ -172,13 +171,17 @@ func TestSharedPolicyTooBigFallsBackToWhole(t *testing.T) {
 
 // shareClaim is a claim holding a share of the shared GPU, as the
 // scheduler records it.
-func shareClaim(uid, memory string) *claimBuilder { return shareOf("gpu-5-shared", uid, memory) }
+func shareClaim(uid, memory string) *preparetest.ClaimBuilder {
+	return shareOf("gpu-5-shared", uid, memory)
+}
 
 // mpsShareClaim is a claim holding a share of the MPS-shared GPU.
-func mpsShareClaim(uid, memory string) *claimBuilder { return shareOf("gpu-7-shared", uid, memory) }
+func mpsShareClaim(uid, memory string) *preparetest.ClaimBuilder {
+	return shareOf("gpu-7-shared", uid, memory)
+}
 
-func shareOf(device, uid, memory string) *claimBuilder {
-	return newClaim(uid).result(resourceapi.DeviceRequestAllocationResult{
+func shareOf(device, uid, memory string) *preparetest.ClaimBuilder {
+	return preparetest.NewClaim(uid).Result(resourceapi.DeviceRequestAllocationResult{
 		Request: "gpu", Driver: configapi.DriverName, Pool: testNode, Device: device,
 		ShareID:          ptr.To(types.UID("share-" + uid)),
 		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)},
@@ -188,7 +191,7 @@ func shareOf(device, uid, memory string) *claimBuilder {
 func TestSharedDeviceHeldByManyClaims(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	for _, uid := range []string{"a", "b", "c"} {
-		devs, err := e.state.Prepare(e.ctx, shareClaim(uid, "10Gi").build())
+		devs, err := e.state.Prepare(e.Ctx, shareClaim(uid, "10Gi").Build())
 		if err != nil {
 			t.Fatalf("claim %s: %v", uid, err)
 		}
@@ -196,15 +199,15 @@ func TestSharedDeviceHeldByManyClaims(t *testing.T) {
 			t.Errorf("claim %s: ShareID %v not returned", uid, devs[0].ShareID)
 		}
 	}
-	if n, _ := e.state.env.Sharing.Holders(e.gpuUUID(5)); n != 3 {
+	if n, _ := e.state.env.Sharing.Holders(e.GPUUUID(5)); n != 3 {
 		t.Errorf("holders = %d, want 3", n)
 	}
 	for _, uid := range []string{"a", "b", "c"} {
-		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n, _ := e.state.env.Sharing.Holders(e.gpuUUID(5)); n != 0 {
+	if n, _ := e.state.env.Sharing.Holders(e.GPUUUID(5)); n != 0 {
 		t.Errorf("holders after unprepare = %d", n)
 	}
 }
@@ -214,11 +217,11 @@ func TestReplicasWithDefaultIntervalNeedNoTool(t *testing.T) {
 	cfg.GPUs[0].TimeSlicing.Interval = ""
 	e := newTestEnvWith(t, "dgxh100", cfg)
 	for r := range 4 {
-		if _, err := e.state.Prepare(e.ctx, newClaim(fmt.Sprint(r)).device("gpu", fmt.Sprintf("gpu-4-ts-%d", r)).build()); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim(fmt.Sprint(r)).Device("gpu", fmt.Sprintf("gpu-4-ts-%d", r)).Build()); err != nil {
 			t.Fatalf("replica %d: %v", r, err)
 		}
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("x").device("gpu", "gpu-4-ts-0").build()); err == nil ||
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("x").Device("gpu", "gpu-4-ts-0").Build()); err == nil ||
 		!strings.Contains(err.Error(), "already prepared") {
 		t.Errorf("a replica was prepared for two claims: %v", err)
 	}
@@ -230,16 +233,16 @@ func TestClaimAskingForToolsWithoutThemFailsClearly(t *testing.T) {
 		claim *resourceapi.ResourceClaim
 		want  string
 	}{
-		"node interval Long": {newClaim("a").device("gpu", "gpu-4-ts-0").build(), "nvidia-smi: binary not found"},
-		"MPS": {newClaim("b").device("gpu", "gpu-6-ts-0").config(resourceapi.AllocationConfigSourceClaim,
-			`{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`).build(), "nvidia-cuda-mps-control: binary not found"},
+		"node interval Long": {preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build(), "nvidia-smi: binary not found"},
+		"MPS": {preparetest.NewClaim("b").Device("gpu", "gpu-6-ts-0").Config(resourceapi.AllocationConfigSourceClaim,
+			`{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`).Build(), "nvidia-cuda-mps-control: binary not found"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := e.state.Prepare(e.ctx, tc.claim)
+			_, err := e.state.Prepare(e.Ctx, tc.claim)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
-			if e.cdiSpecExists(string(tc.claim.UID)) || e.recordExists(string(tc.claim.UID)) {
+			if e.CDISpecExists(string(tc.claim.UID)) || e.RecordExists(string(tc.claim.UID)) {
 				t.Error("failed prepare left files")
 			}
 		})
@@ -249,11 +252,11 @@ func TestClaimAskingForToolsWithoutThemFailsClearly(t *testing.T) {
 func TestTimeSliceReferenceCountAcrossRestart(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	uuid := e.gpuUUID(4)
-	a := newClaim("a").device("gpu", "gpu-4-ts-0").build()
-	b := newClaim("b").device("gpu", "gpu-4-ts-1").build()
+	uuid := e.GPUUUID(4)
+	a := preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()
+	b := preparetest.NewClaim("b").Device("gpu", "gpu-4-ts-1").Build()
 	for _, c := range []*resourceapi.ResourceClaim{a, b} {
-		if _, err := e.state.Prepare(e.ctx, c); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -265,13 +268,13 @@ func TestTimeSliceReferenceCountAcrossRestart(t *testing.T) {
 	if n, st := s.env.Sharing.Holders(uuid); n != 2 || st.Interval != configapi.LongTimeSlice {
 		t.Fatalf("after restart: %d holders of %v", n, st)
 	}
-	if err := s.Unprepare(e.ctx, "a"); err != nil {
+	if err := s.Unprepare(e.Ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	if got := run.take(); len(got) != 0 {
 		t.Errorf("reset while a claim still holds the GPU: %v", got)
 	}
-	if err := s.Unprepare(e.ctx, "b"); err != nil {
+	if err := s.Unprepare(e.Ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
 	reset := "nvidia-smi compute-policy -i " + uuid + " --set-timeslice=0"
@@ -283,15 +286,15 @@ func TestTimeSliceReferenceCountAcrossRestart(t *testing.T) {
 func TestFailedResetKeepsClaimForRetry(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-4-ts-0").build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()); err != nil {
 		t.Fatal(err)
 	}
 	run.fail = map[string]error{"--set-timeslice=0": fmt.Errorf("GPU busy")}
-	if err := e.state.Unprepare(e.ctx, "a"); err == nil || !e.recordExists("a") {
-		t.Fatalf("unprepare with a failing reset: %v; record kept %v", err, e.recordExists("a"))
+	if err := e.state.Unprepare(e.Ctx, "a"); err == nil || !e.RecordExists("a") {
+		t.Fatalf("unprepare with a failing reset: %v; record kept %v", err, e.RecordExists("a"))
 	}
 	run.fail = nil
-	if err := e.state.Unprepare(e.ctx, "a"); err != nil || e.recordExists("a") {
+	if err := e.state.Unprepare(e.Ctx, "a"); err != nil || e.RecordExists("a") {
 		t.Fatalf("retry: %v", err)
 	}
 }
@@ -299,10 +302,10 @@ func TestFailedResetKeepsClaimForRetry(t *testing.T) {
 func TestInterruptedPrepareResetsAtRestart(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	claim := newClaim("a").device("gpu", "gpu-4-ts-0").build()
+	claim := preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").Build()
 	// Fail after the settings are applied: the CDI spec cannot be written.
 	e.state.cdi = failingCDI{CDIWriter: e.state.cdi}
-	if _, err := e.state.Prepare(e.ctx, claim); err == nil {
+	if _, err := e.state.Prepare(e.Ctx, claim); err == nil {
 		t.Fatal("prepare succeeded")
 	}
 	if got := run.take(); len(got) != 2 || !strings.HasSuffix(got[1], "--set-timeslice=0") {
@@ -326,29 +329,29 @@ func TestClaimsCannotChangeGPUSharing(t *testing.T) {
 	withTools(t, e)
 	const head = `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":`
 	withConfig := func(uid, device, sharing string) *resourceapi.ResourceClaim {
-		return newClaim(uid).device("gpu", device).config(resourceapi.AllocationConfigSourceClaim, head+sharing+`}`).build()
+		return preparetest.NewClaim(uid).Device("gpu", device).Config(resourceapi.AllocationConfigSourceClaim, head+sharing+`}`).Build()
 	}
 	for name, claim := range map[string]*resourceapi.ResourceClaim{
 		"other interval":         withConfig("a", "gpu-4-ts-0", `{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Short"}}`),
 		"MPS on a time-sliced":   withConfig("b", "gpu-4-ts-0", `{"strategy":"MPS"}`),
 		"time-slicing on an MPS": withConfig("c", "gpu-6-ts-0", `{"strategy":"TimeSlicing"}`),
 	} {
-		_, err := e.state.Prepare(e.ctx, claim)
+		_, err := e.state.Prepare(e.Ctx, claim)
 		if err == nil || !strings.Contains(err.Error(), "sharing settings are per GPU, select a GPU that has them (attributes sharingStrategy, timeSliceInterval)") {
 			t.Errorf("%s: err = %v", name, err)
 		}
 	}
 	for _, claim := range []*resourceapi.ResourceClaim{
 		withConfig("d", "gpu-4-ts-1", `{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}`),
-		newClaim("e").device("gpu", "gpu-4-ts-2").build(),
+		preparetest.NewClaim("e").Device("gpu", "gpu-4-ts-2").Build(),
 		withConfig("f", "gpu-6-ts-0", `{"strategy":"MPS"}`),
-		newClaim("g").device("gpu", "gpu-6-ts-1").build(),
+		preparetest.NewClaim("g").Device("gpu", "gpu-6-ts-1").Build(),
 	} {
-		if _, err := e.state.Prepare(e.ctx, claim); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
 			t.Errorf("claim %s with its GPU's settings: %v", claim.UID, err)
 		}
 	}
-	if n, set := e.state.env.Sharing.Holders(e.gpuUUID(6)); n != 2 || set.Strategy != configapi.MPSStrategy {
+	if n, set := e.state.env.Sharing.Holders(e.GPUUUID(6)); n != 2 || set.Strategy != configapi.MPSStrategy {
 		t.Errorf("GPU 6: %d holders of %s, want 2 MPS clients", n, set)
 	}
 }
@@ -356,15 +359,15 @@ func TestClaimsCannotChangeGPUSharing(t *testing.T) {
 func TestMPSLimitsInCDISpec(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
-	uuid := e.gpuUUID(7)
-	daemons := &mps.Daemons{Dir: e.sharing.MPSDir}
+	uuid := e.GPUUUID(7)
+	daemons := &mps.Daemons{Dir: e.Sharing.MPSDir}
 	for _, uid := range []string{"a", "b"} {
 		// An MPS GPU's claims need no config: the GPU's strategy applies.
-		if _, err := e.state.Prepare(e.ctx, mpsShareClaim(uid, "10Gi").build()); err != nil {
+		if _, err := e.state.Prepare(e.Ctx, mpsShareClaim(uid, "10Gi").Build()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	data, err := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "a"))
+	data, err := os.ReadFile(cdipkg.SpecPath(e.CDIRoot, "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +384,7 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 			t.Errorf("spec lacks %s:\n%s", want, data)
 		}
 	}
-	dev, _ := e.lib.DeviceByUUID(uuid)
+	dev, _ := e.Lib.DeviceByUUID(uuid)
 	if mode, _ := dev.GetComputeMode(); mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
 		t.Errorf("compute mode = %v while MPS runs", mode)
 	}
@@ -395,7 +398,7 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 		t.Errorf("the daemon was not given the claims' limits: %v", got)
 	}
 	for _, uid := range []string{"a", "b"} {
-		if err := e.state.Unprepare(e.ctx, types.UID(uid)); err != nil {
+		if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -411,10 +414,10 @@ func TestMPSConfigLimitsOnReplica(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	withTools(t, e)
 	cfg := `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":30,"defaultPinnedDeviceMemoryLimit":"16Gi"}}}`
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-6-ts-0").config(resourceapi.AllocationConfigSourceClaim, cfg).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-6-ts-0").Config(resourceapi.AllocationConfigSourceClaim, cfg).Build()); err != nil {
 		t.Fatal(err)
 	}
-	data, _ := os.ReadFile(cdipkg.SpecPath(e.cdiRoot, "a"))
+	data, _ := os.ReadFile(cdipkg.SpecPath(e.CDIRoot, "a"))
 	if !strings.Contains(string(data), "=16384M") || !strings.Contains(string(data), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30") {
 		t.Errorf("config limits not in spec:\n%s", data)
 	}
@@ -428,15 +431,15 @@ func TestClaimConfigErrors(t *testing.T) {
 		claim *resourceapi.ResourceClaim
 		want  string
 	}{
-		"Exclusive on a replica": {newClaim("a").device("gpu", "gpu-4-ts-0").
-			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"Exclusive"}}`).build(), "shares its GPU by design"},
-		"limit above replica memory": {newClaim("b").device("gpu", "gpu-6-ts-0").
-			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"50Gi"}}}`).build(), "exceeds the device's memory"},
-		"bad interval": {newClaim("c").device("gpu", "gpu-0").
-			config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Eternal"}}}`).build(), `unsupported value "Eternal"`},
+		"Exclusive on a replica": {preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").
+			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"Exclusive"}}`).Build(), "shares its GPU by design"},
+		"limit above replica memory": {preparetest.NewClaim("b").Device("gpu", "gpu-6-ts-0").
+			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"50Gi"}}}`).Build(), "exceeds the device's memory"},
+		"bad interval": {preparetest.NewClaim("c").Device("gpu", "gpu-0").
+			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Eternal"}}}`).Build(), `unsupported value "Eternal"`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := e.state.Prepare(e.ctx, tc.claim)
+			_, err := e.state.Prepare(e.Ctx, tc.claim)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
@@ -448,7 +451,7 @@ func TestWholeGPUTimeSlicingOnMultiPodClaim(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	run := withTools(t, e)
 	cfg := `{"apiVersion":"gpu.gpuaas.io/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Medium"}}}`
-	if _, err := e.state.Prepare(e.ctx, newClaim("a").device("gpu", "gpu-0").config(resourceapi.AllocationConfigSourceClaim, cfg).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("a").Device("gpu", "gpu-0").Config(resourceapi.AllocationConfigSourceClaim, cfg).Build()); err != nil {
 		t.Fatal(err)
 	}
 	if got := run.take(); len(got) != 1 || !strings.HasSuffix(got[0], "--set-timeslice=2") {
@@ -472,12 +475,12 @@ func BenchmarkPrepareShareWithShares(b *testing.B) {
 		b.Run(fmt.Sprintf("shares=%d", n), func(b *testing.B) {
 			e := newTestEnvWith(b, "dgxh100", sharingNode())
 			for i := range n {
-				if _, err := e.state.Prepare(e.ctx, shareClaim(fmt.Sprintf("bg-%d", i), "1Gi").build()); err != nil {
+				if _, err := e.state.Prepare(e.Ctx, shareClaim(fmt.Sprintf("bg-%d", i), "1Gi").Build()); err != nil {
 					b.Fatal(err)
 				}
 			}
 			syscall.Sync() // the shares were prepared earlier, not during the measurement
-			benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim { return shareClaim(uid, "1Gi").build() })
+			benchClaims(b, e, func(uid string) *resourceapi.ResourceClaim { return shareClaim(uid, "1Gi").Build() })
 		})
 	}
 }
@@ -489,7 +492,7 @@ func BenchmarkPrepareShareWithShares(b *testing.B) {
 func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
 	e := newTestEnvWith(t, "dgxh100", sharingNode())
 	withTools(t, e)
-	if _, err := e.state.Prepare(e.ctx, newClaim("busy").device("gpu", "gpu-6-ts-0").build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("busy").Device("gpu", "gpu-6-ts-0").Build()); err != nil {
 		t.Fatal(err)
 	}
 	records, _, _ := e.state.env.Store.LoadAll()
@@ -497,7 +500,7 @@ func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
 	changed.GPUs[2].TimeSlicing = &configapi.TimeSlicingMode{Replicas: 2, Interval: configapi.ShortTimeSlice}
 	changed.GPUs[0].TimeSlicing.Interval = configapi.MediumTimeSlice // GPU 4 is idle: changes
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
-	inv := inventory.Discover(logger, e.lib, device.PinModes(logger, changed, e.lib.GPUs(), records))
+	inv := inventory.Discover(logger, e.Lib, device.PinModes(logger, changed, e.Lib.GPUs(), records))
 	got := map[string]string{}
 	for _, d := range inv.Devices {
 		if k, ok := d.Kind.(interface{ GPUSettings() timeslice.Settings }); ok {
@@ -522,14 +525,14 @@ func TestMPSRequestOnTwoGPUsRefused(t *testing.T) {
 		return resourceapi.DeviceRequestAllocationResult{Request: req, Driver: configapi.DriverName, Pool: testNode, Device: "gpu-7-shared",
 			ShareID: ptr.To(types.UID("share-x")), ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")}}
 	}
-	_, err := e.state.Prepare(e.ctx, newClaim("one-request").result(replica("gpu")).result(share("gpu")).build())
+	_, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("one-request").Result(replica("gpu")).Result(share("gpu")).Build())
 	if err == nil || !strings.Contains(err.Error(), "MPS devices on 2 GPUs") {
 		t.Fatalf("one request on two MPS GPUs: %v", err)
 	}
 	if got := run.take(); len(got) > 0 {
 		t.Errorf("a refused claim ran driver tools: %v", got)
 	}
-	if _, err := e.state.Prepare(e.ctx, newClaim("two-requests").result(replica("a")).result(share("b")).build()); err != nil {
+	if _, err := e.state.Prepare(e.Ctx, preparetest.NewClaim("two-requests").Result(replica("a")).Result(share("b")).Build()); err != nil {
 		t.Fatalf("two requests, one MPS GPU each: %v", err)
 	}
 }
