@@ -24,15 +24,15 @@ func heavySelector(inner, salt int) string {
 // Issue 36: one claim's selectors could spend any CEL evaluation their
 // author chose (32 selectors near the API server's limit took 30 s of the
 // webhook). A claim is priced within its budget (MaxCELCostPerClaim in the
-// webhook; a fifth of it here, to keep the test short under -race) and
+// webhook; a fiftieth of it here, to keep the test short under -race) and
 // refused as unpriced past it, with a reason that says so; a lighter claim
 // is priced as before.
 func TestPricingStopsAtTheClaimsCELBudget(t *testing.T) {
-	const budget = MaxCELCostPerClaim / 5
+	const budget = MaxCELCostPerClaim / 50
 	p := testPricer()
 	var heavy []resourceapi.DeviceRequest
 	for i := range 8 {
-		heavy = append(heavy, exact(fmt.Sprintf("r%d", i), "any", 1, withSelector(heavySelector(100, i))))
+		heavy = append(heavy, exact(fmt.Sprintf("r%d", i), "any", 1, withSelector(heavySelector(10, i))))
 	}
 	spec := &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: heavy}}
 	ctx, stop := WithCELBudget(context.Background(), budget)
@@ -44,7 +44,7 @@ func TestPricingStopsAtTheClaimsCELBudget(t *testing.T) {
 		t.Fatalf("unpriced %+v, want refused for the CEL budget", got)
 	}
 	light := &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
-		exact("gpu", "any", 1, withSelector(heavySelector(10, 0)))}}}
+		exact("gpu", "any", 1, withSelector(heavySelector(1, 0)))}}}
 	ctx2, stop2 := WithCELBudget(context.Background(), budget)
 	defer stop2()
 	if u := p.Unpriced(ctx2, light); len(u) != 0 {
@@ -53,4 +53,33 @@ func TestPricingStopsAtTheClaimsCELBudget(t *testing.T) {
 	if c := p.ClaimCost(ctx2, light); c.Units.Cmp(WholeUnits(1)) != 0 {
 		t.Errorf("one selector a tenth as heavy priced %s, want a whole GPU", c.Units)
 	}
+}
+
+// Issue 36: two dry runs of new, heavy shapes held both of the process's
+// slots for new shapes, and another tenant's ordinary claim waited for
+// them past its deadline. Dry runs have a slot of their own.
+func TestDryRunsDoNotHoldTheClaimsSlots(t *testing.T) {
+	p := testPricer()
+	done := make(chan struct{})
+	dryRuns, stop := context.WithCancel(t.Context())
+	defer stop()
+	for i := range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			heavy := &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+				exact("gpu", "any", 1, withSelector(heavySelector(30, 100+i)))}}}
+			p.Unpriced(WithDryRun(dryRuns), heavy)
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // both dry runs are evaluating
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	claim := &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+		exact("gpu", "h100", 1, withSelector(typeIs("gpu")))}}}
+	if u := p.Unpriced(ctx, claim); len(u) != 0 {
+		t.Errorf("a claim's new shape while two dry runs priced theirs: %+v, want priced", u)
+	}
+	stop() // the dry runs' requests end
+	<-done
+	<-done
 }

@@ -59,6 +59,20 @@ type price struct {
 // for a slot only as long as its context lives.
 var shapeSlots = make(chan struct{}, 2)
 
+// dryRunSlots are the dry runs' own: a dry run stores nothing, and two of
+// them held both shapeSlots while another tenant's new shape waited 4.8 of
+// its 5 s (issue 36). Dry runs queue behind each other, never ahead of a
+// claim being created.
+var dryRunSlots = make(chan struct{}, 1)
+
+// slotsFor is the pool a pricing under ctx takes its slot from.
+func slotsFor(ctx context.Context) chan struct{} {
+	if dryRunOf(ctx) != nil {
+		return dryRunSlots
+	}
+	return shapeSlots
+}
+
 // Unpriced is a request whose worst case what is published cannot bound:
 // its class matches no published device, and the guess (see fallback)
 // would undercharge. A guess of 0 or of the largest node seen so far is no
@@ -183,13 +197,14 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 	if pr, ok := p.recall(ctx, key); ok {
 		return pr
 	}
+	slots := slotsFor(ctx)
 	select {
-	case shapeSlots <- struct{}{}:
+	case slots <- struct{}{}:
 	case <-ctx.Done():
 		return p.interrupted(class, capReq)
 	}
 	pr := p.compute(ctx, class, sel, capReq)
-	<-shapeSlots
+	<-slots
 	if pr.interrupted {
 		// A walk cut short matched fewer devices than there are: kept,
 		// it would price every later claim of the shape too cheap.
