@@ -46,11 +46,15 @@ func WithCELBudget(ctx context.Context, cost int64) (_ context.Context, stop fun
 
 // spendCEL charges one evaluation's cost to ctx's budget, if it has one.
 func spendCEL(ctx context.Context, details *cel.EvalDetails) {
-	b, _ := ctx.Value(celBudgetKey{}).(*celBudget)
-	if b == nil || details == nil || details.ActualCost() == nil {
-		return
+	if details != nil && details.ActualCost() != nil {
+		spendCost(ctx, *details.ActualCost())
 	}
-	if b.left.Add(-int64(min(*details.ActualCost(), uint64(MaxCELCostPerClaim)))) <= 0 {
+}
+
+// spendCost charges cost units to ctx's budget, if it has one.
+func spendCost(ctx context.Context, cost uint64) {
+	b, _ := ctx.Value(celBudgetKey{}).(*celBudget)
+	if b != nil && b.left.Add(-int64(min(cost, uint64(MaxCELCostPerClaim)))) <= 0 {
 		b.cancel(ErrCELBudgetSpent)
 	}
 }

@@ -24,11 +24,11 @@ func heavySelector(inner, salt int) string {
 // Issue 36: one claim's selectors could spend any CEL evaluation their
 // author chose (32 selectors near the API server's limit took 30 s of the
 // webhook). A claim is priced within its budget (MaxCELCostPerClaim in the
-// webhook; a fiftieth of it here, to keep the test short under -race) and
+// webhook; a tenth of it here, to keep the test short under -race) and
 // refused as unpriced past it, with a reason that says so; a lighter claim
 // is priced as before.
 func TestPricingStopsAtTheClaimsCELBudget(t *testing.T) {
-	const budget = MaxCELCostPerClaim / 50
+	const budget = MaxCELCostPerClaim / 10
 	p := testPricer()
 	var heavy []resourceapi.DeviceRequest
 	for i := range 8 {

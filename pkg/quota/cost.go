@@ -18,10 +18,6 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
 
-// celCache holds compiled selector expressions for every Pricer: classes
-// and claims repeat the same few expressions.
-var celCache = cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
-
 // Pricer prices claims against one snapshot of the published devices and
 // the DeviceClasses. Build a new one when either changes; a Pricer
 // remembers what it worked out per request shape, so pricing the same
@@ -408,7 +404,10 @@ func (p *Pricer) deviceProfiles(ctx context.Context, d *Device) []string {
 // device either.
 func Matches(ctx context.Context, d *Device, exprs []string) bool {
 	for _, expr := range exprs {
-		res := celCache.GetOrCompile(expr)
+		if ctx.Err() != nil { // a deadline or the CEL budget: the walk is cut short
+			return false
+		}
+		res := celPrograms.get(ctx, expr)
 		if res.Error != nil {
 			return false
 		}
