@@ -27,12 +27,15 @@ const (
 // Refusing is the conservative choice: charging "a whole node" or "the
 // largest memory" needs a node or device to size them by, and with
 // nothing published there is none; a template's claim is retried by the
-// kube-controller-manager and is admitted once devices are published.
+// kube-controller-manager and is admitted once devices are published. A
+// request whose pricing was cut short (its deadline, or its CEL budget
+// spent: MaxCELCostPerClaim) is refused too for a tenant with any limit:
+// its price is a guess.
 func DecideUnpriced(t Tenant, parts []Unpriced) Decision {
 	limited := t.Limits.Units != nil || t.Limits.Memory != nil || len(t.Limits.Devices) > 0
 	var reasons []string
 	for _, u := range parts {
-		if (u.All && limited) || (u.Memory && t.Limits.Memory != nil) {
+		if (u.All && limited) || (u.Memory && t.Limits.Memory != nil) || (u.Interrupted && limited) {
 			reasons = append(reasons, u.Reason())
 		}
 	}
