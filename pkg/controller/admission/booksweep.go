@@ -35,26 +35,8 @@ type bookSweeper struct {
 // NewBookSweeper sweeps the books the ledger keeps in namespace of c, on
 // the leader only.
 func NewBookSweeper(c client.Client, namespace string) manager.Runnable {
-	return &bookSweeper{client: c, namespace: namespace, now: time.Now}
-}
-
-func (s *bookSweeper) NeedLeaderElection() bool { return true }
-
-func (s *bookSweeper) Start(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithName("book-sweeper")
-	ctx = klog.NewContext(ctx, logger)
-	t := time.NewTicker(bookSweepPeriod)
-	defer t.Stop()
-	for {
-		if err := s.sweep(ctx); err != nil {
-			logger.Error(err, "Sweeping unused quota books failed")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	s := &bookSweeper{client: c, namespace: namespace, now: time.Now}
+	return &leaderSweep{name: "book-sweeper", failure: "Sweeping unused quota books failed", period: bookSweepPeriod, sweep: s.sweep}
 }
 
 // sweep deletes each unused, lapsed book once.

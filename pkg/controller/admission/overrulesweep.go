@@ -41,25 +41,10 @@ type overruleSweeper struct {
 
 // Sweeper is the leader's sweep of the claims overruled for workloads that
 // have ended.
-func (g *KueueGate) Sweeper() manager.Runnable { return &overruleSweeper{gate: g} }
-
-func (s *overruleSweeper) NeedLeaderElection() bool { return true }
-
-func (s *overruleSweeper) Start(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithName("overrule-sweeper")
-	ctx = klog.NewContext(ctx, logger)
-	t := time.NewTicker(overruleSweepPeriod)
-	defer t.Stop()
-	for {
-		if err := s.sweep(ctx); err != nil {
-			logger.Error(err, "Sweeping claims overruled for ended Kueue workloads failed")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+func (g *KueueGate) Sweeper() manager.Runnable {
+	s := &overruleSweeper{gate: g}
+	return &leaderSweep{name: "overrule-sweeper", failure: "Sweeping claims overruled for ended Kueue workloads failed",
+		period: overruleSweepPeriod, sweep: s.sweep}
 }
 
 // sweep deletes, in every namespace with an overrule book, the claims whose

@@ -37,7 +37,7 @@ func TestOverruleSweepEndsClaimsOfEndedWorkloads(t *testing.T) {
 	if err := g.book.write(ctx(t), "a", nil, records); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Sweeper().(*overruleSweeper).sweep(ctx(t)); err != nil {
+	if err := (&overruleSweeper{gate: g}).sweep(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]bool{"orphan": false, "of-running": true, "pod-runs": true, "pod-done": false, "same-name": true}
