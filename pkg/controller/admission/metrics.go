@@ -25,7 +25,7 @@ var (
 	// were admitted for.
 	overruledClaimsEnded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpuaas_quota_kueue_overruled_claims_ended_total",
-		Help: "ResourceClaims admitted past their TenantQuota for a Kueue workload, deleted because the workload ended and the claim's pod was gone (overrulesweep.go).",
+		Help: "ResourceClaims admitted past their TenantQuota for a Kueue workload, deleted because the workload ended and the claim's pod was gone (overrulesweep.go); the claim's event KueueWorkloadEnded names it.",
 	})
 
 	registerOnce sync.Once
