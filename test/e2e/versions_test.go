@@ -53,14 +53,16 @@ type storedShape struct {
 const docGates = "docs"
 
 // apiServerCases is the version matrix the suite runs on its simulated
-// node: the oldest supported minor and 1.35 (where partitionable devices
-// are off by default), each with its defaults and with the documented
-// gates, and the suite's own version.
+// node: the oldest supported minor, 1.35 (where partitionable devices are
+// off by default) and 1.36 (where they are beta and on), each with its
+// defaults and with the documented gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
 	{"1.34-defaults", "v1.34.4", "", storedShape{}},
 	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true, extendedResource: true, taints: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
 	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
+	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
+	{"1.36-gates", "v1.36.3", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 }
 
