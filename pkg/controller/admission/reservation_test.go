@@ -60,7 +60,7 @@ func TestReservationPhase(t *testing.T) {
 		"shows another name":        {shows: map[types.NamespacedName]fakeClaim{{Namespace: "a", Name: "d"}: {uid: "uid-3", rv: "19", cost: dear}}},
 	}
 	clocks := map[string]time.Duration{
-		"fresh":            time.Second,
+		"fresh":            settleDelay / 2,
 		"past settleDelay": settleDelay,
 		"past the grace":   reservationGrace,
 	}
