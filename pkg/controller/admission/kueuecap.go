@@ -192,7 +192,7 @@ func (g *KueueGate) tenantCharge(ctx context.Context, namespace string, inNamesp
 	if err != nil {
 		return nil, nil, err
 	}
-	owner, err := g.acct.NamespaceOwner(ctx, namespace)
+	owner, err := g.acct.ownerLocked(ctx, ten, namespace)
 	if err != nil || owner == "" || ten.invalid[owner] != "" {
 		return nil, nil, err
 	}
@@ -380,6 +380,11 @@ type overruleRecord struct {
 }
 
 const (
+	// managedByLabel marks every book the controller keeps (quota books
+	// and overrule books) as its own.
+	managedByLabel = "app.kubernetes.io/managed-by"
+	managedBy      = "gpuaas-dra-controller"
+
 	overruleBookPrefix = "gpuaas-kueue-overrules-"
 	overruleBookKey    = "overrules"
 )
@@ -396,14 +401,20 @@ func (b *overruleBook) load(ctx context.Context, namespace string) (*corev1.Conf
 	case err != nil:
 		return nil, nil, fmt.Errorf("reading the Kueue overrule book of %s: %w", namespace, err)
 	}
+	return cm, overruleRecords(ctx, cm), nil
+}
+
+// overruleRecords are the records a book's ConfigMap holds; none when it
+// is damaged.
+func overruleRecords(ctx context.Context, cm *corev1.ConfigMap) []overruleRecord {
 	var records []overruleRecord
 	if raw := cm.Data[overruleBookKey]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &records); err != nil {
 			klog.FromContext(ctx).Error(err, "Kueue overrule book unreadable, starting it afresh", "configMap", klog.KObj(cm))
-			records = nil
+			return nil
 		}
 	}
-	return cm, records, nil
+	return records
 }
 
 // write stores records, with the version of cm (nil: create) as
@@ -416,7 +427,7 @@ func (b *overruleBook) write(ctx context.Context, namespace string, cm *corev1.C
 	if cm == nil {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Namespace: b.namespace, Name: overruleBookPrefix + namespace,
-			Labels:      map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
+			Labels:      map[string]string{managedByLabel: managedBy},
 			Annotations: map[string]string{"gpuaas.io/kueue-overrules-of": namespace},
 		}}
 		cm.Data = map[string]string{overruleBookKey: string(raw)}

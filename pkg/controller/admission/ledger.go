@@ -189,7 +189,7 @@ func (b *book) write(ctx context.Context, c client.Client, st bookState) error {
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 		Namespace: b.key.Namespace, Name: b.key.Name,
-		Labels:      map[string]string{ledgerLabel: "true", "app.kubernetes.io/managed-by": "gpuaas-dra-controller"},
+		Labels:      map[string]string{ledgerLabel: "true", managedByLabel: managedBy},
 		Annotations: map[string]string{ledgerLabel: b.owner},
 	}}
 	if b.cm != nil {

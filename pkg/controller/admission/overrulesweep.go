@@ -52,7 +52,7 @@ func (g *KueueGate) Sweeper() manager.Runnable {
 func (s *overruleSweeper) sweep(ctx context.Context) error {
 	var books corev1.ConfigMapList
 	if err := s.gate.book.client.List(ctx, &books, client.InNamespace(s.gate.book.namespace),
-		client.MatchingLabels{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"}); err != nil {
+		client.MatchingLabels{managedByLabel: managedBy}); err != nil {
 		return fmt.Errorf("listing Kueue overrule books: %w", err)
 	}
 	for i := range books.Items {
@@ -61,11 +61,7 @@ func (s *overruleSweeper) sweep(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		_, records, err := s.gate.book.load(ctx, namespace)
-		if err != nil {
-			return err
-		}
-		if err := s.sweepNamespace(ctx, namespace, records); err != nil {
+		if err := s.sweepNamespace(ctx, namespace, overruleRecords(ctx, cm)); err != nil {
 			return err
 		}
 	}

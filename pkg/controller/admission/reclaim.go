@@ -268,17 +268,14 @@ func (a *Accountant) deleteVictim(ctx context.Context, lender string, v reclaimV
 // events), why the controller deleted it.
 func (a *Accountant) recordEvent(c *resourceapi.ResourceClaim, reason, note string) {
 	if a.ReclaimEvents != nil {
-		a.ReclaimEvents.Eventf(c, nil, corev1.EventTypeWarning, reason, "DeleteResourceClaim", note)
+		a.ReclaimEvents.Eventf(c, nil, corev1.EventTypeWarning, reason, "DeleteResourceClaim", "%s", note)
 	}
 }
 
 // recordReclaim tells the borrower, on the claim (and so in its
 // namespace's events), why the claim goes.
 func (a *Accountant) recordReclaim(c *resourceapi.ResourceClaim, lender string) {
-	if a.ReclaimEvents == nil {
-		return
-	}
-	a.ReclaimEvents.Eventf(c, nil, corev1.EventTypeWarning, "QuotaReclaimed", "DeleteResourceClaim",
+	a.recordEvent(c, "QuotaReclaimed", fmt.Sprintf(
 		"deleted: the claim borrowed its cohort's quota and stayed unallocated for over %s, and TenantQuota %q needs its own quota back; a pod's claim is made again and waits for quota",
-		a.ReclaimAfter, lender)
+		a.ReclaimAfter, lender))
 }
