@@ -22,6 +22,9 @@ CONTROLLER_GEN_VERSION := v0.23.0
 
 all: build
 
+# Each area's own targets (release, simulated NVML library, ...): hack/make/*.mk
+include $(wildcard hack/make/*.mk)
+
 ## build: the two binaries into _output/bin
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
