@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -54,10 +55,23 @@ type backstopReconciler struct {
 	// skipKueue leaves out tenants Kueue admits for (spec.kueue set, with
 	// --kueue): their admitted workloads may go past device limits.
 	skipKueue bool
+	// reached maps each DeviceClass to the GpuProfiles whose devices it
+	// can hand out (Accountant.ProfilesReached); nil: the limits' own
+	// classes only. invalidate drops the snapshot it works from, before a
+	// class, slice or profile event enqueues a reconcile, so that the
+	// reconcile never works from the snapshot before the event.
+	reached    func(context.Context) (map[string][]string, error)
+	invalidate func()
 }
 
 func (r *backstopReconciler) setup(mgr ctrl.Manager) error {
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{backstopKey}
+	})
+	devicesChanged := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		if r.invalidate != nil {
+			r.invalidate()
+		}
 		return []reconcile.Request{backstopKey}
 	})
 	ours := predicate.NewPredicateFuncs(func(o client.Object) bool {
@@ -67,6 +81,11 @@ func (r *backstopReconciler) setup(mgr ctrl.Manager) error {
 		Watches(&gpuaas.TenantQuota{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Namespace{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&corev1.ResourceQuota{}, all, builder.WithPredicates(ours)).
+		// What each class reaches changes with the classes, the published
+		// devices and the profiles.
+		Watches(&resourceapi.DeviceClass{}, devicesChanged).
+		Watches(&resourceapi.ResourceSlice{}, devicesChanged).
+		Watches(&gpuaas.GpuProfile{}, devicesChanged, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
@@ -109,13 +128,20 @@ func (r *backstopReconciler) desired(ctx context.Context) (map[string]*corev1.Re
 		return nil, fmt.Errorf("listing Namespaces: %w", err)
 	}
 	sorted, assign := quota.Resolve(quotas.Items, nsList.Items) // the older quota keeps a namespace two select
+	var reached map[string][]string
+	if r.reached != nil {
+		var err error
+		if reached, err = r.reached(ctx); err != nil {
+			return nil, err
+		}
+	}
 	want := map[string]*corev1.ResourceQuota{}
 	for _, q := range sorted {
 		if invalid := len(q.Validate()) > 0; invalid || len(q.Spec.Limits.Devices) == 0 || (r.skipKueue && q.Spec.Kueue != nil) {
 			continue
 		}
 		hard := corev1.ResourceList{}
-		for class, n := range q.Spec.Limits.Devices {
+		for class, n := range classLines(q.Spec.Limits.Devices, reached) {
 			hard[corev1.ResourceName(class+".deviceclass.resource.k8s.io/devices")] = *resource.NewQuantity(n, resource.DecimalSI)
 		}
 		for _, ns := range assign.Namespaces[q.Name] {
@@ -127,6 +153,40 @@ func (r *backstopReconciler) desired(ctx context.Context) (map[string]*corev1.Re
 		}
 	}
 	return want, nil
+}
+
+// classLines are a tenant's backstop lines, per DeviceClass: each device
+// limit as it is, and every other class that reaches the devices of a
+// limited profile at the sum of the limits it reaches (a catch-all class
+// reaching h100: 2 and a100: 3 gets 5). The sum, not the least, because the
+// webhook charges each device to every profile it belongs to, so what the
+// webhook admits through such a class never exceeds the sum, and the
+// backstop must not refuse what the webhook admits; a class that also
+// reaches devices of no limited profile is held to the sum too, which the
+// admin lifts by naming the class in the limits (that line is then taken
+// as written). With the webhook gone, a profile's devices per namespace are
+// held to the sum of the lines of the classes reaching them.
+func classLines(limits map[string]int64, reached map[string][]string) map[string]int64 {
+	lines := maps.Clone(limits)
+	if lines == nil {
+		lines = map[string]int64{}
+	}
+	for class, profiles := range reached {
+		if _, named := limits[class]; named {
+			continue
+		}
+		var sum int64
+		limited := false
+		for _, p := range profiles {
+			if n, ok := limits[p]; ok {
+				sum, limited = sum+n, true
+			}
+		}
+		if limited {
+			lines[class] = sum
+		}
+	}
+	return lines
 }
 
 // converge updates q to w, or deletes it when its namespace needs none.

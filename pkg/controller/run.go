@@ -188,7 +188,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		return err
 	}
 	if opts.QuotaBackstop {
-		r := &backstopReconciler{client: mgr.GetClient(), skipKueue: opts.Kueue}
+		r := &backstopReconciler{client: mgr.GetClient(), skipKueue: opts.Kueue,
+			reached: acct.ProfilesReached, invalidate: acct.InvalidateCatalog}
 		if err := r.setup(mgr); err != nil {
 			return fmt.Errorf("setting up the quota backstop: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -60,6 +61,47 @@ func TestQuotaBackstopHoldsWithoutTheWebhook(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("the tenant deleting its backstop: %v, want forbidden", err)
 	}
+}
+
+// Issue 36, route 6: a ResourceQuota counts devices under the class a
+// claim names, so a class that selects a limited profile's devices without
+// being named in the limits (here a catch-all over every device of ours) was
+// a way past the backstop: with the webhook gone, the tenant got as many
+// GPUs through it as it liked. Now every class that reaches a limited
+// profile's published devices gets a line of its own, at the sum of the
+// limits it reaches.
+func TestQuotaBackstopHoldsThroughAnotherClass(t *testing.T) {
+	fakeGPUNode(t, wholeDevice("gpu-0"), wholeDevice("gpu-1"), wholeDevice("gpu-2"))
+	rc := startControllerWith(t, func(o *controller.Options) { o.QuotaBackstop = true })
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := cp.CreateNamespace(t, "backstop-other-class")
+	limited, catchAll := uniqueName("bs-h100"), uniqueName("bs-any-gpu")
+	createObject(t, profile(limited, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
+	waitForProfileReady(t, limited)
+	createObject(t, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: catchAll},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
+			CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "gpu.gpuaas.io"`}}}}})
+	createObject(t, quotaFor(uniqueName("backstop"), []string{ns}, gpuaas.QuotaLimits{Devices: map[string]int64{limited: 1}}))
+	line := v1.ResourceName(catchAll + ".deviceclass.resource.k8s.io/devices")
+	waitForBackstop(t, ctx, ns, func(rq *v1.ResourceQuota) bool {
+		hard, synced := rq.Spec.Hard[line], rq.Status.Hard[line]
+		return hard.Value() == 1 && synced.Value() == 1
+	})
+
+	rc.stop(t) // the webhook configuration goes with it
+	tenant, err := cp.NewTenant(ctx, ns, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := tenant.Client.ResourceV1().ResourceClaims(ns)
+	if _, err := claims.Create(ctx, gpuClaim(ns, "first", catchAll, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the first device through %s, within the limit of %s: %v", catchAll, limited, err)
+	}
+	_, err = claims.Create(ctx, gpuClaim(ns, "second", catchAll, 1), metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("a second device through %s (it selects %s's devices) with no webhook: %v, want the API server's quota to refuse it", catchAll, limited, err)
+	}
+	t.Logf("refused by the API server: %v", err)
 }
 
 // waitForBackstop waits until the namespace's backstop ResourceQuota

@@ -60,3 +60,44 @@ func foreignClass(ctx context.Context, p *quota.Pricer, dc *resourceapi.DeviceCl
 	}}
 	return p.RequestCost(ctx, &probe).IsZero()
 }
+
+// ProfilesReached maps each DeviceClass to the GpuProfiles, sorted, whose
+// published devices a claim naming it can be allocated: the profiles the
+// pricer charges one device of the class to (a profile's own class reaches
+// at least itself). The backstop (issue 36, route 6) gives every class
+// that reaches a limited profile a line of its own: a ResourceQuota counts
+// devices under the class a claim names, so a catch-all class, or one
+// profile's class selecting another's devices, was a way around the lines
+// of the classes the limits name. A class that reaches no published device
+// of a profile maps to nothing but itself (if it is a profile's).
+func (a *Accountant) ProfilesReached(ctx context.Context) (map[string][]string, error) {
+	a.mu.Lock()
+	cat, err := a.catalogLocked(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var classes resourceapi.DeviceClassList
+	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
+	}
+	out := make(map[string][]string, len(classes.Items))
+	for i := range classes.Items {
+		dc := &classes.Items[i]
+		probe := resourceapi.DeviceRequest{Name: "probe", Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: dc.Name, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+		}}
+		var reached []string
+		for name := range cat.pricer.RequestCost(ctx, &probe).Devices {
+			if cat.profiles[name] != nil {
+				reached = append(reached, name)
+			}
+		}
+		if ctx.Err() != nil { // a walk cut short reaches too little
+			return nil, fmt.Errorf("working out the profiles each DeviceClass reaches: %w", context.Cause(ctx))
+		}
+		slices.Sort(reached)
+		out[dc.Name] = reached
+	}
+	return out, nil
+}

@@ -73,3 +73,31 @@ func TestForeignClassesFollowThePricer(t *testing.T) {
 		}
 	}
 }
+
+// Issue 36, route 6: the backstop needs, per class, the profiles whose
+// devices a claim naming it can get; a catch-all class reaches every
+// profile, a profile's class at least itself, a NIC class none.
+func TestProfilesReachedFollowThePublishedDevices(t *testing.T) {
+	objs := append(world(t),
+		foreignClassObj("any-gpu", `device.driver == "gpu.gpuaas.io"`),
+		foreignClassObj("nic.example.com", `device.driver == "nic.example.com"`),
+		foreignClassObj("gpu-only", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "gpu"`),
+	)
+	acct, _ := newAccountant(t, objs...)
+	got, err := acct.ProfilesReached(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"any-gpu": "h100,mig-1g", "gpu-only": "h100", "nic.example.com": "",
+		"h100": "h100", "mig-1g": "mig-1g",
+	}
+	if len(got) != len(want) {
+		t.Errorf("classes %v, want %v", got, want)
+	}
+	for class, profiles := range want {
+		if strings.Join(got[class], ",") != profiles {
+			t.Errorf("class %s reaches %v, want %q", class, got[class], profiles)
+		}
+	}
+}
