@@ -1,6 +1,7 @@
 package prepare
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 )
 
 // gpuLocks hands out one lock per GPU that excludes both the other
@@ -191,4 +194,95 @@ func sortedGPUs(uuids []string) []string {
 	out := slices.Clone(uuids)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// lockFresh locks the GPUs and brings this process's view of them up to
+// date with the checkpoint, should the other plugin instance of a rolling
+// update have changed their claims since this one last looked.
+func (s *State) lockFresh(ctx context.Context, gpus []string) (*heldGPUs, error) {
+	held, err := s.locks.lock(gpus)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.refresh(ctx, held); err != nil {
+		held.unlock()
+		return nil, err
+	}
+	return held, nil
+}
+
+// refresh re-reads the claims of the held GPUs that another process
+// changed. It reads the whole checkpoint, which only happens while two
+// plugin instances take turns on a GPU; otherwise the cache is current.
+func (s *State) refresh(ctx context.Context, held *heldGPUs) error {
+	stale := held.stale()
+	if len(stale) == 0 {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	records, damaged, err := s.env.Store.List()
+	if err != nil {
+		return fmt.Errorf("re-reading the checkpoint: %w", err)
+	}
+	for _, d := range damaged {
+		logger.Error(d.Err, "Checkpoint record damaged; it is rebuilt at the next start", "claimUID", d.UID)
+	}
+	logger.V(4).Info("Re-reading claims another plugin instance changed", "gpus", stale, "records", len(records))
+	s.index.reload(stale, records)
+	on := toSet(stale)
+	for _, gpu := range stale {
+		s.env.Sharing.Forget(gpu)
+	}
+	for _, rec := range records {
+		if err := s.adoptRecord(rec, func(gpu string) bool { return on[gpu] }); err != nil {
+			logger.Error(err, "Re-reading sharing settings", "claimUID", rec.UID)
+		}
+	}
+	held.markSeen()
+	s.metrics.SetPreparedClaims(s.index.list())
+	return nil
+}
+
+// inflight tracks the claims this process is preparing, so that an
+// unprepare arriving meanwhile, before any record exists, knows which GPU
+// locks to wait for.
+type inflight struct {
+	mu     sync.Mutex
+	claims map[types.UID]*inflightClaim
+}
+
+type inflightClaim struct {
+	gpus []string
+	n    int // concurrent prepares of the claim
+}
+
+func newInflight() *inflight { return &inflight{claims: map[types.UID]*inflightClaim{}} }
+
+// add marks a claim as being prepared on gpus until done is called.
+func (f *inflight) add(uid types.UID, gpus []string) (done func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.claims[uid]
+	if c == nil {
+		c = &inflightClaim{gpus: gpus}
+		f.claims[uid] = c
+	}
+	c.n++
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if c.n--; c.n == 0 {
+			delete(f.claims, uid)
+		}
+	}
+}
+
+// gpus returns the GPUs of a claim being prepared, nil for none.
+func (f *inflight) gpus(uid types.UID) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.claims[uid]; c != nil {
+		return c.gpus
+	}
+	return nil
 }

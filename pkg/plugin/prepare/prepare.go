@@ -284,3 +284,13 @@ func (s *State) cdiDevices(plan []device.Planned, rec *checkpoint.Claim) ([]cdi.
 	}
 	return out, nil
 }
+
+// lostErr is the error of preparing a claim whose record says it was lost
+// in a reboot; nil for any other record.
+func lostErr(rec *checkpoint.Claim) error {
+	if rec == nil || rec.State != checkpoint.PrepareLost {
+		return nil
+	}
+	return fmt.Errorf("claim %s: %w (%s); delete the pods using it so that it is allocated again",
+		klog.KRef(rec.Namespace, rec.Name), ErrLostInReboot, rec.Lost)
+}

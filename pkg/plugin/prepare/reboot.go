@@ -40,16 +40,6 @@ func (s *State) fromOtherBoot(rec *checkpoint.Claim) bool {
 	return s.bootID != "" && rec.BootID != "" && rec.BootID != s.bootID
 }
 
-// lostErr is the error of preparing a claim whose record says it was lost
-// in a reboot; nil for any other record.
-func lostErr(rec *checkpoint.Claim) error {
-	if rec == nil || rec.State != checkpoint.PrepareLost {
-		return nil
-	}
-	return fmt.Errorf("claim %s: %w (%s); delete the pods using it so that it is allocated again",
-		klog.KRef(rec.Namespace, rec.Name), ErrLostInReboot, rec.Lost)
-}
-
 // forgetReboot drops from the records of an earlier boot what the reboot
 // took, and returns the records whose promises are to be made good again
 // (see reestablishAll): those completed in an earlier boot, now recorded

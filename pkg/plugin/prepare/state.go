@@ -8,8 +8,6 @@ package prepare
 import (
 	"cmp"
 	"context"
-	"fmt"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"path/filepath"
 	"sync"
 
@@ -18,7 +16,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
-	"k8s.io/klog/v2"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 )
 
 // CDIWriter is what State needs of pkg/cdi; an interface so that tests can
@@ -167,51 +165,4 @@ func NewState(cfg StateConfig) *State {
 	s.steps = cmp.Or[StepRecorder](cfg.Steps, NoSteps{})
 	s.bootID, s.bootIDErr = readBootID(cmp.Or(cfg.BootIDPath, DefaultBootIDPath))
 	return s
-}
-
-// lockFresh locks the GPUs and brings this process's view of them up to
-// date with the checkpoint, should the other plugin instance of a rolling
-// update have changed their claims since this one last looked.
-func (s *State) lockFresh(ctx context.Context, gpus []string) (*heldGPUs, error) {
-	held, err := s.locks.lock(gpus)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.refresh(ctx, held); err != nil {
-		held.unlock()
-		return nil, err
-	}
-	return held, nil
-}
-
-// refresh re-reads the claims of the held GPUs that another process
-// changed. It reads the whole checkpoint, which only happens while two
-// plugin instances take turns on a GPU; otherwise the cache is current.
-func (s *State) refresh(ctx context.Context, held *heldGPUs) error {
-	stale := held.stale()
-	if len(stale) == 0 {
-		return nil
-	}
-	logger := klog.FromContext(ctx)
-	records, damaged, err := s.env.Store.List()
-	if err != nil {
-		return fmt.Errorf("re-reading the checkpoint: %w", err)
-	}
-	for _, d := range damaged {
-		logger.Error(d.Err, "Checkpoint record damaged; it is rebuilt at the next start", "claimUID", d.UID)
-	}
-	logger.V(4).Info("Re-reading claims another plugin instance changed", "gpus", stale, "records", len(records))
-	s.index.reload(stale, records)
-	on := toSet(stale)
-	for _, gpu := range stale {
-		s.env.Sharing.Forget(gpu)
-	}
-	for _, rec := range records {
-		if err := s.adoptRecord(rec, func(gpu string) bool { return on[gpu] }); err != nil {
-			logger.Error(err, "Re-reading sharing settings", "claimUID", rec.UID)
-		}
-	}
-	held.markSeen()
-	s.metrics.SetPreparedClaims(s.index.list())
-	return nil
 }
