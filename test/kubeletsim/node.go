@@ -47,7 +47,7 @@ func (s *Simulator) nodeObject(now metav1.Time) *v1.Node {
 				{Type: v1.NodeInternalIP, Address: "127.0.0.1"},
 				{Type: v1.NodeHostName, Address: s.cfg.NodeName},
 			},
-			NodeInfo: v1.NodeSystemInfo{KubeletVersion: "v1.37.1-sim", OperatingSystem: "linux", Architecture: "amd64"},
+			NodeInfo: v1.NodeSystemInfo{KubeletVersion: "v1.37.2-sim", OperatingSystem: "linux", Architecture: "amd64"},
 		},
 	}
 }

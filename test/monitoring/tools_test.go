@@ -75,7 +75,7 @@ func renderChart(t *testing.T, sets ...string) []*unstructured.Unstructured {
 	t.Helper()
 	helm := tool(t, "helm", "hack/build-helm.sh (make helm)")
 	home := t.TempDir()
-	args := []string{"template", "mon", "deployments/helm/gpuaas-dra", "--namespace", "gpu-system", "--kube-version", "v1.37.1"}
+	args := []string{"template", "mon", "deployments/helm/gpuaas-dra", "--namespace", "gpu-system", "--kube-version", "v1.37.2"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
