@@ -15,18 +15,12 @@ import (
 // without reaching our driver's devices: the webhook configuration's
 // matchCondition sends their claims past the webhook.
 func (a *Accountant) ForeignClasses(ctx context.Context) ([]string, error) {
-	a.mu.Lock()
-	cat, err := a.catalogLocked(ctx)
-	a.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
 	// A class listed here but created after the snapshot is unknown to
 	// the pricer, hence ours; one deleted since is not listed. Only the
 	// classes in both can be foreign.
-	var classes resourceapi.DeviceClassList
-	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
+	cat, classes, err := a.catalogAndClasses(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for i := range classes.Items {
@@ -55,10 +49,31 @@ func foreignClass(ctx context.Context, p *quota.Pricer, dc *resourceapi.DeviceCl
 	if !dc.DeletionTimestamp.IsZero() || len(dc.Spec.Selectors) == 0 {
 		return false
 	}
-	probe := resourceapi.DeviceRequest{Name: "probe", Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: dc.Name, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+	return p.RequestCost(ctx, classProbe(dc.Name)).IsZero()
+}
+
+// classProbe is a request for one device of the class, with no selectors
+// of its own: what the class alone lets a claim get.
+func classProbe(class string) *resourceapi.DeviceRequest {
+	return &resourceapi.DeviceRequest{Name: "probe", Exactly: &resourceapi.ExactDeviceRequest{
+		DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 	}}
-	return p.RequestCost(ctx, &probe).IsZero()
+}
+
+// catalogAndClasses are the pricing snapshot and the DeviceClasses listed
+// after it.
+func (a *Accountant) catalogAndClasses(ctx context.Context) (*priceList, *resourceapi.DeviceClassList, error) {
+	a.mu.Lock()
+	cat, err := a.catalogLocked(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	var classes resourceapi.DeviceClassList
+	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, fmt.Errorf("listing DeviceClasses: %w", err)
+	}
+	return cat, &classes, nil
 }
 
 // ProfilesReached maps each DeviceClass to the GpuProfiles, sorted, whose
@@ -71,24 +86,15 @@ func foreignClass(ctx context.Context, p *quota.Pricer, dc *resourceapi.DeviceCl
 // of the classes the limits name. A class that reaches no published device
 // of a profile maps to nothing but itself (if it is a profile's).
 func (a *Accountant) ProfilesReached(ctx context.Context) (map[string][]string, error) {
-	a.mu.Lock()
-	cat, err := a.catalogLocked(ctx)
-	a.mu.Unlock()
+	cat, classes, err := a.catalogAndClasses(ctx)
 	if err != nil {
 		return nil, err
-	}
-	var classes resourceapi.DeviceClassList
-	if err := a.reader.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing DeviceClasses: %w", err)
 	}
 	out := make(map[string][]string, len(classes.Items))
 	for i := range classes.Items {
 		dc := &classes.Items[i]
-		probe := resourceapi.DeviceRequest{Name: "probe", Exactly: &resourceapi.ExactDeviceRequest{
-			DeviceClassName: dc.Name, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
-		}}
 		var reached []string
-		for name := range cat.pricer.RequestCost(ctx, &probe).Devices {
+		for name := range cat.pricer.RequestCost(ctx, classProbe(dc.Name)).Devices {
 			if cat.profiles[name] != nil {
 				reached = append(reached, name)
 			}
