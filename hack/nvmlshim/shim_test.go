@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuaas/gpu-dra-driver/hack/nvmlshim/shimbuild"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
@@ -35,10 +33,10 @@ import (
 const testSeed = "node-a"
 
 var built struct {
-	once        sync.Once
-	lib, probe  string
-	err         error
-	libDuration time.Duration
+	once       sync.Once
+	lib, probe string
+	err        error
+	took       time.Duration
 }
 
 // repoRoot is the module's directory.
@@ -51,40 +49,8 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-// sourcesKey hashes every file the library is built from (its package and
-// every non-standard dependency), the Go version and the cgo flags.
-func sourcesKey(root string) (string, error) {
-	cmd := exec.Command("go", "list", "-deps", "-f",
-		`{{if not .Standard}}{{.Dir}}|{{join .GoFiles ","}},{{join .CgoFiles ","}},{{join .CFiles ","}},{{join .HFiles ","}}{{end}}`,
-		"./hack/nvmlshim")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go list: %w", err)
-	}
-	h := sha256.New()
-	fmt.Fprintln(h, runtime.Version(), os.Getenv("CGO_CFLAGS"))
-	for line := range strings.Lines(string(out)) {
-		dir, files, ok := strings.Cut(strings.TrimSpace(line), "|")
-		if !ok {
-			continue
-		}
-		for f := range strings.SplitSeq(files, ",") {
-			if f == "" {
-				continue
-			}
-			data, err := os.ReadFile(filepath.Join(dir, f))
-			if err != nil {
-				return "", err
-			}
-			fmt.Fprintf(h, "%s/%s %d\n", dir, f, len(data))
-			h.Write(data)
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// buildLibrary builds the library and the probe once per test binary.
+// buildLibrary builds the library (cached) and the probe once per test
+// binary.
 func buildLibrary(t *testing.T) (lib, probe string) {
 	t.Helper()
 	if testing.Short() {
@@ -92,43 +58,20 @@ func buildLibrary(t *testing.T) (lib, probe string) {
 	}
 	root := repoRoot(t)
 	built.once.Do(func() {
-		key, err := sourcesKey(root)
-		if err != nil {
-			built.err = err
+		if built.lib, built.took, built.err = shimbuild.Library(root); built.err != nil {
 			return
 		}
-		dir := filepath.Join(root, "_output", "nvml", "cache", key)
-		built.lib, built.probe = filepath.Join(dir, "libnvidia-ml.so.1"), filepath.Join(dir, "nvmlprobe")
-		if _, err := os.Stat(built.lib); err != nil {
-			start := time.Now()
-			if built.err = goBuild(root, "-buildmode=c-shared", "-ldflags=-extldflags=-Wl,-soname,libnvidia-ml.so.1",
-				"-o", built.lib+".tmp", "./hack/nvmlshim"); built.err != nil {
-				return
-			}
-			built.libDuration = time.Since(start)
-			if built.err = os.Rename(built.lib+".tmp", built.lib); built.err != nil {
-				return
-			}
-		}
-		built.err = goBuild(root, "-o", built.probe, "./hack/nvmlshim/nvmlprobe")
+		built.probe = filepath.Join(filepath.Dir(built.lib), "nvmlprobe")
+		built.err = shimbuild.Go(root, "build", "-o", built.probe, "./hack/nvmlshim/nvmlprobe")
 	})
 	if built.err != nil {
 		t.Fatalf("building the simulated NVML library: %v", built.err)
 	}
-	if built.libDuration > 0 {
-		t.Logf("built %s in %s", built.lib, built.libDuration.Round(time.Second))
-		built.libDuration = 0
+	if built.took > 0 {
+		t.Logf("built %s in %s", built.lib, built.took.Round(time.Second))
+		built.took = 0
 	}
 	return built.lib, built.probe
-}
-
-func goBuild(root string, args ...string) error {
-	cmd := exec.Command("go", append([]string{"build"}, args...)...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %v: %w\n%s", args, err, out)
-	}
-	return nil
 }
 
 // node is a driver root holding the library and a mock state directory.
