@@ -72,7 +72,7 @@ func sourcesKey(root, pkg string) (string, error) {
 		return "", fmt.Errorf("go list %s: %w", pkg, err)
 	}
 	h := sha256.New()
-	fmt.Fprintln(h, runtime.Version(), os.Getenv("CGO_CFLAGS"))
+	_, _ = fmt.Fprintln(h, runtime.Version(), os.Getenv("CGO_CFLAGS"))
 	for line := range strings.Lines(string(out)) {
 		dir, files, ok := strings.Cut(strings.TrimSpace(line), "|")
 		if !ok {
@@ -86,7 +86,7 @@ func sourcesKey(root, pkg string) (string, error) {
 			if err != nil {
 				return "", err
 			}
-			fmt.Fprintf(h, "%s/%s %d\n", dir, f, len(data))
+			_, _ = fmt.Fprintf(h, "%s/%s %d\n", dir, f, len(data))
 			h.Write(data)
 		}
 	}
