@@ -23,7 +23,7 @@ import (
 )
 
 var (
-	declared = regexp.MustCompile(`(?m)^nvmlReturn_t DECLDIR (nvml\w+)\(`)
+	declared = regexp.MustCompile(`nvmlReturn_t DECLDIR (nvml\w+) *\(`)
 	exported = regexp.MustCompile(`(?m)^//export (nvml\w+)$`)
 )
 
