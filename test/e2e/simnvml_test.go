@@ -53,6 +53,18 @@ func TestSimulatedNVMLLibrary(t *testing.T) {
 	}
 
 	run := startCrashRun(t, node, "simulated NVML crash e2e", 12)
+	// One dynamic MIG device for sure: made at prepare, gone at unprepare,
+	// both through the library.
+	stateDir := filepath.Join(node.PluginDataDir, "mock-nvml")
+	createSelectedPod(t, run.ctx, run.ns, "mig", "mig-1g.10gb.gpuaas.io", "true")
+	runningPod(t, run.ctx, run.ns, "mig")
+	if gis, _ := mockMachineLeaks(t, stateDir); gis != 1 {
+		t.Errorf("a running pod with a dynamic MIG device: %d GPU instances on the machine, want 1", gis)
+	}
+	deletePod(t, run.ctx, run.ns, "mig")
+	if gis, _ := mockMachineLeaks(t, stateDir); gis != 0 {
+		t.Errorf("the MIG pod gone: %d GPU instances left", gis)
+	}
 	kills := killRandomly(t, run.ctx, node, run.seed)
 	runPodCycles(t, run.ctx, run.ns, run.cycles, rand.New(rand.NewPCG(run.seed, 1)), crashKinds)
 	n := kills.stop()
@@ -70,7 +82,6 @@ func TestSimulatedNVMLLibrary(t *testing.T) {
 	}
 
 	// XID 48 (a double-bit ECC error: reset required) on GPU 0.
-	stateDir := filepath.Join(node.PluginDataDir, "mock-nvml")
 	if err := nvmock.InjectEvent(stateDir, "0", nvml.EventTypeXidCriticalError, 48, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
