@@ -7,6 +7,7 @@
 // of the library's package does.
 //
 //	nvmlprobe --driver-root DIR inventory
+//	nvmlprobe --driver-root DIR describe --gpu N
 //	nvmlprobe --driver-root DIR mig-create --gpu N --profile P [--hold]
 //	nvmlprobe --driver-root DIR mig-list --gpu N
 //	nvmlprobe --driver-root DIR mig-destroy --gpu N --gi G --ci C
@@ -56,6 +57,9 @@ func main() {
 	switch cmd {
 	case "inventory":
 		out = inventory(lib)
+	case "describe":
+		describe(inventory(lib), *gpu)
+		return
 	case "mig-create":
 		out, err = migCreate(lib, *gpu, *profile)
 		if err == nil && *hold {
@@ -135,6 +139,27 @@ func inventory(lib nvdev.Interface) Inventory {
 		}
 	}
 	return inv
+}
+
+// describe prints one GPU of an inventory a field a line, for diff: what
+// a machine of the same model answers alike (not its UUID or bus ID).
+func describe(inv Inventory, index int) {
+	fmt.Printf("driverVersion %s\ncudaDriverVersion %s\n", inv.System.DriverVersion, inv.System.CUDADriverVersion)
+	at := slices.IndexFunc(inv.GPUs, func(g nvdev.GPU) bool { return g.Index == index })
+	if at < 0 {
+		fail(fmt.Errorf("no GPU %d", index))
+	}
+	g := inv.GPUs[at]
+	fmt.Printf("productName %s\nbrand %s\narchitecture %s\ncudaComputeCapability %s\nmemoryBytes %d\n",
+		g.ProductName, g.Brand, g.Architecture, g.CUDAComputeCapability, g.MemoryBytes)
+	fmt.Printf("multiprocessors %d\nnumaNode %d\nmigCapable %t\nmigEnabled %t\nminor %d\n",
+		g.Multiprocessors, g.NUMANode, g.MigCapable, g.MigEnabled, g.Minor)
+	for _, p := range inv.Profiles[g.UUID] {
+		fmt.Println("migProfile", p)
+	}
+	for _, p := range inv.Problems {
+		fmt.Println("problem", p)
+	}
 }
 
 func onGPU(lib nvdev.Interface, index int, f func(nvml.Device) (any, error)) (any, error) {
