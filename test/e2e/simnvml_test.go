@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -107,6 +108,16 @@ func TestSimulatedNVMLLibrary(t *testing.T) {
 	for _, d := range tainted {
 		if !strings.HasPrefix(d, "gpu-0") {
 			t.Errorf("device %s of another GPU tainted for GPU 0's XID", d)
+		}
+	}
+	// Every NVML call the plugin made is one the library implements.
+	logData, err := os.ReadFile(node.Plugin.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(logData)) {
+		if strings.Contains(line, "not supported by the simulated machine") {
+			t.Errorf("the plugin called a stub: %s", strings.TrimSpace(line))
 		}
 	}
 }

@@ -187,6 +187,9 @@ func installNVMLLibrary(opts NodeOptions, driverRoot, stateDir string) ([]string
 		"GPUAAS_MOCK_NVML_STATE_DIR=" + stateDir,
 		"GPUAAS_MOCK_NVML_SEED=" + opts.Name,
 		"GPUAAS_MOCK_NVML_DRIVER_ROOT=" + driverRoot,
+		// The plugin's log names every NVML call the library answers
+		// with a NOT_SUPPORTED stub.
+		"GPUAAS_MOCK_NVML_TRACE=1",
 	}, nil
 }
 
