@@ -13,7 +13,8 @@
 //	GPUAAS_MOCK_NVML_SEED       what the GPU UUIDs derive from (the node
 //	                            name); default the host name
 //	GPUAAS_MOCK_NVML_DRIVER_ROOT a driver root whose real userspace's
-//	                            version the machine reports
+//	                            version the machine reports; default the
+//	                            one the library was loaded from
 //	GPUAAS_MOCK_NVML_TRACE      1: every call answered NOT_SUPPORTED by a
 //	                            stub is logged to stderr
 //
@@ -26,6 +27,9 @@ package main
 /*
 #include <stdint.h>
 #include <stdlib.h>
+
+// shimPath is the path this library was loaded from (shimpath.c).
+extern const char *shimPath(void);
 */
 import "C"
 
@@ -33,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"unsafe"
@@ -81,8 +86,33 @@ func options() (string, nvdev.Options) {
 	if seed == "" {
 		seed, _ = os.Hostname()
 	}
-	return machine, nvdev.Options{MockSeed: seed, MockStateDir: os.Getenv(envStateDir),
-		DriverRoot: os.Getenv(envDriverRoot)}
+	root := os.Getenv(envDriverRoot)
+	if root == "" {
+		root = ownDriverRoot()
+	}
+	return machine, nvdev.Options{MockSeed: seed, MockStateDir: os.Getenv(envStateDir), DriverRoot: root}
+}
+
+// libraryDirs are where --nvml real finds libnvidia-ml.so.1 under a
+// driver root (pkg/nvdev's libraryCandidates).
+var libraryDirs = []string{"usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64"}
+
+// ownDriverRoot is the driver root this library was loaded from (the
+// directory above usr/lib64/libnvidia-ml.so.1), "" if it was loaded from
+// elsewhere: the machine then reports the version of the real userspace
+// beside it, as the mock backend does for --driver-root.
+func ownDriverRoot() string {
+	p := C.shimPath()
+	if p == nil {
+		return ""
+	}
+	dir := filepath.Dir(C.GoString(p))
+	for _, d := range libraryDirs {
+		if root, ok := strings.CutSuffix(dir, "/"+d); ok && root != "" {
+			return root
+		}
+	}
+	return ""
 }
 
 func initSession() nvml.Return {

@@ -74,14 +74,14 @@ func (n *RealNode) ChartValues(verbosity int) (string, error) {
 		// The production path on the simulated library: the machine the
 		// mock backend would simulate, in the state directory it would
 		// keep (MOCK_NVML_STATE_DIR of the chart), UUIDs from the node
-		// name as the mock's, the version of NVIDIA's userspace beside it.
+		// name as the mock's. It reports the version of NVIDIA's userspace
+		// in the driver root it is loaded from.
 		backend = "real"
 		nvmlEnv = fmt.Sprintf(`
 - {name: GPUAAS_MOCK_NVML_MACHINE, value: dgxh100}
 - {name: GPUAAS_MOCK_NVML_STATE_DIR, value: %q}
-- {name: GPUAAS_MOCK_NVML_SEED, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
-- {name: GPUAAS_MOCK_NVML_DRIVER_ROOT, value: %q}`,
-			filepath.Join(n.KubeletDir, "plugins", DriverName, "mock-nvml"), n.DriverRoot)
+- {name: GPUAAS_MOCK_NVML_SEED, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}`,
+			filepath.Join(n.KubeletDir, "plugins", DriverName, "mock-nvml"))
 	}
 	return fmt.Sprintf(`
 logVerbosity: %d

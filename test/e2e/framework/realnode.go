@@ -89,8 +89,10 @@ type RealNode struct {
 	Kubelet    *Process
 
 	// SimulatedNVML: the plugin runs --nvml real on the simulated library
-	// (RealNodeOptions.NVMLLibrary).
+	// (RealNodeOptions.NVMLLibrary), which every driver root of the node
+	// holds.
 	SimulatedNVML bool
+	nvmlLibrary   string
 
 	cp *ControlPlane
 }
@@ -150,7 +152,7 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 		if err := installSimulatedNVML(ctx, opts.NVMLLibrary, n.DriverRoot); err != nil {
 			return err
 		}
-		n.SimulatedNVML = true
+		n.SimulatedNVML, n.nvmlLibrary = true, opts.NVMLLibrary
 	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
@@ -178,7 +180,13 @@ func (n *RealNode) OperatorDriverRoot(ctx context.Context, gpus int) (string, er
 	if err := MakeDriverRoot(root, gpus); err != nil {
 		return "", err
 	}
-	return root, n.fillDriverRoot(ctx, root)
+	if err := n.fillDriverRoot(ctx, root); err != nil {
+		return "", err
+	}
+	if n.SimulatedNVML {
+		return root, installSimulatedNVML(ctx, n.nvmlLibrary, root)
+	}
+	return root, nil
 }
 
 // installSimulatedNVML copies the simulated NVML library into a driver
