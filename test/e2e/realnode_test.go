@@ -28,6 +28,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuaas/gpu-dra-driver/hack/nvmlshim/shimbuild"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -109,6 +110,14 @@ func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *r
 		t.Fatal(err)
 	}
 	opts := framework.RealNodeOptions{Name: realNodeName, Images: images}
+	if os.Getenv(realNodeNVMLEnv) == "simulated" {
+		lib, took, err := shimbuild.Library(repoRoot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("real node on --nvml real with the simulated NVML library %s (built in %s)", lib, took.Round(time.Second))
+		opts.NVMLLibrary = lib
+	}
 	for _, o := range options {
 		o(&opts)
 	}
@@ -128,6 +137,11 @@ func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *r
 	})
 	return &realNode{RealNode: rn}
 }
+
+// realNodeNVMLEnv set to "simulated" makes the real node's plugin run the
+// production NVML path, --nvml real, on the simulated library
+// (hack/nvmlshim) in its driver root instead of the in-process mock.
+const realNodeNVMLEnv = "E2E_REAL_NODE_NVML"
 
 // helmOnCluster runs helm against the e2e control plane.
 func helmOnCluster(t *testing.T, args ...string) {

@@ -10,6 +10,7 @@ package nvmock
 import (
 	"fmt"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 )
 
@@ -27,28 +28,43 @@ func init() {
 // opts.MockStateDir, persistent and shared by every process using the
 // directory.
 func open(machine string, opts nvdev.Options) (nvdev.Interface, error) {
-	lib, err := New(machine, opts.MockSeed)
+	lib, release, err := NewLibrary(machine, opts)
 	if err != nil {
 		return nil, err
-	}
-	pairWithDriverRoot(lib, opts.DriverRoot)
-	if opts.MockStateDir == "" {
-		return nvdev.OpenLibrary(lib, mockTopology{}, nil)
-	}
-	// The session holds the mock driver module, as a real one holds
-	// /dev/nvidiactl, until Shutdown (see UnloadDriver).
-	release, err := holdMockDriver(opts.MockStateDir)
-	if err != nil {
-		return nil, err
-	}
-	if err := persistMock(lib, opts.MockStateDir, machine, opts.MockSeed); err != nil {
-		release()
-		return nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
 	}
 	s, err := nvdev.OpenLibrary(lib, mockTopology{}, release)
 	if err != nil {
-		release()
+		if release != nil {
+			release()
+		}
 		return nil, err
 	}
 	return s, nil
+}
+
+// NewLibrary builds the NVML library of a mock machine as open gives it
+// to a session: completed, paired with the driver under opts.DriverRoot,
+// and, with opts.MockStateDir, persistent, holding the mock driver module
+// until release is called (nil for a machine kept in memory). It is what
+// the simulated libnvidia-ml.so.1 (hack/nvmlshim) answers C callers from.
+func NewLibrary(machine string, opts nvdev.Options) (lib nvml.Interface, release func(), err error) {
+	s, err := New(machine, opts.MockSeed)
+	if err != nil {
+		return nil, nil, err
+	}
+	pairWithDriverRoot(s, opts.DriverRoot)
+	if opts.MockStateDir == "" {
+		return s, nil, nil
+	}
+	// The session holds the mock driver module, as a real one holds
+	// /dev/nvidiactl, until Shutdown (see UnloadDriver).
+	release, err = holdMockDriver(opts.MockStateDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := persistMock(s, opts.MockStateDir, machine, opts.MockSeed); err != nil {
+		release()
+		return nil, nil, fmt.Errorf("opening persistent mock machine %s: %w", machine, err)
+	}
+	return s, release, nil
 }

@@ -69,6 +69,20 @@ func (n *RealNode) ChartValues(verbosity int) (string, error) {
 		return "", err
 	}
 	apiHost, apiPort, _ := strings.Cut(strings.TrimPrefix(n.cp.Config.Host, "https://"), ":")
+	backend, nvmlEnv := "mock:dgxh100", ""
+	if n.SimulatedNVML {
+		// The production path on the simulated library: the machine the
+		// mock backend would simulate, in the state directory it would
+		// keep (MOCK_NVML_STATE_DIR of the chart), UUIDs from the node
+		// name as the mock's. It reports the version of NVIDIA's userspace
+		// in the driver root it is loaded from.
+		backend = "real"
+		nvmlEnv = fmt.Sprintf(`
+- {name: GPUAAS_MOCK_NVML_MACHINE, value: dgxh100}
+- {name: GPUAAS_MOCK_NVML_STATE_DIR, value: %q}
+- {name: GPUAAS_MOCK_NVML_SEED, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}`,
+			filepath.Join(n.KubeletDir, "plugins", DriverName, "mock-nvml"))
+	}
 	return fmt.Sprintf(`
 logVerbosity: %d
 image:
@@ -77,12 +91,12 @@ image:
   pullPolicy: Never
 extraEnv:
 - {name: KUBERNETES_SERVICE_HOST, value: %q}
-- {name: KUBERNETES_SERVICE_PORT, value: %q}
+- {name: KUBERNETES_SERVICE_PORT, value: %q}%s
 kubeletPlugin:
   kubeletDir: %s
   cdiRoot: %s
   driverRoot: %s
-  nvmlBackend: mock:dgxh100
+  nvmlBackend: %s
   hostNetwork: true
   metricsPort: %d
   healthcheckPort: %d
@@ -101,8 +115,8 @@ controller:
   webhookPort: %d
 # null deletes a default entry of the catalog.
 gpuProfiles: {gpu: null, mig-1g: null}
-`, verbosity, DriverImageRepository, DriverImageTag, apiHost, apiPort,
-		n.KubeletDir, n.CDIRoot, n.DriverRoot, ports[0], ports[1], nodeConfig, ports[2], ports[3], ports[4]), nil
+`, verbosity, DriverImageRepository, DriverImageTag, apiHost, apiPort, nvmlEnv,
+		n.KubeletDir, n.CDIRoot, n.DriverRoot, backend, ports[0], ports[1], nodeConfig, ports[2], ports[3], ports[4]), nil
 }
 
 // demoNodeConfig is demo/node-config.yaml as the chart's nodeConfig value

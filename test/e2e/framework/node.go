@@ -46,6 +46,13 @@ type NodeOptions struct {
 	ExtraArgs []string
 	// Labels are added to the Node.
 	Labels map[string]string
+	// NVMLLibrary, when set, is the simulated libnvidia-ml.so.1
+	// (hack/nvmlshim, shimbuild.Library): the plugin runs the production
+	// path, --nvml real, on a driver root holding it, and the library
+	// keeps the machine NVML names ("mock:<machine>") in the same state
+	// directory the mock backend would, so hack/mocknvml and the tests'
+	// injections reach it alike.
+	NVMLLibrary string
 }
 
 // Node is a simulated node: the kubelet simulator in this process and the
@@ -115,6 +122,20 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 	if err != nil {
 		return nil, err
 	}
+	stateDir := filepath.Join(n.PluginDataDir, "mock-nvml")
+	nvmlArgs := []string{
+		// The simulated GPUs keep their state (MIG devices, modes) in a
+		// file, so that it outlives the plugin process as a GPU's does.
+		"--mock-nvml-state-dir", stateDir,
+		"--nvml", opts.NVML,
+	}
+	var env []string
+	if opts.NVMLLibrary != "" {
+		if env, err = installNVMLLibrary(opts, n.DriverRoot, stateDir); err != nil {
+			return nil, err
+		}
+		nvmlArgs = []string{"--nvml", "real"}
+	}
 	args := append([]string{
 		"--node-name", opts.Name,
 		"--kubeconfig", cp.Kubeconfig,
@@ -122,10 +143,8 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		"--registrar-dir", n.RegistryDir,
 		"--cdi-root", n.CDIRoot,
 		"--driver-root", n.DriverRoot,
-		// The simulated GPUs keep their state (MIG devices, modes) in a
-		// file, so that it outlives the plugin process as a GPU's does.
-		"--mock-nvml-state-dir", filepath.Join(n.PluginDataDir, "mock-nvml"),
-		"--nvml", opts.NVML,
+	}, nvmlArgs...)
+	args = append(append(args,
 		"--metrics-addr", metrics,
 		"--healthcheck-addr=",
 		// No kubelet runs pods here, so no daemon pod would ever start.
@@ -133,10 +152,11 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		// The simulated kubelet serves no PodResources API, and no device
 		// plugin runs here: without this each plugin warns it cannot tell.
 		"--device-plugin-coexistence=off",
-		"--node-config=" + opts.NodeConfig,
+		"--node-config="+opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
-	}, opts.ExtraArgs...)
+	), opts.ExtraArgs...)
 	n.Plugin = NewProcess("plugin-"+opts.Name, opts.PluginBinary, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
+	n.Plugin.Env = env
 	sim, err := kubeletsim.New(kubeletsim.Config{
 		Client: cp.Client, NodeName: opts.Name, RegistryDir: n.RegistryDir, Labels: opts.Labels,
 	})
@@ -145,6 +165,32 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 	}
 	n.Sim = sim
 	return n, nil
+}
+
+// installNVMLLibrary puts the simulated NVML library where --nvml real
+// looks for it under the driver root, and returns the plugin's
+// environment that chooses its machine and state directory.
+func installNVMLLibrary(opts NodeOptions, driverRoot, stateDir string) ([]string, error) {
+	machine, ok := strings.CutPrefix(opts.NVML, "mock:")
+	if !ok {
+		return nil, fmt.Errorf("a simulated NVML library simulates a mock machine, not NVML %q", opts.NVML)
+	}
+	dir := filepath.Join(driverRoot, "usr", "lib64")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Symlink(opts.NVMLLibrary, filepath.Join(dir, "libnvidia-ml.so.1")); err != nil {
+		return nil, fmt.Errorf("installing the simulated NVML library: %w", err)
+	}
+	return []string{
+		"GPUAAS_MOCK_NVML_MACHINE=" + machine,
+		"GPUAAS_MOCK_NVML_STATE_DIR=" + stateDir,
+		"GPUAAS_MOCK_NVML_SEED=" + opts.Name,
+		"GPUAAS_MOCK_NVML_DRIVER_ROOT=" + driverRoot,
+		// The plugin's log names every NVML call the library answers
+		// with a NOT_SUPPORTED stub.
+		"GPUAAS_MOCK_NVML_TRACE=1",
+	}, nil
 }
 
 // start runs the simulator first (the plugin publishes ResourceSlices owned

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -47,6 +48,13 @@ type RealNodeOptions struct {
 	// kubelet): the kubelet runs in a mount namespace of its own where
 	// the node's directory is bind-mounted there (mountns.go).
 	OwnDevicePluginDir bool
+	// NVMLLibrary, when set, is the simulated libnvidia-ml.so.1
+	// (hack/nvmlshim): it goes into the driver root at usr/lib64, the
+	// first place --nvml real looks, beside NVIDIA's real userspace, and
+	// the chart's plugin runs --nvml real on it (ChartValues) instead of
+	// the in-process mock. Containers still get NVIDIA's real libraries:
+	// nvcdi finds them by the driver version the library reports.
+	NVMLLibrary string
 }
 
 // RealNode is a node of real components on this machine: containerd (with
@@ -79,6 +87,12 @@ type RealNode struct {
 
 	Containerd *Process
 	Kubelet    *Process
+
+	// SimulatedNVML: the plugin runs --nvml real on the simulated library
+	// (RealNodeOptions.NVMLLibrary), which every driver root of the node
+	// holds.
+	SimulatedNVML bool
+	nvmlLibrary   string
 
 	cp *ControlPlane
 }
@@ -134,6 +148,12 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 	if err := n.fillDriverRoot(ctx, n.DriverRoot); err != nil {
 		return err
 	}
+	if opts.NVMLLibrary != "" {
+		if err := installSimulatedNVML(ctx, opts.NVMLLibrary, n.DriverRoot); err != nil {
+			return err
+		}
+		n.SimulatedNVML, n.nvmlLibrary = true, opts.NVMLLibrary
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}
@@ -160,7 +180,28 @@ func (n *RealNode) OperatorDriverRoot(ctx context.Context, gpus int) (string, er
 	if err := MakeDriverRoot(root, gpus); err != nil {
 		return "", err
 	}
-	return root, n.fillDriverRoot(ctx, root)
+	if err := n.fillDriverRoot(ctx, root); err != nil {
+		return "", err
+	}
+	if n.SimulatedNVML {
+		return root, installSimulatedNVML(ctx, n.nvmlLibrary, root)
+	}
+	return root, nil
+}
+
+// installSimulatedNVML copies the simulated NVML library into a driver
+// root at usr/lib64/libnvidia-ml.so.1. Copied, not linked: the root is
+// mounted into the plugin's container, where a link out of it would
+// dangle.
+func installSimulatedNVML(ctx context.Context, lib, root string) error {
+	dir := filepath.Join(root, "usr", "lib64")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", lib, filepath.Join(dir, "libnvidia-ml.so.1")).CombinedOutput(); err != nil {
+		return fmt.Errorf("installing the simulated NVML library: %w: %s", err, out)
+	}
+	return nil
 }
 
 // fillDriverRoot puts NVIDIA's real driver userspace into a driver root,
