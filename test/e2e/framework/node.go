@@ -46,6 +46,10 @@ type NodeOptions struct {
 	ExtraArgs []string
 	// Labels are added to the Node.
 	Labels map[string]string
+	// RunUnder is a command the plugin binary runs under, e.g.
+	// {"qemu-aarch64-static", "-L", "<arm64 rootfs>"} for the release's
+	// arm64 plugin on this amd64 machine; empty runs it directly.
+	RunUnder []string
 }
 
 // Node is a simulated node: the kubelet simulator in this process and the
@@ -136,7 +140,11 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		"--node-config=" + opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
 	}, opts.ExtraArgs...)
-	n.Plugin = NewProcess("plugin-"+opts.Name, opts.PluginBinary, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
+	bin := opts.PluginBinary
+	if len(opts.RunUnder) > 0 {
+		bin, args = opts.RunUnder[0], append(append(opts.RunUnder[1:len(opts.RunUnder):len(opts.RunUnder)], opts.PluginBinary), args...)
+	}
+	n.Plugin = NewProcess("plugin-"+opts.Name, bin, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
 	sim, err := kubeletsim.New(kubeletsim.Config{
 		Client: cp.Client, NodeName: opts.Name, RegistryDir: n.RegistryDir, Labels: opts.Labels,
 	})

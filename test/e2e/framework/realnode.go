@@ -47,6 +47,9 @@ type RealNodeOptions struct {
 	// kubelet): the kubelet runs in a mount namespace of its own where
 	// the node's directory is bind-mounted there (mountns.go).
 	OwnDevicePluginDir bool
+	// PlainHTTPRegistries are registries ("127.0.0.1:5000") containerd
+	// pulls from over plain HTTP, such as the release tests' local one.
+	PlainHTTPRegistries []string
 }
 
 // RealNode is a node of real components on this machine: containerd (with
@@ -134,7 +137,7 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 	if err := n.fillDriverRoot(ctx, n.DriverRoot); err != nil {
 		return err
 	}
-	if err := n.startContainerd(ctx); err != nil {
+	if err := n.startContainerd(ctx, opts.PlainHTTPRegistries); err != nil {
 		return err
 	}
 	for _, img := range opts.Images {
