@@ -19,4 +19,5 @@ http:
   addr: $addr
 CFG
 echo "registry on http://$addr (storage $dir/storage)"
-exec "${KUBE_BIN_DIR:-$root/_output/bin}/registry" serve "$dir/config.yml"
+# No OpenTelemetry collector: do not try to export traces to localhost:4318.
+OTEL_TRACES_EXPORTER=none exec "${KUBE_BIN_DIR:-$root/_output/bin}/registry" serve "$dir/config.yml"

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,9 +44,20 @@ func TestInstallFromRegistry(t *testing.T) {
 		t.Fatalf("hack/release-push.sh: %v\n%s", err, out)
 	}
 	t.Logf("pushed the release:\n%s", out)
-	digest := regexp.MustCompile(`@(sha256:[0-9a-f]{64})`).FindStringSubmatch(string(out))
+	digest := regexp.MustCompile(`(?m)^image: \S+@(sha256:[0-9a-f]{64})$`).FindStringSubmatch(string(out))
 	if digest == nil {
 		t.Fatalf("hack/release-push.sh printed no image digest")
+	}
+	// The registry holds the index the release built, byte for byte.
+	var layout struct {
+		Manifests []struct{ Digest string } `json:"manifests"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "image", "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &layout); err != nil || len(layout.Manifests) != 1 || layout.Manifests[0].Digest != digest[1] {
+		t.Fatalf("the registry's %s:%s is %s; the release's image/index.json: %s (%v)", "gpu-dra-driver", version, digest[1], data, err)
 	}
 
 	images, err := framework.BuildTestImages(ctx, t.TempDir())

@@ -53,6 +53,9 @@ func (cp *ControlPlane) StartRegistry(ctx context.Context, dir string) (*Registr
 		return nil, fmt.Errorf("registry: %w", err)
 	}
 	r := &Registry{Addr: addr, Process: NewProcess("registry", bin, filepath.Join(cp.LogDir, "registry.log"), "serve", cfg)}
+	// No OpenTelemetry collector here: without this the registry tries
+	// to export traces to localhost:4318 and logs each failure.
+	r.Process.Env = []string{"OTEL_TRACES_EXPORTER=none"}
 	if err := r.Process.Start(); err != nil {
 		return nil, err
 	}
