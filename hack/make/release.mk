@@ -7,9 +7,9 @@
 
 RELEASE_DIR    := $(OUTPUT)/release
 RELEASE_ARCHES ?= amd64 arm64
-# The commit's time dates every file of the release (reproducible builds).
+# The commit's time dates every file of the release (reproducible builds); given to hack/release
+# only, not exported to every recipe.
 SOURCE_DATE_EPOCH ?= $(shell hack/version.sh --date)
-export SOURCE_DATE_EPOCH
 GIT_COMMIT ?= $(shell hack/version.sh --commit)
 # What `make build` stamps into both binaries (--version).
 VERSION_LDFLAGS = -X github.com/gpuaas/gpu-dra-driver/pkg/version.version=$(VERSION) \
