@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -19,7 +21,8 @@ import (
 // arm64 image base as the root, so glibc and the loader are the image's):
 // --version and --help of both, then the kubelet plugin on a simulated
 // node (the kubelet simulator, a mock 8 x H100 NVML) until it has
-// registered and published its devices to the suite's real API server.
+// registered and published its devices to the suite's real API server,
+// and has prepared and unprepared one claim.
 // make release-qemu runs it. What it cannot show: NVML on a real arm64
 // driver, and the kernel's side (a real arm64 kubelet, containerd, runc).
 func TestArm64PluginUnderQemu(t *testing.T) {
@@ -83,14 +86,31 @@ func TestArm64PluginUnderQemu(t *testing.T) {
 		t.Fatal("the arm64 plugin published no devices")
 	}
 	t.Logf("the arm64 plugin under qemu registered and published %d devices in %.1fs", len(devices), time.Since(begin).Seconds())
+
+	// It prepares and unprepares a claim, as on an arm64 node: the claim's
+	// CDI spec and checkpoint record are written, then removed.
+	ns := cp.CreateNamespace(t, "arm64")
+	createGPUPod(t, ctx, ns, "arm64", 1, nil)
+	pod := runningPod(t, ctx, ns, "arm64")
+	claim := onlyClaim(t, ctx, pod)
+	checkPrepared(t, node, pod, claim)
+	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, "arm64", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.WaitForPodGone(ctx, ns, "arm64"); err != nil {
+		t.Fatal(err)
+	}
+	checkUnprepared(t, node, claim)
+	t.Logf("the arm64 plugin under qemu prepared and unprepared claim %s (%d device)", claim.Name, len(claim.Status.Allocation.Devices.Results))
+
 	log, err := os.ReadFile(node.Plugin.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var excerpt []string
 	for _, l := range strings.Split(string(log), "\n") {
-		if strings.Contains(l, "=== ") || strings.Contains(l, "Starting") || strings.Contains(l, "ublish") ||
-			strings.Contains(l, "egistr") || strings.Contains(l, "NVML") {
+		if strings.Contains(l, "=== ") || strings.Contains(l, "\"Starting\" version") || strings.Contains(l, "Start step") ||
+			strings.Contains(l, "plugin started") || strings.Contains(l, "repar") {
 			excerpt = append(excerpt, l)
 		}
 	}
