@@ -99,3 +99,17 @@ func TestControlFields(t *testing.T) {
 		t.Errorf("fields = %v", f)
 	}
 }
+
+func TestRequiredVersion(t *testing.T) {
+	root := t.TempDir()
+	gomod := "module x\n\nrequire (\n\tgithub.com/NVIDIA/nvidia-container-toolkit v1.20.1\n\tgithub.com/a/b v0.1.0 // indirect\n)\n\nrequire github.com/c/d v2.0.0\n"
+	if err := os.WriteFile(filepath.Join(root, "go.mod"), []byte(gomod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for mod, want := range map[string]string{"github.com/NVIDIA/nvidia-container-toolkit": "v1.20.1", "github.com/a/b": "v0.1.0",
+		"github.com/c/d": "v2.0.0", "github.com/e/f": "unknown"} {
+		if got := requiredVersion(root, mod); got != want {
+			t.Errorf("requiredVersion(%s) = %s, want %s", mod, got, want)
+		}
+	}
+}

@@ -109,8 +109,14 @@ func addGoModules(comps map[string]*cdx.Component, users map[string]map[string]b
 	user := "linux/" + arch + ":" + imagePath
 	add := func(modPath, version string) {
 		if version == "" || version == "(devel)" {
-			// This repository's own module: the release's version.
+			// A main module built from its directory has no version in
+			// its build info: this repository's own is the release's;
+			// another (nvidia-cdi-hook's toolkit) is the one go.mod
+			// requires, which hack/build-cdi-hook.sh builds.
 			version = "v" + o.version
+			if modPath != ownModule {
+				version = requiredVersion(o.root, modPath)
+			}
 		}
 		purl := "pkg:golang/" + modPath + "@" + version
 		if _, ok := comps[purl]; !ok {
@@ -188,4 +194,23 @@ func controlFields(file string) (map[string]string, error) {
 		}
 	}
 	return fields, sc.Err()
+}
+
+// ownModule is this repository's Go module.
+const ownModule = "github.com/gpuaas/gpu-dra-driver"
+
+// requiredVersion is the version of module modPath that the repository's
+// go.mod requires, or "unknown".
+func requiredVersion(root, modPath string) string {
+	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && f[0] == modPath {
+			return f[1]
+		}
+	}
+	return "unknown"
 }
