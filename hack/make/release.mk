@@ -49,11 +49,13 @@ RELEASE_FLAGS = --version $(VERSION) --revision $(GIT_COMMIT) --source-date-epoc
 release: helm release-bases release-cdi-hooks
 	$(GO) run ./hack/release $(RELEASE_FLAGS) --out $(RELEASE_DIR) | tee $(RELEASE_DIR)/release.txt
 
-## release-reproducible: builds the release a second time with an empty Go build cache into
-## _output/release/rebuild and fails unless every digest and checksum is the same
+## release-reproducible: builds the release a second time, from a copy of the commit (git archive HEAD,
+## so edits made meanwhile cannot leak in) with an empty Go build cache, into _output/release/rebuild,
+## and fails unless every digest and checksum is the same (run it on a clean work tree)
 release-reproducible: release
 	rm -rf $(RELEASE_DIR)/rebuild
-	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
+	src=$$(mktemp -d) && cache=$$(mktemp -d) && trap 'rm -rf "$$src" "$$cache"' EXIT && \
+		git archive HEAD | tar -x -C "$$src" && cd "$$src" && \
 		GOCACHE=$$cache $(GO) run ./hack/release $(RELEASE_FLAGS) --out $(RELEASE_DIR)/rebuild | tee $(RELEASE_DIR)/rebuild.txt
 	hack/release-compare.sh $(RELEASE_DIR)/release.txt $(RELEASE_DIR)/rebuild.txt
 
