@@ -16,7 +16,8 @@ GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 .PHONY: all build test unit lint e2e e2e-repeat test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
-VERSION ?= 0.1.0
+# One version from git (hack/version.sh): binaries, image tag, chart.
+VERSION ?= $(shell hack/version.sh)
 
 CONTROLLER_GEN_VERSION := v0.23.0
 
@@ -27,7 +28,7 @@ include $(wildcard hack/make/*.mk)
 
 ## build: the two binaries into _output/bin
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: lint, unit tests with -race, e2e on a real control plane
 test: lint unit e2e

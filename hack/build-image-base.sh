@@ -10,19 +10,50 @@
 # ldconfig -r and chroot.
 set -euo pipefail
 
+#
+# IMAGE_BASE_ARCH=arm64 builds the arm64 base from bookworm's arm64
+# packages (dpkg --add-architecture arm64 is done if needed), checked by
+# running the probe, cross-compiled with Debian's gcc-aarch64-linux-gnu,
+# under qemu-user (qemu-aarch64-static -L, no binfmt). IMAGE_BASE_OUT puts
+# the result elsewhere than _output/image-base (make release: under
+# _output/release). Each package's control fields are kept in the rootfs as
+# distroless does (/var/lib/dpkg/status.d/<package>), for SBOMs and scanners.
+
 # libgcc-s1 is libc6's dependency (pthread_cancel and unwinding dlopen it).
 pkgs=(libc6 libgcc-s1)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+arch="${IMAGE_BASE_ARCH:-amd64}"
+case "$arch" in
+amd64) triplet=x86_64-linux-gnu loader=/lib64/ld-linux-x86-64.so.2 ;;
+arm64) triplet=aarch64-linux-gnu loader=/lib/ld-linux-aarch64.so.1 ;;
+*) echo "IMAGE_BASE_ARCH must be amd64 or arm64" >&2; exit 1 ;;
+esac
+native=$(dpkg --print-architecture)
+if [ "$arch" != "$native" ]; then
+	# Another architecture's packages, cached apart from the machine's own.
+	export DEBS_CACHE="${DEBS_CACHE:-$root/_output/release/debs}"
+fi
 . "$root/hack/lib/debs.sh"
-out="$root/_output/image-base"
+out="${IMAGE_BASE_OUT:-$root/_output/image-base}"
 rootfs="$out/rootfs"
 stamp="$out/.rootfs.stamp"
-want=$(printf '%s\n' "${pkgs[@]}" | cat - "$0" "$root/hack/lib/debs.sh" | sha256sum | cut -d' ' -f1)
+want=$(printf '%s\n' "$arch" "${pkgs[@]}" | cat - "$0" "$root/hack/lib/debs.sh" | sha256sum | cut -d' ' -f1)
 
-debs_stamp_current "$stamp" "$want" "$rootfs/usr/lib/x86_64-linux-gnu/libc.so.6" && { echo "image base up to date in $rootfs"; exit 0; }
+debs_stamp_current "$stamp" "$want" "$rootfs/usr/lib/$triplet/libc.so.6" && { echo "image base ($arch) up to date in $rootfs"; exit 0; }
 
-echo "building the image base (glibc, Debian bookworm) into $rootfs"
+qual=""
+if [ "$arch" != "$native" ]; then
+	qual=":$arch"
+	command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static >/dev/null ||
+		"$root/hack/build-cross.sh"
+	if ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
+		debs_as_root dpkg --add-architecture "$arch"
+		debs_apt update -qq
+	fi
+fi
+
+echo "building the image base (glibc, Debian bookworm, $arch) into $rootfs"
 start=$(date +%s)
 mkdir -p "$out"
 # Built beside the result and renamed into place at the end, so a killed run
@@ -32,9 +63,10 @@ scratch=$(mktemp -d)
 debs_as_root rm -rf "$tmp"
 trap 'debs_as_root rm -rf "$tmp" "$scratch"' EXIT
 
-debs_fetch "$tmp" "${pkgs[@]}"
+status_d="$scratch/status.d"
+DEBS_STATUS_DIR="$status_d" debs_fetch "$tmp" "${pkgs[@]/%/$qual}"
 debs_merge_usr "$tmp"
-lib="$tmp/usr/lib/x86_64-linux-gnu"
+lib="$tmp/usr/lib/$triplet"
 # Not needed to run a program: docs and lintian overrides, iconv modules,
 # glibc's debugging and profiling preloads (libmemusage, libpcprofile,
 # libc_malloc_debug, sotruss' audit module, libthread_db for debuggers) and
@@ -50,7 +82,9 @@ rm -f "$lib"/libmemusage.so "$lib"/libpcprofile.so "$lib"/libc_malloc_debug.so.*
 # Debian's identity files from base-files (the rest of it is not needed):
 # NVIDIA's update-ldcache hook looks at /etc/debian_version to pick the
 # container's library search paths, and scanners read os-release.
-debs_fetch "$scratch/base-files" base-files
+DEBS_STATUS_DIR="$status_d" debs_fetch "$scratch/base-files" "base-files$qual"
+mkdir -p "$tmp/var/lib/dpkg"
+cp -r "$status_d" "$tmp/var/lib/dpkg/status.d"
 cp "$scratch/base-files/etc/debian_version" "$tmp/etc/"
 mkdir -p "$tmp/usr/lib"
 cp "$scratch/base-files/usr/lib/os-release" "$tmp/usr/lib/"
@@ -86,8 +120,15 @@ chmod 0700 "$tmp/root" "$tmp/home/nonroot"
 # The loader cache as a Debian image has it; NVIDIA's update-ldcache hook
 # adds the injected driver directories to it in the container.
 echo 'include /etc/ld.so.conf.d/*.conf' >"$tmp/etc/ld.so.conf"
-ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
-debs_as_root "$ldconfig" -r "$tmp"
+if [ "$arch" = "$native" ]; then
+	ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
+	debs_as_root "$ldconfig" -r "$tmp"
+else
+	# The target's own ldconfig (libc-bin's, static) under qemu-user: the
+	# host's writes a cache for its own architecture.
+	debs_fetch "$scratch/libc-bin" "libc-bin$qual"
+	debs_as_root qemu-aarch64-static "$scratch/libc-bin/sbin/ldconfig" -r "$tmp"
+fi
 
 # Check: a small cgo binary finds all its libraries with the rootfs' own
 # loader and runs in it, as root and as nonroot (user lookup through NSS);
@@ -122,15 +163,27 @@ func main() {
 		C.getpid(), u.Username, u.Uid, u.HomeDir, C.GoString(C.try_nvml()))
 }
 EOF
+cc=()
+[ "$arch" = "$native" ] || cc=(CC=aarch64-linux-gnu-gcc)
 (cd "$scratch/probe" && GOWORK=off GOFLAGS=-mod=mod go mod init probe >/dev/null 2>&1 &&
-	CGO_ENABLED=1 GOWORK=off go build -o "$tmp/.probe" .)
-deps=$(debs_as_root chroot "$tmp" /lib64/ld-linux-x86-64.so.2 --list /.probe)
+	env "${cc[@]}" CGO_ENABLED=1 GOARCH="$arch" GOWORK=off go build -o "$tmp/.probe" .)
+if [ "$arch" = "$native" ]; then
+	deps=$(debs_as_root chroot "$tmp" "$loader" --list /.probe)
+else
+	# qemu-user with -L looks every path up in the rootfs first, as a
+	# chroot would; the loader is the rootfs' own.
+	deps=$(qemu-aarch64-static -L "$tmp" "$tmp$loader" --list "$tmp/.probe")
+fi
 if grep 'not found' <<<"$deps"; then
 	echo "the cgo probe's libraries are missing in the rootfs (above)" >&2
 	exit 1
 fi
-debs_as_root chroot "$tmp" /.probe
-debs_as_root chroot --userspec=65532:65532 "$tmp" /.probe
+if [ "$arch" = "$native" ]; then
+	debs_as_root chroot "$tmp" /.probe
+	debs_as_root chroot --userspec=65532:65532 "$tmp" /.probe
+else
+	qemu-aarch64-static -L "$tmp" "$tmp/.probe"
+fi
 rm -f "$tmp/.probe"
 
 debs_as_root rm -rf "$rootfs"

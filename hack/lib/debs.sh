@@ -110,10 +110,14 @@ debs_lists_for() {
 # debs_cached PKG VERSION-GLOB prints the newest cached .deb of PKG whose
 # version matches the glob, if any (dpkg names them pkg_version_arch.deb,
 # with an epoch's colon written %3a).
+# PKG may be qualified with an architecture (libc6:arm64); otherwise the
+# machine's own architecture (or all) is meant.
 debs_cached() {
-	local name=$1 version=$2 f v best=""
+	local name=${1%%:*} arch version=$2 f v best=""
+	arch=$([[ $1 == *:* ]] && echo "${1#*:}" || dpkg --print-architecture)
 	for f in "$DEBS_CACHE/${name}_"*.deb; do
 		[ -f "$f" ] || continue
+		case "$f" in *"_${arch}.deb" | *_all.deb) ;; *) continue ;; esac
 		v=${f##*/}
 		v=${v#"${name}_"}
 		v=${v%_*.deb}
@@ -124,14 +128,19 @@ debs_cached() {
 			best=$v
 		fi
 	done
-	[ -n "$best" ] && printf '%s\n' "$DEBS_CACHE/${name}_${best//:/%3a}_"*.deb | head -n1
+	[ -n "$best" ] || return 0
+	for f in "$DEBS_CACHE/${name}_${best//:/%3a}_${arch}.deb" "$DEBS_CACHE/${name}_${best//:/%3a}_all.deb"; do
+		[ -f "$f" ] && { echo "$f"; return 0; }
+	done
 }
 
 # debs_fetch DEST PKG[=VERSION]... downloads exactly the named packages (no
 # dependencies: the caller lists what it needs) into the cache, unless a
 # matching .deb is already there, and unpacks each into DEST with dpkg -x.
 # VERSION may be exact or a glob (535.261.03-*: the newest match); without
-# one, apt's candidate version is used.
+# one, apt's candidate version is used. PKG may name another architecture
+# (libc6:arm64; dpkg --add-architecture must list it). With DEBS_STATUS_DIR
+# set, each package's control fields are written there, one file a package.
 debs_fetch() {
 	local dest=$1 spec name version deb
 	shift
@@ -180,6 +189,12 @@ debs_fetch() {
 	fi
 	for deb in "${debs[@]}"; do
 		dpkg -x "$deb" "$dest"
+		# What was unpacked, as distroless records it (one control file
+		# per package): SBOM tools and scanners read it in the image.
+		if [ -n "${DEBS_STATUS_DIR:-}" ]; then
+			mkdir -p "$DEBS_STATUS_DIR"
+			dpkg-deb -f "$deb" >"$DEBS_STATUS_DIR/$(dpkg-deb -f "$deb" Package)"
+		fi
 	done
 }
 

@@ -6,15 +6,14 @@ import (
 	goflag "flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
-)
 
-// Version is the release the binary was built from. The image build sets
-// it: -ldflags "-X github.com/gpuaas/gpu-dra-driver/pkg/cli.Version=<version>"
-// (make image, from the Makefile's VERSION).
-var Version = "dev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/version"
+)
 
 // Env returns the environment variable name, or def when it is unset.
 func Env(name, def string) string {
@@ -36,11 +35,11 @@ func Parse(fs *pflag.FlagSet, about string) {
 		fmt.Fprintf(os.Stderr, "%s\n\nFlags (environment variables in brackets):\n", about)
 		fs.PrintDefaults()
 	}
-	version := fs.Bool("version", false, "Print the version and exit.")
+	printVersion := fs.Bool("version", false, "Print the version, the commit and the Go version, and exit.")
 	pflag.Parse()
-	if *version {
-		fmt.Println(Version)
+	if *printVersion {
+		fmt.Println(version.String(filepath.Base(os.Args[0])))
 		os.Exit(0)
 	}
-	klog.Background().Info("Starting", "version", Version)
+	klog.Background().Info("Starting", "version", version.Version(), "commit", version.Commit(), "go", runtime.Version())
 }

@@ -3,17 +3,20 @@ package cli
 import (
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/version"
 )
 
-// Issue 12 item 14: the Makefile's VERSION never reached the binaries. The
-// image build sets Version with -ldflags -X; a binary built that way prints
-// it with --version.
+// Issue 12 item 14, issue 40: the release build sets the version and the
+// commit with -ldflags -X (hack/version.sh); a binary built that way prints
+// them, with the Go version, on --version.
 func TestVersionIsSetAtBuildTime(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "versioned")
-	build := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-X github.com/gpuaas/gpu-dra-driver/pkg/cli.Version=9.8.7", "./testdata/versioned")
+	ldflags := "-X " + version.Package + ".version=9.8.7-2-gabcdef1 -X " + version.Package + ".commit=abcdef1234567890"
+	build := exec.Command("go", "build", "-o", bin, "-ldflags", ldflags, "./testdata/versioned")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building: %v\n%s", err, out)
 	}
@@ -21,7 +24,8 @@ func TestVersionIsSetAtBuildTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--version: %v\n%s", err, out)
 	}
-	if got := strings.TrimSpace(string(out)); got != "9.8.7" {
-		t.Fatalf("--version printed %q, want 9.8.7", got)
+	want := regexp.MustCompile(`^versioned 9\.8\.7-2-gabcdef1 \(commit abcdef1234567890, go[0-9.]+\S* linux/\w+\)$`)
+	if got := strings.TrimSpace(string(out)); !want.MatchString(got) {
+		t.Fatalf("--version printed %q, want %v", got, want)
 	}
 }

@@ -21,7 +21,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/version"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage"
 )
 
@@ -32,8 +34,9 @@ const (
 	source      = "https://github.com/gpuaas/gpu-dra-driver"
 	licenses    = "Apache-2.0"
 
-	// versionVar is the variable both binaries print with --version.
-	versionVar = "github.com/gpuaas/gpu-dra-driver/pkg/cli.Version"
+	// versionVar and commitVar are what both binaries print with --version.
+	versionVar = version.Package + ".version"
+	commitVar  = version.Package + ".commit"
 
 	// nonroot is the uid:gid the controller runs as; the base's
 	// /etc/passwd names it, as distroless's does. The kubelet plugin's
@@ -85,6 +88,12 @@ type Options struct {
 	// WorkDir receives the built binaries; empty means a temporary
 	// directory, removed afterwards.
 	WorkDir string
+	// Created dates the image and every file in it (SOURCE_DATE_EPOCH);
+	// zero means the Unix epoch.
+	Created time.Time
+	// Arch is the image's architecture, amd64 when empty; Build builds
+	// the binaries for it (cgo with a cross compiler for arm64).
+	Arch string
 }
 
 // Build builds the binaries and writes the image <Repository>:<Version> to
@@ -98,14 +107,14 @@ func Build(ctx context.Context, o Options) (string, error) {
 		return "", err
 	}
 	defer cleanup()
-	built, err := buildBinaries(ctx, o, workDir)
+	built, err := BuildBinaries(ctx, o, workDir)
 	if err != nil {
 		return "", err
 	}
 	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
 		return "", fmt.Errorf("release image: output directory: %w", err)
 	}
-	if err := ociimage.WriteTar(image(o, built), o.Out); err != nil {
+	if err := ociimage.WriteTar(Image(o, built), o.Out); err != nil {
 		return "", fmt.Errorf("release image: %w", err)
 	}
 	return o.Out, nil
@@ -173,14 +182,17 @@ func workDir(dir string) (string, func(), error) {
 	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
 
-// buildBinaries builds the commands into workDir with the version stamped
-// and returns the image's files.
-func buildBinaries(ctx context.Context, o Options, workDir string) ([]ociimage.File, error) {
+// BuildBinaries builds the commands into workDir for o.Arch with the
+// version and commit stamped, and returns the image's files.
+func BuildBinaries(ctx context.Context, o Options, workDir string) ([]ociimage.File, error) {
 	vars := map[string]string{versionVar: o.Version}
+	if o.Revision != "" {
+		vars[commitVar] = o.Revision
+	}
 	files := make([]ociimage.File, 0, len(binaries)+1)
 	for _, b := range binaries {
 		out := filepath.Join(workDir, filepath.Base(b.path))
-		if err := ociimage.DynamicBinary(ctx, o.RepoRoot, b.pkg, out, vars); err != nil {
+		if err := ociimage.DynamicBinaryForArch(ctx, o.RepoRoot, b.pkg, out, o.arch(), vars); err != nil {
 			return nil, fmt.Errorf("release image: %w", err)
 		}
 		files = append(files, ociimage.File{Path: b.path, Source: out, Mode: 0o755})
@@ -188,8 +200,16 @@ func buildBinaries(ctx context.Context, o Options, workDir string) ([]ociimage.F
 	return append(files, ociimage.File{Path: cdiHookPath, Source: o.CDIHook, Mode: 0o755}), nil
 }
 
-// image is the release image: the base, then the three commands.
-func image(o Options, files []ociimage.File) ociimage.Image {
+// arch is the image's architecture.
+func (o Options) arch() string {
+	if o.Arch == "" {
+		return "amd64"
+	}
+	return o.Arch
+}
+
+// Image is the release image: the base, then the three commands.
+func Image(o Options, files []ociimage.File) ociimage.Image {
 	labels := map[string]string{
 		ociimage.LabelTitle:       title,
 		ociimage.LabelDescription: description,
@@ -201,7 +221,9 @@ func image(o Options, files []ociimage.File) ociimage.Image {
 		labels[ociimage.LabelRevision] = o.Revision
 	}
 	return ociimage.Image{
-		Name: o.Repository + ":" + o.Version,
+		Name:    o.Repository + ":" + o.Version,
+		Arch:    o.Arch,
+		Created: o.Created,
 		Layers: []ociimage.Layer{
 			{{Path: "/", Source: o.BaseRootfs, Tree: true}},
 			ociimage.Layer(files),

@@ -76,7 +76,7 @@ func TestBuild(t *testing.T) {
 	checkBaseLayer(t, ocitest.Gunzip(t, ocitest.Blob(t, blobs, mf.Layers[0].Digest)))
 	checkBinaryLayer(t, ocitest.Gunzip(t, ocitest.Blob(t, blobs, mf.Layers[1].Digest)), o)
 	for _, b := range binaries {
-		checkBinary(t, filepath.Join(o.WorkDir, filepath.Base(b.path)), o.Version)
+		checkBinary(t, filepath.Join(o.WorkDir, filepath.Base(b.path)), o.Version, o.Revision)
 	}
 }
 
@@ -160,7 +160,7 @@ func checkBinaryLayer(t *testing.T, layerTar []byte, o Options) {
 
 // checkBinary: dynamically linked (it has an ELF interpreter), and
 // --version prints the version.
-func checkBinary(t *testing.T, bin, version string) {
+func checkBinary(t *testing.T, bin, version, revision string) {
 	t.Helper()
 	f, err := elf.Open(bin)
 	if err != nil {
@@ -174,8 +174,9 @@ func checkBinary(t *testing.T, bin, version string) {
 	if err != nil {
 		t.Fatalf("%s --version: %v\n%s", bin, err, out)
 	}
-	if got := strings.TrimSpace(string(out)); got != version {
-		t.Errorf("%s --version printed %q, want %q", bin, got, version)
+	want := filepath.Base(bin) + " " + version + " (commit " + revision + ", go"
+	if got := strings.TrimSpace(string(out)); !strings.HasPrefix(got, want) {
+		t.Errorf("%s --version printed %q, want %q...", bin, got, want)
 	}
 }
 

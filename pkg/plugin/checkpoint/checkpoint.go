@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
@@ -25,7 +26,12 @@ import (
 
 // Version is the format of the files written today. Readers accept it and
 // refuse (as damaged) anything else, so a downgrade never misreads a newer
-// layout.
+// layout. The rule (docs/architecture.md, "The checkpoint"): a change that
+// the previous release would read wrongly when it ignores the new fields
+// (a field that changes what is held, or the meaning of an old one)
+// increments Version, "v1" -> "v2"; an optional field whose absence
+// means what older readers assume keeps it. A release reads every version
+// it has ever written.
 const Version = "v1"
 
 const fileSuffix = ".json"
@@ -113,6 +119,12 @@ type file struct {
 // ErrDamaged marks a file that cannot be trusted: unreadable JSON, unknown
 // version, or a checksum mismatch.
 var ErrDamaged = errors.New("damaged checkpoint")
+
+// ErrNewerFormat marks a file of a later format than this plugin reads:
+// written by a newer release, found after a rollback. It is also
+// ErrDamaged (the record is set aside and rebuilt from the claim, never
+// misread); its message names both formats.
+var ErrNewerFormat = errors.New("checkpoint written by a newer release")
 
 // Store keeps one file per claim in a directory.
 type Store struct {
@@ -280,6 +292,10 @@ func decode(data []byte) (*Claim, error) {
 		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
 	}
 	if f.Version != Version {
+		if formatNumber(f.Version) > formatNumber(Version) {
+			return nil, fmt.Errorf("%w (%w): format %q, this plugin reads %q; after a rollback, records of the newer release are rebuilt from their claims",
+				ErrDamaged, ErrNewerFormat, f.Version, Version)
+		}
 		return nil, fmt.Errorf("%w: unknown version %q", ErrDamaged, f.Version)
 	}
 	if got := checksum(f.Claim); got != f.Checksum {
@@ -290,6 +306,15 @@ func decode(data []byte) (*Claim, error) {
 		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
 	}
 	return &c, nil
+}
+
+// formatNumber is N of a version "vN", or 0 when it is not of that form.
+func formatNumber(v string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
+	if err != nil || !strings.HasPrefix(v, "v") || n < 0 {
+		return 0
+	}
+	return n
 }
 
 func checksum(b []byte) string {

@@ -90,6 +90,11 @@ func TestDamagedFilesAreReportedAndMovedAside(t *testing.T) {
 		if !errors.Is(d.Err, ErrDamaged) {
 			t.Errorf("%s: error %v is not ErrDamaged", d.UID, d.Err)
 		}
+		// Issue 40: a record of a later format (a rollback) says so.
+		if newer := errors.Is(d.Err, ErrNewerFormat); newer != (d.UID == "future") ||
+			(newer && !strings.Contains(d.Err.Error(), `format "v9", this plugin reads "v1"`)) {
+			t.Errorf("%s: error %v (ErrNewerFormat: %v)", d.UID, d.Err, newer)
+		}
 		got[d.UID] = true
 		if _, err := os.Stat(s.Path(d.UID) + ".damaged"); err != nil {
 			t.Errorf("%s not moved aside: %v", d.UID, err)

@@ -60,6 +60,13 @@ func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...str
 // kube-proxy routes the kubernetes Service). The catalog is left out: the
 // demo specs bring their own DeviceClasses.
 func (n *RealNode) ChartValues(verbosity int) (string, error) {
+	return n.ChartValuesWithImage(verbosity, DriverImageRepository, DriverImageTag, "Never")
+}
+
+// ChartValuesWithImage are ChartValues with another image: a repository,
+// a tag (empty: the chart's appVersion) and a pull policy, for a node
+// that pulls the release from a registry.
+func (n *RealNode) ChartValuesWithImage(verbosity int, repository, tag, pullPolicy string) (string, error) {
 	nodeConfig, err := demoNodeConfig()
 	if err != nil {
 		return "", err
@@ -87,8 +94,8 @@ func (n *RealNode) ChartValues(verbosity int) (string, error) {
 logVerbosity: %d
 image:
   repository: %s
-  tag: %s
-  pullPolicy: Never
+  tag: %q
+  pullPolicy: %s
 extraEnv:
 - {name: KUBERNETES_SERVICE_HOST, value: %q}
 - {name: KUBERNETES_SERVICE_PORT, value: %q}%s
@@ -115,7 +122,7 @@ controller:
   webhookPort: %d
 # null deletes a default entry of the catalog.
 gpuProfiles: {gpu: null, mig-1g: null}
-`, verbosity, DriverImageRepository, DriverImageTag, apiHost, apiPort, nvmlEnv,
+`, verbosity, repository, tag, pullPolicy, apiHost, apiPort, nvmlEnv,
 		n.KubeletDir, n.CDIRoot, n.DriverRoot, backend, ports[0], ports[1], nodeConfig, ports[2], ports[3], ports[4]), nil
 }
 
@@ -215,14 +222,21 @@ const installTimeout = 5 * time.Minute
 // InstallChart installs the chart as release into namespace with values and
 // waits for the plugin pod, the node's devices and the controller.
 func (n *RealNode) InstallChart(ctx context.Context, helmBinary, release, namespace, values string) error {
+	return n.InstallChartFrom(ctx, helmBinary, release, namespace, values, ChartPath)
+}
+
+// InstallChartFrom is InstallChart of another chart: chart and extra are
+// helm install's chart argument and flags, e.g. "oci://127.0.0.1:5000/gpuaas/charts/gpuaas-dra"
+// and "--version", "0.2.0", "--plain-http", as a user installs a release.
+func (n *RealNode) InstallChartFrom(ctx context.Context, helmBinary, release, namespace, values, chart string, extra ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, installTimeout)
 	defer cancel()
 	file, err := n.WriteValues("values-install.yaml", values)
 	if err != nil {
 		return err
 	}
-	if _, err := n.cp.Helm(ctx, helmBinary, "install", release, ChartPath, "--namespace", namespace,
-		"--create-namespace", "-f", file); err != nil {
+	args := append([]string{"install", release, chart, "--namespace", namespace, "--create-namespace", "-f", file}, extra...)
+	if _, err := n.cp.Helm(ctx, helmBinary, args...); err != nil {
 		return err
 	}
 	if _, err := n.cp.WaitForPluginPod(ctx, namespace, ""); err != nil {

@@ -55,7 +55,7 @@ const CNIBinDir = "/usr/lib/cni"
 
 // startContainerd writes the configuration and starts containerd, waiting
 // for its socket to answer.
-func (n *RealNode) startContainerd(ctx context.Context) error {
+func (n *RealNode) startContainerd(ctx context.Context, plainHTTP []string) error {
 	cniDir := filepath.Join(n.Dir, "cni")
 	if err := os.MkdirAll(cniDir, 0o755); err != nil {
 		return fmt.Errorf("creating CNI dir: %w", err)
@@ -65,6 +65,13 @@ func (n *RealNode) startContainerd(ctx context.Context) error {
 	}
 	cfg := fmt.Sprintf(containerdConfig, filepath.Join(n.Dir, "ctd", "root"), filepath.Join(n.Dir, "ctd", "state"),
 		n.ContainerdSocket, SandboxImage, n.CDIRoot, filepath.Join(n.cp.BinDir, "runc"), CNIBinDir, cniDir)
+	if len(plainHTTP) > 0 {
+		hostsDir, err := writeRegistryHosts(filepath.Join(n.Dir, "ctd", "certs.d"), plainHTTP)
+		if err != nil {
+			return err
+		}
+		cfg += fmt.Sprintf("[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = %q\n", hostsDir)
+	}
 	cfgPath := filepath.Join(n.Dir, "containerd.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("writing containerd config: %w", err)
@@ -102,4 +109,21 @@ func (n *RealNode) ImportImage(ctx context.Context, tarball string) error {
 		return fmt.Errorf("ctr images import %s: %w\n%s", tarball, err, out)
 	}
 	return nil
+}
+
+// writeRegistryHosts writes containerd's registry host configuration
+// (config_path/<host>/hosts.toml) for registries served over plain HTTP,
+// and returns config_path.
+func writeRegistryHosts(dir string, registries []string) (string, error) {
+	for _, r := range registries {
+		host := filepath.Join(dir, r)
+		if err := os.MkdirAll(host, 0o755); err != nil {
+			return "", fmt.Errorf("registry hosts: %w", err)
+		}
+		toml := fmt.Sprintf("server = %[1]q\n\n[host.%[1]q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+r)
+		if err := os.WriteFile(filepath.Join(host, "hosts.toml"), []byte(toml), 0o644); err != nil {
+			return "", fmt.Errorf("registry hosts: %w", err)
+		}
+	}
+	return dir, nil
 }

@@ -38,6 +38,20 @@ const (
 // tarballs, for RealNodeOptions.Images: the first two into dir, the
 // release image where `make image` writes it, by the same code.
 func BuildNodeImages(ctx context.Context, dir string) ([]string, error) {
+	images, err := BuildTestImages(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	driver, err := BuildReleaseImage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return append(images, driver), nil
+}
+
+// BuildTestImages builds the sandbox and workload images into dir, for a
+// node that pulls the driver's image from a registry instead.
+func BuildTestImages(ctx context.Context, dir string) ([]string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -50,11 +64,7 @@ func BuildNodeImages(ctx context.Context, dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	driver, err := BuildReleaseImage(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return []string{pause, workload, driver}, nil
+	return []string{pause, workload}, nil
 }
 
 // BuildReleaseImage builds the release image as `make image` does.

@@ -53,6 +53,10 @@ type NodeOptions struct {
 	// directory the mock backend would, so hack/mocknvml and the tests'
 	// injections reach it alike.
 	NVMLLibrary string
+	// RunUnder is a command the plugin binary runs under, e.g.
+	// {"qemu-aarch64-static", "-L", "<arm64 rootfs>"} for the release's
+	// arm64 plugin on this amd64 machine; empty runs it directly.
+	RunUnder []string
 }
 
 // Node is a simulated node: the kubelet simulator in this process and the
@@ -155,7 +159,11 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		"--node-config="+opts.NodeConfig,
 		"-v", fmt.Sprint(opts.Verbosity),
 	), opts.ExtraArgs...)
-	n.Plugin = NewProcess("plugin-"+opts.Name, opts.PluginBinary, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
+	bin := opts.PluginBinary
+	if len(opts.RunUnder) > 0 {
+		bin, args = opts.RunUnder[0], append(append(opts.RunUnder[1:len(opts.RunUnder):len(opts.RunUnder)], opts.PluginBinary), args...)
+	}
+	n.Plugin = NewProcess("plugin-"+opts.Name, bin, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
 	n.Plugin.Env = env
 	sim, err := kubeletsim.New(kubeletsim.Config{
 		Client: cp.Client, NodeName: opts.Name, RegistryDir: n.RegistryDir, Labels: opts.Labels,

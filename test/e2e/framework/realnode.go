@@ -55,6 +55,9 @@ type RealNodeOptions struct {
 	// the in-process mock. Containers still get NVIDIA's real libraries:
 	// nvcdi finds them by the driver version the library reports.
 	NVMLLibrary string
+	// PlainHTTPRegistries are registries ("127.0.0.1:5000") containerd
+	// pulls from over plain HTTP, such as the release tests' local one.
+	PlainHTTPRegistries []string
 }
 
 // RealNode is a node of real components on this machine: containerd (with
@@ -154,7 +157,7 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 		}
 		n.SimulatedNVML, n.nvmlLibrary = true, opts.NVMLLibrary
 	}
-	if err := n.startContainerd(ctx); err != nil {
+	if err := n.startContainerd(ctx, opts.PlainHTTPRegistries); err != nil {
 		return err
 	}
 	for _, img := range opts.Images {

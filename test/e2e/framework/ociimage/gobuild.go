@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 )
@@ -36,13 +37,32 @@ func StaticBinary(ctx context.Context, repoRoot, pkg, out string, cgo bool) erro
 // go-nvml dlopen()s libnvidia-ml from the driver root at run time, which
 // only works in a dynamically linked process. Symbol tables and DWARF are
 // stripped (-s -w). vars are set with -ldflags -X, e.g.
-// {"github.com/gpuaas/gpu-dra-driver/pkg/cli.Version": "0.1.0"}.
+// {"github.com/gpuaas/gpu-dra-driver/pkg/version.version": "0.1.0"}.
 func DynamicBinary(ctx context.Context, repoRoot, pkg, out string, vars map[string]string) error {
+	return DynamicBinaryForArch(ctx, repoRoot, pkg, out, imageArch, vars)
+}
+
+// CrossCC is the C cross compiler cgo uses for each architecture other
+// than amd64 (Debian's gcc-aarch64-linux-gnu; hack/build-cross.sh installs it).
+var CrossCC = map[string]string{"arm64": "aarch64-linux-gnu-gcc"}
+
+// DynamicBinaryForArch is DynamicBinary for linux/<arch>. For an arch other
+// than the machine's, cgo compiles with CrossCC[arch], so the binary links
+// against that architecture's glibc as the image base has it.
+func DynamicBinaryForArch(ctx context.Context, repoRoot, pkg, out, arch string, vars map[string]string) error {
 	ldflags, err := ldflagsWithVars([]string{"-s", "-w"}, vars)
 	if err != nil {
 		return fmt.Errorf("build %s: %w", pkg, err)
 	}
-	return goBuild(ctx, repoRoot, pkg, out, true, []string{"-trimpath", "-ldflags", ldflags})
+	var env []string
+	if arch != runtime.GOARCH {
+		cc, ok := CrossCC[arch]
+		if !ok {
+			return fmt.Errorf("build %s: no C cross compiler known for %s", pkg, arch)
+		}
+		env = append(env, "CC="+cc)
+	}
+	return goBuildArch(ctx, repoRoot, pkg, out, arch, true, env, []string{"-trimpath", "-ldflags", ldflags})
 }
 
 // ldflagsWithVars appends "-X name=value" for each of vars, sorted so the
@@ -69,6 +89,12 @@ func ldflagsWithVars(flags []string, vars map[string]string) (string, error) {
 // CGO_CFLAGS silences the deprecation warnings of go-nvml's header, as the
 // Makefile does.
 func goBuild(ctx context.Context, repoRoot, pkg, out string, cgo bool, flags []string) error {
+	return goBuildArch(ctx, repoRoot, pkg, out, imageArch, cgo, nil, flags)
+}
+
+// goBuildArch is goBuild for linux/<arch>, with env added to the go
+// command's environment.
+func goBuildArch(ctx context.Context, repoRoot, pkg, out, arch string, cgo bool, env, flags []string) error {
 	absOut, err := filepath.Abs(out)
 	if err != nil {
 		return fmt.Errorf("build %s: output path: %w", pkg, err)
@@ -85,8 +111,9 @@ func goBuild(ctx context.Context, repoRoot, pkg, out string, cgo bool, flags []s
 		"CGO_ENABLED="+cgoEnabled,
 		"CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations",
 		"GOOS="+imageOS,
-		"GOARCH="+imageArch,
+		"GOARCH="+arch,
 	)
+	cmd.Env = append(cmd.Env, env...)
 	output, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go %s (CGO_ENABLED=%s): %w\n%s", strings.Join(args, " "), cgoEnabled, err, output)

@@ -29,7 +29,7 @@ func TestDynamicBinary(t *testing.T) {
 		t.Skip("images are linux/amd64")
 	}
 	out := filepath.Join(t.TempDir(), "versioned")
-	vars := map[string]string{"github.com/gpuaas/gpu-dra-driver/pkg/cli.Version": "9.8.7-test"}
+	vars := map[string]string{"github.com/gpuaas/gpu-dra-driver/pkg/version.version": "9.8.7-test"}
 	if err := DynamicBinary(context.Background(), repoRoot(t), "pkg/cli/testdata/versioned", out, vars); err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +37,8 @@ func TestDynamicBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--version: %v\n%s", err, got)
 	}
-	if strings.TrimSpace(string(got)) != "9.8.7-test" {
-		t.Errorf("--version printed %q, want 9.8.7-test", got)
+	if !strings.HasPrefix(string(got), "versioned 9.8.7-test (commit ") {
+		t.Errorf("--version printed %q, want versioned 9.8.7-test (commit ...)", got)
 	}
 }
 

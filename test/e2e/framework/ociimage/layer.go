@@ -14,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"time"
 )
 
 // Entry is one item of a layer: a host file, or with Tree a host directory
@@ -71,7 +72,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // (digest and size of the compressed bytes) and its diff ID (digest of the
 // uncompressed tar), both computed in one pass. withTmp adds a /tmp
 // directory (mode 1777) unless the layer has one.
-func writeLayer(w io.Writer, layer Layer, withTmp bool) (blob, string, error) {
+func writeLayer(w io.Writer, layer Layer, withTmp bool, mtime time.Time) (blob, string, error) {
 	entries, err := layerEntries(layer, withTmp)
 	if err != nil {
 		return blob{}, "", err
@@ -83,7 +84,7 @@ func writeLayer(w io.Writer, layer Layer, withTmp bool) (blob, string, error) {
 	diffHash := sha256.New()
 	tw := tar.NewWriter(io.MultiWriter(gz, diffHash))
 	for _, e := range entries {
-		if err := writeEntry(tw, e); err != nil {
+		if err := writeEntry(tw, e, mtime); err != nil {
 			return blob{}, "", err
 		}
 	}
@@ -274,9 +275,9 @@ func (s layerSet) addParents() error {
 	return nil
 }
 
-// writeEntry adds one entry, owned by root and dated epoch, to the layer.
-func writeEntry(tw *tar.Writer, e layerEntry) error {
-	hdr := &tar.Header{Name: e.name, Typeflag: e.typeflag, Mode: e.mode, ModTime: epoch, Format: tar.FormatPAX}
+// writeEntry adds one entry, owned by root and dated mtime, to the layer.
+func writeEntry(tw *tar.Writer, e layerEntry, mtime time.Time) error {
+	hdr := &tar.Header{Name: e.name, Typeflag: e.typeflag, Mode: e.mode, ModTime: mtime, Format: tar.FormatPAX}
 	switch e.typeflag {
 	case tar.TypeDir:
 		hdr.Name += "/"

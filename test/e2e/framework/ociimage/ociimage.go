@@ -64,8 +64,10 @@ const (
 	ociAnnotationPrefix = "org.opencontainers.image."
 )
 
-// The images only ever run on linux/amd64 nodes; StaticBinary and
-// DynamicBinary build for the same platform so config and binaries agree.
+// The images run on linux; the architecture is amd64 unless Image.Arch
+// says otherwise (the release image is also built for arm64). StaticBinary
+// and DynamicBinary build for amd64, *ForArch for another, so that config
+// and binaries agree.
 const (
 	imageOS   = "linux"
 	imageArch = "amd64"
@@ -75,8 +77,16 @@ const (
 // so that output is reproducible.
 var epoch = time.Unix(0, 0).UTC()
 
-// Image describes a linux/amd64 image.
+// Image describes a linux image, amd64 unless Arch says otherwise.
 type Image struct {
+	// Arch is the GOARCH the image is for ("amd64", "arm64"); empty means
+	// amd64.
+	Arch string
+	// Created is the image's time: the config's "created" and every file's
+	// modification time in its layers. The zero time means the Unix epoch.
+	// A release sets it to SOURCE_DATE_EPOCH (its commit's time), which
+	// keeps the build reproducible and dates the image as its sources.
+	Created time.Time
 	// Name is the image reference containerd registers, e.g.
 	// "localhost/gpuaas/gpu-dra-driver:e2e". Without a tag ":latest" is used.
 	Name string
@@ -108,6 +118,7 @@ type descriptor struct {
 type platform struct {
 	Architecture string `json:"architecture"`
 	OS           string `json:"os"`
+	Variant      string `json:"variant,omitempty"`
 }
 
 type index struct {
@@ -128,6 +139,7 @@ type imageConfig struct {
 	Created      time.Time       `json:"created"`
 	Architecture string          `json:"architecture"`
 	OS           string          `json:"os"`
+	Variant      string          `json:"variant,omitempty"`
 	Config       containerConfig `json:"config"`
 	RootFS       rootFS          `json:"rootfs"`
 }
@@ -164,7 +176,7 @@ func WriteTar(img Image, out string) error {
 	if err != nil {
 		return err
 	}
-	layers, diffIDs, cleanup, err := writeLayers(filepath.Dir(out), img.allLayers())
+	layers, diffIDs, cleanup, err := writeLayers(filepath.Dir(out), img.allLayers(), img.created())
 	defer cleanup()
 	if err != nil {
 		return fmt.Errorf("image %s: %w", img.Name, err)
@@ -192,7 +204,7 @@ func (img Image) allLayers() []Layer {
 // writeLayers writes each layer to a temporary file in dir and returns their
 // blobs and diff IDs, bottom first. cleanup removes the files; it is to be
 // called even when err is set.
-func writeLayers(dir string, layers []Layer) (blobs []blob, diffIDs []string, cleanup func(), err error) {
+func writeLayers(dir string, layers []Layer, mtime time.Time) (blobs []blob, diffIDs []string, cleanup func(), err error) {
 	var paths []string
 	cleanup = func() {
 		for _, p := range paths {
@@ -207,7 +219,7 @@ func writeLayers(dir string, layers []Layer) (blobs []blob, diffIDs []string, cl
 		paths = append(paths, f.Name())
 		// Only the first layer gets the default /tmp: it is a property of
 		// the image, and an upper layer must not override the base's.
-		b, diffID, err := writeLayer(f, l, i == 0)
+		b, diffID, err := writeLayer(f, l, i == 0, mtime)
 		if closeErr := f.Close(); err == nil && closeErr != nil {
 			err = fmt.Errorf("close layer file: %w", closeErr)
 		}
@@ -242,32 +254,9 @@ func splitName(ref string) (string, string, error) {
 // metadataBlobs builds the config, manifest and index around the layers and
 // returns every blob of the layout, with index.json's content first.
 func metadataBlobs(img Image, layers []blob, diffIDs []string, name, tag string) ([]blob, error) {
-	config, err := jsonBlob(imageConfig{
-		Created:      epoch,
-		Architecture: imageArch,
-		OS:           imageOS,
-		Config: containerConfig{
-			User:       img.User,
-			Env:        img.Env,
-			Entrypoint: img.Entrypoint,
-			Cmd:        img.Cmd,
-			WorkingDir: img.WorkingDir,
-			Labels:     img.Labels,
-		},
-		RootFS: rootFS{Type: "layers", DiffIDs: diffIDs},
-	})
+	config, mf, err := manifestBlobs(img, layers, diffIDs)
 	if err != nil {
-		return nil, fmt.Errorf("image config: %w", err)
-	}
-	mf, err := jsonBlob(manifest{
-		SchemaVersion: 2,
-		MediaType:     mediaTypeManifest,
-		Config:        descriptor{MediaType: mediaTypeConfig, Digest: config.digest, Size: config.size},
-		Layers:        layerDescriptors(layers),
-		Annotations:   ociAnnotations(img.Labels),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("image manifest: %w", err)
+		return nil, err
 	}
 	idx, err := jsonBlob(index{
 		SchemaVersion: 2,
@@ -279,7 +268,7 @@ func metadataBlobs(img Image, layers []blob, diffIDs []string, name, tag string)
 			// containerd's CRI only registers images whose manifest
 			// matches the node's platform; without it the import is
 			// silently invisible to the kubelet.
-			Platform: &platform{Architecture: imageArch, OS: imageOS},
+			Platform: img.platform(),
 			Annotations: map[string]string{
 				annotationImageName: name,
 				annotationRefName:   tag,
@@ -290,6 +279,61 @@ func metadataBlobs(img Image, layers []blob, diffIDs []string, name, tag string)
 		return nil, fmt.Errorf("image index: %w", err)
 	}
 	return append([]blob{idx, config, mf}, layers...), nil
+}
+
+// manifestBlobs returns the image's config and manifest.
+func manifestBlobs(img Image, layers []blob, diffIDs []string) (config, mf blob, err error) {
+	p := img.platform()
+	config, err = jsonBlob(imageConfig{
+		Created:      img.created(),
+		Architecture: p.Architecture,
+		OS:           p.OS,
+		Variant:      p.Variant,
+		Config: containerConfig{
+			User:       img.User,
+			Env:        img.Env,
+			Entrypoint: img.Entrypoint,
+			Cmd:        img.Cmd,
+			WorkingDir: img.WorkingDir,
+			Labels:     img.Labels,
+		},
+		RootFS: rootFS{Type: "layers", DiffIDs: diffIDs},
+	})
+	if err != nil {
+		return blob{}, blob{}, fmt.Errorf("image config: %w", err)
+	}
+	mf, err = jsonBlob(manifest{
+		SchemaVersion: 2,
+		MediaType:     mediaTypeManifest,
+		Config:        descriptor{MediaType: mediaTypeConfig, Digest: config.digest, Size: config.size},
+		Layers:        layerDescriptors(layers),
+		Annotations:   ociAnnotations(img.Labels),
+	})
+	if err != nil {
+		return blob{}, blob{}, fmt.Errorf("image manifest: %w", err)
+	}
+	return config, mf, nil
+}
+
+// platform is the image's OS and architecture; arm64 images carry the
+// variant v8, as registries and containerd's platform matcher expect.
+func (img Image) platform() *platform {
+	p := &platform{Architecture: img.Arch, OS: imageOS}
+	if p.Architecture == "" {
+		p.Architecture = imageArch
+	}
+	if p.Architecture == "arm64" {
+		p.Variant = "v8"
+	}
+	return p
+}
+
+// created is the image's time, the Unix epoch unless Created is set.
+func (img Image) created() time.Time {
+	if img.Created.IsZero() {
+		return epoch
+	}
+	return img.Created.UTC()
 }
 
 func layerDescriptors(layers []blob) []descriptor {
