@@ -94,8 +94,8 @@ image: image-base cdi-hook
 	$(GO) run ./hack/image --version $(VERSION) --repository $(IMAGE) \
 		--base-rootfs $(OUTPUT)/image-base/rootfs --cdi-hook $(BIN)/nvidia-cdi-hook --out $(IMAGE_TAR)
 
-## k8s-versions: the kube-apiserver of each older Kubernetes minor the version tests run (cached);
-## K8S_VERSIONS picks them (make e2e: the oldest supported, v1.34)
+## k8s-versions: the control plane (kube-apiserver, kube-scheduler, kube-controller-manager) of each older
+## Kubernetes minor the version tests run (cached); K8S_VERSIONS picks them (make e2e: the oldest supported, v1.34)
 K8S_VERSIONS ?= v1.34 v1.35 v1.36
 k8s-versions:
 	for v in $(K8S_VERSIONS); do hack/build-k8s-version.sh $$v || exit 1; done
@@ -107,11 +107,14 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 	$(MAKE) k8s-versions K8S_VERSIONS=v1.34
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS=v1.34.4 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
 
-## test-versions: the plugin's slices on each API server of the version matrix (1.34, 1.35, 1.36 with
-## default and documented gates, and the suite's own): docs/install.md's table
+## test-versions: the version matrix (1.34, 1.35, 1.36 with default and documented gates, and the suite's
+## own): what each API server keeps of the plugin's slices, and what a user asks (whole, replica, share,
+## dynamic MIG, firstAvailable, pods queued through a plugin restart) under that version's scheduler and
+## controller-manager: docs/install.md's table
 test-versions: k8s-bins helm
 	$(MAKE) k8s-versions
-	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" $(GO) test -count=1 -timeout 30m ./test/e2e -run TestSlicesOnEachAPIServer -v
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" $(GO) test -count=1 -timeout 40m ./test/e2e \
+		-run 'TestSlicesOnEachAPIServer|TestUserCasesOnEachControlPlane' -v
 
 ## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/

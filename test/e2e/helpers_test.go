@@ -162,14 +162,26 @@ func waitForClaimGone(ctx context.Context, namespace, name string) error {
 // whose one container uses the claim made from it.
 func createTemplatePod(t testing.TB, ctx context.Context, tmpl *resourceapi.ResourceClaimTemplate) {
 	t.Helper()
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+	createTemplatePodOn(t, ctx, cp, tmpl)
+}
+
+// createTemplatePodOn is createTemplatePod on another control plane.
+func createTemplatePodOn(t testing.TB, ctx context.Context, c *framework.ControlPlane, tmpl *resourceapi.ResourceClaimTemplate) {
+	t.Helper()
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating ResourceClaimTemplate: %v", err)
 	}
-	createPod(t, ctx, tmpl.Namespace, tmpl.Name, tmpl.Name)
+	createPodOn(t, ctx, c, tmpl.Namespace, tmpl.Name, tmpl.Name)
 }
 
 // createPod creates a pod with one container using a claim from template.
 func createPod(t testing.TB, ctx context.Context, namespace, name, template string) {
+	t.Helper()
+	createPodOn(t, ctx, cp, namespace, name, template)
+}
+
+// createPodOn is createPod on another control plane.
+func createPodOn(t testing.TB, ctx context.Context, c *framework.ControlPlane, namespace, name, template string) {
 	t.Helper()
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -181,7 +193,7 @@ func createPod(t testing.TB, ctx context.Context, namespace, name, template stri
 			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}},
 		},
 	}
-	if _, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating pod: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ type storedShape struct {
 
 // docGates marks a case whose gates are the ones docs/install.md tells
 // that version's admins to enable (its gate table's "enable" cells).
-const docGates = "docs"
+const docGates = framework.DocGates
 
 // apiServerCases is the version matrix the suite runs on its simulated
 // node: the oldest supported minor, 1.35 (where partitionable devices are
@@ -80,28 +80,11 @@ func TestSlicesOnEachAPIServer(t *testing.T) {
 }
 
 func testSlicesOn(t *testing.T, c apiServerCase) {
-	bin := ""
-	if c.version != "" {
-		root, err := framework.RepoRoot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		bin = filepath.Join(root, "_output", "k8s", c.version, "kube-apiserver")
-		if _, err := os.Stat(bin); err != nil {
-			// make e2e builds the oldest version; make test-versions all.
-			if framework.Required() && strings.Contains(os.Getenv("E2E_K8S_VERSIONS"), c.version) {
-				t.Fatalf("kube-apiserver %s not built (hack/build-k8s-version.sh): %v", c.version, err)
-			}
-			t.Skipf("kube-apiserver %s not built (hack/build-k8s-version.sh)", c.version)
-		}
-	}
-	if c.gates == docGates {
-		c.gates = installDocGates(t, c.version)
-		t.Logf("gates from docs/install.md: %s", c.gates)
-	}
+	opts := versionOptions(t, c, "kube-apiserver")
+	opts.APIServerOnly = true
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	api, err := framework.Start(ctx, framework.Options{APIServer: bin, FeatureGates: c.gates, APIServerOnly: true, BinDir: cp.BinDir})
+	api, err := framework.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +114,39 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	}
 	checkFaultOn(ctx, t, node, c.want.taints)
 	checkCatalogOn(ctx, t, api, c.want.extendedResource)
+}
+
+// versionOptions start a control plane of the case's version and gates
+// from components (skipped where not built: versionBinDir).
+func versionOptions(t *testing.T, c apiServerCase, components ...string) framework.Options {
+	t.Helper()
+	opts := framework.Options{VersionBinDir: versionBinDir(t, c.version, components...), FeatureGates: c.gates, BinDir: cp.BinDir}
+	if c.gates == docGates {
+		doc := installDocGates(t, c.version)
+		opts.FeatureGates, opts.RuntimeConfig = doc.FeatureGates, doc.RuntimeConfig
+	}
+	return opts
+}
+
+// versionBinDir is where hack/build-k8s-version.sh put the components of
+// Kubernetes version ("" for the suite's own: ""). A test of a version
+// that was not built is skipped, unless the run named that version in
+// E2E_K8S_VERSIONS (make e2e builds the oldest; make test-versions all).
+func versionBinDir(t *testing.T, version string, components ...string) string {
+	t.Helper()
+	if version == "" {
+		return ""
+	}
+	dir := filepath.Join(repoRoot, "_output", "k8s", version)
+	for _, name := range components {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			if framework.Required() && strings.Contains(os.Getenv("E2E_K8S_VERSIONS"), version) {
+				t.Fatalf("%s %s not built (hack/build-k8s-version.sh): %v", name, version, err)
+			}
+			t.Skipf("%s %s not built (hack/build-k8s-version.sh)", name, version)
+		}
+	}
+	return dir
 }
 
 // checkFaultOn gives GPU 0 a reset-required XID (48: its taint stays) and
@@ -320,42 +336,13 @@ func (l *sliceLog) unsafe() []string {
 	return out
 }
 
-// installDocGates reads docs/install.md's gate table: the gates whose cell
-// in version's column (v1.34.4: "1.34") says "enable", as --feature-gates.
-// The API server refuses a gate its version lacks, so a table that names
-// one fails the test (it did: DRADeviceTaintRules for 1.34).
-func installDocGates(t *testing.T, version string) string {
+// installDocGates is framework.InstallDocGates for a test.
+func installDocGates(t *testing.T, version string) framework.DocSettings {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "docs", "install.md"))
+	doc, err := framework.InstallDocGates(repoRoot, version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	minor := strings.Join(strings.Split(strings.TrimPrefix(version, "v"), ".")[:2], ".")
-	col := -1
-	var gates []string
-	for _, line := range strings.Split(string(b), "\n") {
-		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if len(cells) < 3 {
-			continue
-		}
-		for i := range cells {
-			cells[i] = strings.TrimSpace(cells[i])
-		}
-		if cells[0] == "used for" {
-			col = slices.Index(cells, minor)
-			continue
-		}
-		if col < 0 || col >= len(cells) || !strings.HasPrefix(cells[col], "enable") {
-			continue
-		}
-		for _, part := range strings.Split(cells[1], "`")[1:] {
-			if name, _, _ := strings.Cut(part, " "); name != "" && !strings.ContainsAny(name, "(),") {
-				gates = append(gates, name+"=true")
-			}
-		}
-	}
-	if col < 0 || len(gates) == 0 {
-		t.Fatalf("docs/install.md has no gate table column %s", minor)
-	}
-	return strings.Join(gates, ",")
+	t.Logf("from docs/install.md: --feature-gates=%s --runtime-config=%s", doc.FeatureGates, doc.RuntimeConfig)
+	return doc
 }

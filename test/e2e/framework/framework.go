@@ -49,14 +49,23 @@ type Options struct {
 	// throttling (upstream's scheduler_perf does the same). Zero keeps the
 	// scheduler's default of 50 and the controller-manager's 200.
 	ClientQPS int
-	// APIServer is a kube-apiserver binary of another Kubernetes version
-	// (the version tests); default BinDir's.
-	APIServer string
-	// FeatureGates is the API server's --feature-gates; empty: defaults.
+	// VersionBinDir holds the kube-apiserver, kube-scheduler and
+	// kube-controller-manager (and the kubelet, for a real node) of another
+	// Kubernetes version, built by hack/build-k8s-version.sh; they replace
+	// BinDir's. Empty: BinDir's own version.
+	VersionBinDir string
+	// FeatureGates is the --feature-gates of the API server, the scheduler,
+	// the controller-manager and a real node's kubelet: every component
+	// reads the same gate list, and a gate on in one and off in another
+	// (the scheduler ignoring counters the API server keeps) is a cluster
+	// no admin runs. Empty: each version's defaults.
 	FeatureGates string
+	// RuntimeConfig is the API server's --runtime-config: the API versions
+	// a gate needs served that are off by default (DeviceTaintRule's
+	// resource.k8s.io/v1alpha3 on 1.34). Empty: the version's defaults.
+	RuntimeConfig string
 	// APIServerOnly starts etcd and the API server alone: no scheduler and
-	// no controller-manager (whose versions must match an older API
-	// server's), for tests of what the API server keeps.
+	// no controller-manager, for tests of what the API server keeps.
 	APIServerOnly bool
 }
 
@@ -67,10 +76,15 @@ type ControlPlane struct {
 	// Kubeconfig is an admin kubeconfig file for other processes.
 	Kubeconfig string
 	// BinDir is where the binaries came from (kubectl is there too).
-	BinDir  string
-	Config  *rest.Config
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface
+	BinDir string
+	// VersionBinDir, when set, is where the Kubernetes components of
+	// another version came from (Options.VersionBinDir).
+	VersionBinDir string
+	// FeatureGates is every component's --feature-gates (Options).
+	FeatureGates string
+	Config       *rest.Config
+	Client       kubernetes.Interface
+	Dynamic      dynamic.Interface
 
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	// schedulerURL is the scheduler's secure endpoint (SchedulerProfile).
@@ -85,9 +99,7 @@ type ControlPlane struct {
 
 // component is one control-plane process and how to tell it is healthy.
 type component struct {
-	name string
-	// bin is the executable; default BinDir/name.
-	bin       string
+	name      string
 	args      []string
 	healthURL string
 }
@@ -137,7 +149,19 @@ func newControlPlane(opts Options) (*ControlPlane, error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
-	cp := &ControlPlane{Dir: opts.Dir, LogDir: filepath.Join(opts.Dir, "logs"), BinDir: opts.BinDir, progress: opts.Progress}
+	if opts.VersionBinDir != "" {
+		need := []string{"kube-apiserver", "kube-scheduler", "kube-controller-manager"}
+		if opts.APIServerOnly {
+			need = need[:1]
+		}
+		for _, name := range need {
+			if _, err := os.Stat(filepath.Join(opts.VersionBinDir, name)); err != nil {
+				return nil, fmt.Errorf("%s of another version (hack/build-k8s-version.sh): %w", name, err)
+			}
+		}
+	}
+	cp := &ControlPlane{Dir: opts.Dir, LogDir: filepath.Join(opts.Dir, "logs"), BinDir: opts.BinDir,
+		VersionBinDir: opts.VersionBinDir, FeatureGates: opts.FeatureGates, progress: opts.Progress}
 	if err := os.MkdirAll(cp.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating log dir: %w", err)
 	}
@@ -162,9 +186,8 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 		return err
 	}
 	api := cp.apiserver(apiPort, etcdPort, saKey, saPub, tokens)
-	api.bin = opts.APIServer
-	if opts.FeatureGates != "" {
-		api.args = append(api.args, "--feature-gates", opts.FeatureGates)
+	if opts.RuntimeConfig != "" {
+		api.args = append(api.args, "--runtime-config", opts.RuntimeConfig)
 	}
 	if err := cp.run(ctx, api, token); err != nil {
 		return err
@@ -188,11 +211,7 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 
 // run starts one component and waits until its health endpoint answers.
 func (cp *ControlPlane) run(ctx context.Context, c component, token string) error {
-	bin := c.bin
-	if bin == "" {
-		bin = filepath.Join(cp.BinDir, c.name)
-	}
-	proc := NewProcess(c.name, bin, filepath.Join(cp.LogDir, c.name+".log"), c.args...)
+	proc := NewProcess(c.name, cp.kubernetesBinary(c.name), filepath.Join(cp.LogDir, c.name+".log"), cp.withGates(c.name, c.args)...)
 	if err := proc.Start(); err != nil {
 		return err
 	}
@@ -202,6 +221,28 @@ func (cp *ControlPlane) run(ctx context.Context, c component, token string) erro
 	}
 	cp.logf("%s healthy", c.name)
 	return nil
+}
+
+// kubernetesBinary is the executable of a Kubernetes component: the other
+// version's where the control plane runs one (VersionBinDir), else
+// BinDir's. etcd and kubectl always come from BinDir.
+func (cp *ControlPlane) kubernetesBinary(name string) string {
+	switch name {
+	case "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet":
+		if cp.VersionBinDir != "" {
+			return filepath.Join(cp.VersionBinDir, name)
+		}
+	}
+	return filepath.Join(cp.BinDir, name)
+}
+
+// withGates appends the control plane's feature gates to a Kubernetes
+// component's arguments (etcd has none).
+func (cp *ControlPlane) withGates(name string, args []string) []string {
+	if cp.FeatureGates == "" || name == "etcd" {
+		return args
+	}
+	return append(args, "--feature-gates", cp.FeatureGates)
 }
 
 // connect writes the kubeconfig and creates the clients once the apiserver

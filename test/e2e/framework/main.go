@@ -89,6 +89,10 @@ func MainWith(m *testing.M, opts Options, setup func(*ControlPlane) error) int {
 		return 0
 	}
 	opts.BinDir, opts.Progress = binDir, os.Stderr
+	if err := suiteVersion(&opts); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 1
+	}
 	cp, err := Start(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: starting control plane: %v\n", err)

@@ -269,8 +269,12 @@ func (n *RealNode) startKubelet(ctx context.Context, opts RealNodeOptions) error
 	if verbosity == 0 {
 		verbosity = 2
 	}
-	n.Kubelet = NewProcess("kubelet-"+n.Name, filepath.Join(n.cp.BinDir, "kubelet"),
-		filepath.Join(n.cp.LogDir, "kubelet-"+n.Name+".log"), n.kubeletArgs(cfg, labels, verbosity)...)
+	kubelet := n.cp.kubernetesBinary("kubelet")
+	if _, err := os.Stat(kubelet); err != nil {
+		return fmt.Errorf("the kubelet of the control plane's version (hack/build-k8s-version.sh vX.Y kubelet): %w", err)
+	}
+	n.Kubelet = NewProcess("kubelet-"+n.Name, kubelet, filepath.Join(n.cp.LogDir, "kubelet-"+n.Name+".log"),
+		n.cp.withGates("kubelet", n.kubeletArgs(cfg, labels, verbosity))...)
 	if opts.OwnDevicePluginDir {
 		n.DevicePluginDir = filepath.Join(n.Dir, "device-plugins")
 		if err := withOwnDevicePluginDir(n.Kubelet, n.DevicePluginDir); err != nil {

@@ -1,0 +1,120 @@
+package framework
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Environment of a suite run on another Kubernetes version (make
+// test-versions): the suite's own control plane and real-node kubelet are
+// that version's, with those gates.
+const (
+	// SuiteVersionEnv names a version built by hack/build-k8s-version.sh
+	// (v1.34.4); empty: the version of hack/k8s-bins.
+	SuiteVersionEnv = "E2E_SUITE_K8S"
+	// SuiteGatesEnv is every component's --feature-gates; DocGates takes
+	// the gates docs/install.md tells that version's admins to enable.
+	SuiteGatesEnv = "E2E_SUITE_GATES"
+	// DocGates stands for docs/install.md's gates of a version.
+	DocGates = "docs"
+)
+
+// VersionBinDir is where hack/build-k8s-version.sh puts version's binaries.
+func VersionBinDir(version string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "_output", "k8s", version), nil
+}
+
+// suiteVersion fills opts from SuiteVersionEnv and SuiteGatesEnv.
+func suiteVersion(opts *Options) error {
+	version, gates := os.Getenv(SuiteVersionEnv), os.Getenv(SuiteGatesEnv)
+	if version != "" {
+		dir, err := VersionBinDir(version)
+		if err != nil {
+			return err
+		}
+		opts.VersionBinDir = dir
+	}
+	opts.FeatureGates = gates
+	if gates == DocGates {
+		root, err := RepoRoot()
+		if err != nil {
+			return err
+		}
+		doc, err := InstallDocGates(root, version)
+		if err != nil {
+			return err
+		}
+		opts.FeatureGates, opts.RuntimeConfig = doc.FeatureGates, doc.RuntimeConfig
+	}
+	return nil
+}
+
+// DocSettings are what docs/install.md tells a version's admins to set.
+type DocSettings struct {
+	// FeatureGates of every component, as --feature-gates.
+	FeatureGates string
+	// RuntimeConfig of the API server, as --runtime-config.
+	RuntimeConfig string
+}
+
+// InstallDocGates reads docs/install.md's gate table: the gates whose cell
+// in version's column (v1.34.4: "1.34") says "enable", as --feature-gates,
+// and the API versions its `--runtime-config` row names there. A
+// component refuses a gate its version lacks, so a table that names one
+// fails the run (it did: DRADeviceTaintRules for 1.34).
+func InstallDocGates(repoRoot, version string) (DocSettings, error) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "docs", "install.md"))
+	if err != nil {
+		return DocSettings{}, fmt.Errorf("reading the gate table: %w", err)
+	}
+	parts := strings.Split(strings.TrimPrefix(version, "v"), ".")
+	if len(parts) < 2 {
+		return DocSettings{}, fmt.Errorf("version %q is not vMAJOR.MINOR[.PATCH]", version)
+	}
+	minor := strings.Join(parts[:2], ".")
+	col := -1
+	var gates, apis []string
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) < 3 {
+			continue
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if cells[0] == "used for" {
+			col = slices.Index(cells, minor)
+			continue
+		}
+		if col < 0 || col >= len(cells) {
+			continue
+		}
+		if strings.HasPrefix(cells[1], "`--runtime-config`") {
+			// The cell names the API version to serve, or says it is.
+			if api := strings.Split(cells[col], "`"); len(api) == 3 {
+				apis = append(apis, api[1])
+			}
+			continue
+		}
+		if !strings.HasPrefix(cells[col], "enable") {
+			continue
+		}
+		for _, part := range strings.Split(cells[1], "`")[1:] {
+			if name, _, _ := strings.Cut(part, " "); name != "" && !strings.ContainsAny(name, "(),") {
+				gates = append(gates, name+"=true")
+			}
+		}
+	}
+	if col < 0 || len(gates) == 0 {
+		return DocSettings{}, errors.New("docs/install.md has no gate table column " + minor)
+	}
+	return DocSettings{FeatureGates: strings.Join(gates, ","), RuntimeConfig: strings.Join(apis, ",")}, nil
+}
