@@ -42,12 +42,17 @@ func selectedTemplate(name, ns, class, cel string) *resourceapi.ResourceClaimTem
 	return tmpl
 }
 
-// userCases: a whole GPU, a time-slice replica, a memory share, a dynamic
+// userCases: a whole GPU, two GPUs in one request, a time-slice replica, a memory share, a dynamic
 // MIG device, and firstAvailable preferring a MIG device over a whole GPU.
 var userCases = []userCase{
 	{name: "whole", tmpl: func(ns string) *resourceapi.ResourceClaimTemplate {
 		return selectedTemplate("whole", ns, deviceClass, fmt.Sprintf(onIndex, 0))
 	}, device: func(d string, _ storedShape) bool { return d == "gpu-0" }},
+	{name: "two-gpus", tmpl: func(ns string) *resourceapi.ResourceClaimTemplate {
+		tmpl := selectedTemplate("two-gpus", ns, deviceClass, `device.attributes["gpu.gpuaas.io"].index in [2, 3]`)
+		tmpl.Spec.Spec.Devices.Requests[0].Exactly.Count = 2
+		return tmpl
+	}, device: func(d string, _ storedShape) bool { return d == "gpu-2" || d == "gpu-3" }},
 	{name: "replica", tmpl: func(ns string) *resourceapi.ResourceClaimTemplate {
 		return templateFor("replica", ns, "timeslice.gpuaas.io")
 	}, device: func(d string, _ storedShape) bool { return strings.HasPrefix(d, "gpu-4-ts-") }},
@@ -153,12 +158,14 @@ func checkUserCase(ctx context.Context, t *testing.T, api *framework.ControlPlan
 		return
 	}
 	claim := claimOfPod(ctx, t, api, pod)
-	if claim == nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
-		t.Errorf("%s: claim %+v not allocated one device", u.name, claim)
+	if claim == nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) == 0 {
+		t.Errorf("%s: claim %+v not allocated", u.name, claim)
 		return
 	}
-	if d := claim.Status.Allocation.Devices.Results[0].Device; !u.device(d, shape) {
-		t.Errorf("%s got device %s", u.name, d)
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if !u.device(r.Device, shape) {
+			t.Errorf("%s got device %s", u.name, r.Device)
+		}
 	}
 	checkPrepared(t, node, pod, claim)
 }

@@ -58,7 +58,7 @@ const docGates = framework.DocGates
 // defaults and with the documented gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
 	{"1.34-defaults", "v1.34.4", "", storedShape{}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, shares: true, countersBeside: true, extendedResource: true, taints: true}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
 	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
