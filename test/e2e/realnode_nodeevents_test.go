@@ -9,6 +9,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -51,8 +53,16 @@ func TestRealNodeNodeEvents(t *testing.T) {
 	if err := framework.MountTmpfs(recordsDir, recordsFSSize); err != nil {
 		t.Fatal(err)
 	}
-	installChartForTest(t, n)
-	e := &nodeEvents{n: n, h: newHealthRun(t, n), recordsDir: recordsDir, views: map[string]podView{}}
+	// The node's boot ID, which the simulated reboot changes, in a file
+	// of the plugin's directory instead of the machine's.
+	bootID := filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "boot_id")
+	if err := os.WriteFile(bootID, []byte("boot-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	installChartForTest(t, n, func(values string) string {
+		return strings.Replace(values, "\nextraEnv:\n", fmt.Sprintf("\nextraEnv:\n- {name: BOOT_ID_PATH, value: %q}\n", bootID), 1)
+	})
+	e := &nodeEvents{n: n, h: newHealthRun(t, n), recordsDir: recordsDir, bootID: bootID, views: map[string]podView{}}
 	ctx := framework.Context(t, 5*time.Minute)
 	e.keep(t, ctx, e.create(t, ctx, "before", allKinds()))
 	steps := []struct {
@@ -63,6 +73,7 @@ func TestRealNodeNodeEvents(t *testing.T) {
 		{"ContainerdRestart", testContainerdRestart},
 		{"FullRecordsDisk", testFullRecordsDisk},
 		{"APIServerOutage", testAPIServerOutage},
+		{"Reboot", testReboot},
 		{"NothingLeftOver", testNothingLeftOver},
 	}
 	for _, s := range steps {
@@ -78,6 +89,7 @@ type nodeEvents struct {
 	n          *realNode
 	h          *healthRun
 	recordsDir string
+	bootID     string
 	// views are what each kept pod's container saw, by pod name.
 	views map[string]podView
 }
@@ -87,6 +99,7 @@ type nodeEvents struct {
 // a claim prepared again, changes it.
 type podView struct {
 	containerID string
+	restarts    int32
 	uuids       sets.Set[string]
 	nodes       sets.Set[string]
 	claimUID    types.UID
@@ -152,9 +165,6 @@ func (e *nodeEvents) view(t *testing.T, ctx context.Context, name string) podVie
 	if pod.Status.Phase != v1.PodRunning || len(pod.Status.ContainerStatuses) != 1 {
 		t.Fatalf("pod %s is %s with %d container statuses, want Running with one", name, pod.Status.Phase, len(pod.Status.ContainerStatuses))
 	}
-	if rc := pod.Status.ContainerStatuses[0].RestartCount; rc != 0 {
-		t.Errorf("pod %s: container restarted %d times", name, rc)
-	}
 	log, err := framework.ReadContainerLog(e.n.PodLogsDir, pod, "ctr")
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +174,7 @@ func (e *nodeEvents) view(t *testing.T, ctx context.Context, name string) podVie
 		t.Fatal(err)
 	}
 	uuids, nodes := parseGPUInfo(log)
-	return podView{containerID: pod.Status.ContainerStatuses[0].ContainerID, uuids: uuids, nodes: nodes,
+	return podView{containerID: pod.Status.ContainerStatuses[0].ContainerID, restarts: pod.Status.ContainerStatuses[0].RestartCount, uuids: uuids, nodes: nodes,
 		claimUID: claim.UID, spec: readFile(t, e.n.CDISpecPath(claim.UID))}
 }
 
@@ -181,8 +191,8 @@ func (e *nodeEvents) checkUntouched(t *testing.T, ctx context.Context, when stri
 		}
 	}) {
 		was, now := e.views[name], e.view(t, ctx, name)
-		if now.containerID != was.containerID {
-			t.Errorf("%s: pod %s runs container %s, was %s", when, name, now.containerID, was.containerID)
+		if now.containerID != was.containerID || now.restarts != 0 {
+			t.Errorf("%s: pod %s runs container %s (restarted %d times), was %s", when, name, now.containerID, now.restarts, was.containerID)
 		}
 		if !now.uuids.Equal(was.uuids) || !now.nodes.Equal(was.nodes) {
 			t.Errorf("%s: pod %s saw %v %v, was %v %v", when, name, sets.List(now.uuids), sets.List(now.nodes), sets.List(was.uuids), sets.List(was.nodes))
@@ -477,5 +487,88 @@ func testNothingLeftOver(t *testing.T, e *nodeEvents) {
 		gis, exclusive := mockMachineLeaks(t, e.h.stateDir)
 		t.Errorf("left after every pod and claim is gone: records %v, CDI specs %v, %d MIG devices, %d GPUs in a compute mode of their own",
 			entries(t, e.recordsDir), specs, gis, exclusive)
+	}
+}
+
+// testReboot reboots the node: every process of it ends at once, what
+// lives under /run goes, the simulated GPUs are power-cycled (no MIG
+// device, compute mode or MPS daemon survives) with a new boot ID, and
+// containerd and the kubelet start again. Every kept pod comes back on the
+// same devices (its GPUs' UUIDs; a MIG device is made anew, so its UUID
+// may change) with a working CUDA probe and its MPS daemon, the MIG
+// devices on the GPUs are exactly the allocated ones, and pods of every
+// kind can be created after it.
+func testReboot(t *testing.T, e *nodeEvents) {
+	ctx := framework.Context(t, 10*time.Minute)
+	slicesBefore := publishedDeviceNames(t, ctx)
+	plugin := waitForPluginPod(t, ctx, "")
+	if err := e.n.PowerOff(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := nvmock.Reboot(e.h.stateDir, e.bootID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gis := mockMIGDevices(t, e.n); gis != 0 {
+		t.Fatalf("%d MIG devices on the GPUs after the power cycle", gis)
+	}
+	t.Logf("node powered off, GPUs power-cycled, new boot %s", id)
+	if err := e.n.PowerOn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.WaitForPluginPod(ctx, releaseNamespace, ""); err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for name := range e.views {
+		kept = append(kept, name)
+	}
+	slices.Sort(kept)
+	// The API says Running until the kubelet reports the new containers.
+	for _, name := range kept {
+		was := e.views[name].containerID
+		_, err := cp.WaitForPod(ctx, e.h.ns, name, "running a container started after the reboot", func(p *v1.Pod) bool {
+			return p.Status.Phase == v1.PodRunning && podReady(p) && len(p.Status.ContainerStatuses) == 1 &&
+				p.Status.ContainerStatuses[0].ContainerID != was && p.Status.ContainerStatuses[0].State.Running != nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitRunning(t, ctx, kept, slicesBefore, "after the reboot")
+	for _, name := range kept {
+		was, now := e.views[name], e.view(t, ctx, name)
+		if !now.nodes.Equal(was.nodes) {
+			t.Errorf("after the reboot pod %s sees %v, was %v", name, sets.List(now.nodes), sets.List(was.nodes))
+		}
+		if !strings.Contains(name, "mig") && !now.uuids.Equal(was.uuids) {
+			t.Errorf("after the reboot pod %s sees %v, was %v", name, sets.List(now.uuids), sets.List(was.uuids))
+		}
+		e.views[name] = now
+	}
+	checkMIGAllocated(t, ctx, e)
+	after := e.create(t, ctx, "after-reboot", allKinds())
+	e.waitRunning(t, ctx, after, nil, "")
+	checkMIGAllocated(t, ctx, e)
+	t.Logf("after the reboot: %d pods back on their devices, the plugin pod %s restarted, %d new pods running", len(kept), plugin.Name, len(after))
+	e.deletePods(t, ctx, after)
+}
+
+// checkMIGAllocated checks that the MIG devices on the simulated GPUs are
+// exactly the MIG devices allocated to the namespace's claims, by count.
+func checkMIGAllocated(t *testing.T, ctx context.Context, e *nodeEvents) {
+	t.Helper()
+	claims, err := cp.Client.ResourceV1().ResourceClaims(e.h.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := 0
+	for _, c := range claims.Items {
+		if c.Status.Allocation != nil && strings.Contains(c.Name, "mig") {
+			allocated += len(c.Status.Allocation.Devices.Results)
+		}
+	}
+	if gis := mockMIGDevices(t, e.n); gis != allocated {
+		t.Errorf("%d MIG devices on the GPUs, %d allocated", gis, allocated)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -133,4 +134,53 @@ func (cp *ControlPlane) StartAPIServer(ctx context.Context) error {
 		return fmt.Errorf("kube-apiserver not ready after its restart (last answer: %w): %w", last, err)
 	}
 	return nil
+}
+
+// PowerOff does to the node what a power loss does, short of the GPUs
+// (the test resets the simulated ones, nvmock.Reboot): the kubelet, every
+// container and containerd with its shims end at once, what lives in
+// memory goes (the mounts of containers and pod volumes), and what a
+// reboot finds empty is emptied: the CDI spec directory and containerd's
+// state (both under /run on a GPU node) and the sockets of the kubelet's
+// plugins. What is on disk stays: the kubelet's root directory with its
+// checkpoints, the plugin's records, containerd's root. Start it again
+// with PowerOn.
+func (n *RealNode) PowerOff() error {
+	n.Kubelet.Kill()
+	errs := []error{killCgroup(n.CgroupRoot)}
+	n.Containerd.Kill()
+	errs = append(errs, killShims(n.ContainerdSocket),
+		unmountUnder(filepath.Join(n.Dir, "ctd")), unmountUnder(filepath.Join(n.KubeletDir, "pods")))
+	for _, dir := range []string{n.CDIRoot, filepath.Join(n.Dir, "ctd", "state")} {
+		errs = append(errs, emptyDir(dir))
+	}
+	for _, pattern := range []string{"plugins_registry/*.sock", "plugins/*/*.sock", "pod-resources/*.sock"} {
+		socks, _ := filepath.Glob(filepath.Join(n.KubeletDir, pattern))
+		for _, s := range socks {
+			errs = append(errs, os.Remove(s))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PowerOn starts containerd and the kubelet of a node that PowerOff ended,
+// with the same configuration and directories, as the node's boot does.
+func (n *RealNode) PowerOn(ctx context.Context) error {
+	if err := n.StartContainerd(ctx); err != nil {
+		return err
+	}
+	return n.StartKubelet(ctx)
+}
+
+// emptyDir removes what dir holds and keeps dir.
+func emptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("emptying %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+	}
+	return errors.Join(errs...)
 }
