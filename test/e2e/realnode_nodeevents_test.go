@@ -2,9 +2,10 @@ package e2e
 
 // What the rest of a GPU node does to the plugin (issue 39), on the real
 // node: the kubelet restarts, containerd restarts, the plugin's data disk
-// fills up, the API server is gone for a minute. Throughout, pods of every
-// kind (whole GPU, dynamic MIG slice, time-slice replica, MPS memory share)
-// keep running, and new ones are created during each event.
+// fills up, the API server is gone for a minute, the node reboots.
+// Throughout, pods of every kind (whole GPU, dynamic MIG slice, time-slice
+// replica, MPS memory share) keep running, and new ones are created during
+// each event.
 
 import (
 	"context"
@@ -41,9 +42,9 @@ const (
 )
 
 // TestRealNodeNodeEvents runs pods of every kind on the real node through
-// a kubelet restart, a containerd restart, a full records filesystem and
-// an API server outage; then deletes every pod and checks that nothing
-// is left.
+// a kubelet restart, a containerd restart, a full records filesystem, an
+// API server outage and a reboot; then deletes every pod and checks that
+// nothing is left.
 func TestRealNodeNodeEvents(t *testing.T) {
 	requireRealNode(t)
 	n := startRealNode(t)
