@@ -548,6 +548,10 @@ func testReboot(t *testing.T, e *nodeEvents) {
 		e.views[name] = now
 	}
 	checkMIGAllocated(t, ctx, e)
+	// The controller runs on this node too, and its fail-closed webhook
+	// refuses our claims until it is ready again: wait for it, as a user
+	// would retry.
+	scaleController(t, ctx, 1)
 	after := e.create(t, ctx, "after-reboot", allKinds())
 	e.waitRunning(t, ctx, after, nil, "")
 	checkMIGAllocated(t, ctx, e)
