@@ -191,17 +191,21 @@ func requirePrometheus(t *testing.T) {
 
 // installChartForTest installs the chart on the test's own real node and
 // uninstalls it when the test ends (after what the test created later),
-// so that the next real-node test installs it afresh.
+// so that the next real-node test installs it afresh. Edits change the
+// values first.
 // reclaimAfterForTest is the chart's controller.reclaimUnallocatedAfter in
 // the tests that install it with installChartForTest.
 const reclaimAfterForTest = "5s"
 
-func installChartForTest(t *testing.T, n *realNode) {
+func installChartForTest(t *testing.T, n *realNode, edits ...func(values string) string) {
 	t.Helper()
 	ctx := framework.Context(t, 6*time.Minute)
 	values, err := n.ChartValues(2)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, edit := range edits {
+		values = edit(values)
 	}
 	// Short, so the monitoring scenario can show a lender reclaiming.
 	values = strings.Replace(values, "\ncontroller:\n", "\ncontroller:\n  reclaimUnallocatedAfter: "+reclaimAfterForTest+"\n", 1)

@@ -83,6 +83,11 @@ func (n *RealNode) startContainerd(ctx context.Context, plainHTTP []string) erro
 	if err := n.Containerd.Start(); err != nil {
 		return err
 	}
+	return n.waitContainerd(ctx)
+}
+
+// waitContainerd waits until containerd answers on its socket.
+func (n *RealNode) waitContainerd(ctx context.Context) error {
 	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(context.Context) (bool, error) {
 		if exited, err := n.Containerd.Exited(); exited {
 			return false, fmt.Errorf("containerd exited (%w):\n%s", err, n.Containerd.Tail(30))

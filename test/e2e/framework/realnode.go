@@ -96,6 +96,8 @@ type RealNode struct {
 	// holds.
 	SimulatedNVML bool
 	nvmlLibrary   string
+	// kubeletHealthz is the kubelet's health endpoint (StartKubelet).
+	kubeletHealthz string
 
 	cp *ControlPlane
 }
@@ -284,8 +286,8 @@ func (n *RealNode) startKubelet(ctx context.Context, opts RealNodeOptions) error
 	if err := n.Kubelet.Start(); err != nil {
 		return err
 	}
-	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[1])
-	return waitHealthy(ctx, n.Kubelet, healthz, "")
+	n.kubeletHealthz = fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[1])
+	return waitHealthy(ctx, n.Kubelet, n.kubeletHealthz, "")
 }
 
 // Stop ends the node: the kubelet first (so nothing restarts containers),
