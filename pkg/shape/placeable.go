@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -67,7 +69,48 @@ func (c Count) Message(described string) string {
 // another share (counted as taken once allocated, which understates), and
 // slices that are not node-local (network-attached devices).
 func Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) Count {
+	return NewMatcher().Placeable(ctx, q, slices, claims)
+}
+
+// Matcher remembers which devices a request's selectors match across
+// counts, so a count evaluates CEL only for devices it has not seen (most
+// of the cost of a count: BENCHMARKS.md). Devices are known by their
+// address: the slices must be those of an informer's store, read without
+// a deep copy, whose devices do not change in place (an updated slice is a
+// new object); a device no longer seen by a count is forgotten, so its
+// address cannot be reused while remembered. Safe for concurrent use.
+type Matcher struct {
+	mu    sync.Mutex
+	known map[*resourceapi.Device]map[string]bool
+}
+
+// NewMatcher is a Matcher that knows no device yet.
+func NewMatcher() *Matcher {
+	return &Matcher{known: map[*resourceapi.Device]map[string]bool{}}
+}
+
+// Placeable is the package's Placeable with m's memory of matches.
+func (m *Matcher) Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) Count {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	nodes := readNodes(slices, allocated(claims))
+	keys := make([]string, len(q.Requests))
+	for i := range q.Requests {
+		keys[i] = strings.Join(q.Requests[i].Selectors, "\x00")
+	}
+	seen := make(map[*resourceapi.Device]map[string]bool, len(m.known))
+	for _, n := range nodes {
+		for _, d := range n.devs {
+			known := m.known[d.api]
+			if known == nil {
+				known = map[string]bool{}
+			}
+			seen[d.api] = known
+			d.known, d.keys = known, keys
+			d.group, d.grouped = groupOf(d.api, q.Align)
+		}
+	}
+	m.known = seen
 	var c Count
 	names := make([]string, 0, len(nodes))
 	for name := range nodes {
@@ -114,7 +157,13 @@ type device struct {
 	// healthy: no NoSchedule or NoExecute taint.
 	healthy bool
 	used    bool // by an instance counted in this walk
-	matches map[int]bool
+	// known are the device's matches by selectors (the requests' keys).
+	known map[string]bool
+	keys  []string
+	// group is its value of the alignment attribute; grouped is false
+	// when it has none (it cannot be part of an aligned instance).
+	group   string
+	grouped bool
 }
 
 func readNodes(list []*resourceapi.ResourceSlice, taken map[quota.DeviceID]bool) map[string]*node {
@@ -204,24 +253,23 @@ func (n *node) fits(d *device) bool {
 func (d *device) free() bool { return !d.taken && d.healthy && !d.used }
 
 func (d *device) match(ctx context.Context, i int, r *Request) bool {
-	if d.matches == nil {
-		d.matches = map[int]bool{}
-	}
-	m, ok := d.matches[i]
+	m, ok := d.known[d.keys[i]]
 	if !ok {
 		m = quota.Matches(ctx, &quota.Device{ID: d.id, Basic: *d.api}, r.Selectors)
-		d.matches[i] = m
+		if ctx.Err() == nil { // a cut-short evaluation is not remembered
+			d.known[d.keys[i]] = m
+		}
 	}
 	return m
 }
 
-// group is the device's value of the alignment attribute; false when it
+// groupOf is the device's value of the alignment attribute; false when it
 // publishes none (it cannot be part of an aligned instance).
-func (d *device) group(attr resourceapi.FullyQualifiedName) (string, bool) {
+func groupOf(d *resourceapi.Device, attr resourceapi.FullyQualifiedName) (string, bool) {
 	if attr == "" {
 		return "", true
 	}
-	a, ok := d.api.Attributes[resourceapi.QualifiedName(attr)]
+	a, ok := d.Attributes[resourceapi.QualifiedName(attr)]
 	if !ok {
 		return "", false
 	}
@@ -245,8 +293,8 @@ func (n *node) count(ctx context.Context, q Query) int {
 	}
 	var groups []string
 	for _, d := range n.devs {
-		if g, ok := d.group(q.Align); ok && !slices.Contains(groups, g) {
-			groups = append(groups, g)
+		if d.grouped && !slices.Contains(groups, d.group) {
+			groups = append(groups, d.group)
 		}
 	}
 	sort.Strings(groups)
@@ -295,8 +343,7 @@ func (n *node) placeOne(ctx context.Context, q Query, g string) bool {
 			if !d.healthy || !d.match(ctx, i, r) {
 				continue
 			}
-			dg, ok := d.group(q.Align)
-			inGroup := ok && dg == g
+			inGroup := d.grouped && d.group == g
 			if !d.free() || !n.fits(d) || !inGroup {
 				if r.All {
 					return undo() // every matching device is the instance's, or none

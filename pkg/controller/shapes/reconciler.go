@@ -33,12 +33,16 @@ type Reconciler struct {
 	// label removed).
 	live   client.Reader
 	resync time.Duration
+	// matcher remembers selector matches across counts: the slices come
+	// from the cache without a deep copy, so a device's address is stable
+	// until its slice changes.
+	matcher *shape.Matcher
 }
 
 // NewReconciler reconciles shapes through c, reading templates the cache
 // does not hold from live, every resync.
 func NewReconciler(c client.Client, live client.Reader, resync time.Duration) *Reconciler {
-	return &Reconciler{client: c, live: live, resync: resync}
+	return &Reconciler{client: c, live: live, resync: resync, matcher: shape.NewMatcher()}
 }
 
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -267,7 +271,7 @@ func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts sh
 		slicePtrs[i] = &sl.Items[i]
 	}
 	if len(missing) > 0 {
-		return shape.Placeable(ctx, shape.Query{}, slicePtrs, nil), nil
+		return r.matcher.Placeable(ctx, shape.Query{}, slicePtrs, nil), nil
 	}
 	var cl resourceapi.ResourceClaimList
 	if err := r.client.List(ctx, &cl, client.UnsafeDisableDeepCopy); err != nil {
@@ -277,7 +281,7 @@ func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts sh
 	for i := range cl.Items {
 		claimPtrs[i] = &cl.Items[i]
 	}
-	return shape.Placeable(ctx, Query(s, parts), slicePtrs, claimPtrs), nil
+	return r.matcher.Placeable(ctx, Query(s, parts), slicePtrs, claimPtrs), nil
 }
 
 // Query is the shape as shape.Placeable counts it, its requests' selectors
