@@ -182,16 +182,17 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if opts.Kueue {
 		gate = admission.NewKueueGate(mgr.GetAPIReader(), direct, opts.LedgerNamespace, opts.KueueClaimCreators, acct)
 	}
-	webhook.Register(mgr, acct, nudge, gate, opts.ExemptNamespaces)
+	refuser, err := shapes.Setup(ctx, mgr, cmp.Or(opts.Resync, defaultResync))
+	if err != nil {
+		return err
+	}
+	webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces)
 	bill := newBilling()
 	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
 	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {
 		return err
 	}
 	if err := gpunode.Setup(ctx, mgr); err != nil {
-		return err
-	}
-	if err := shapes.Setup(ctx, mgr, cmp.Or(opts.Resync, defaultResync)); err != nil {
 		return err
 	}
 	if opts.QuotaBackstop {

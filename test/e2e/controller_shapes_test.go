@@ -119,6 +119,71 @@ func TestControllerShapes(t *testing.T) {
 	rc.alive(t)
 }
 
+// TestControllerShapeRefuse: a shape with whenUnavailable Refuse and
+// nothing placeable has the webhook refuse a claim made from its template
+// (the template's spec as the API server stored it), with issue 38's
+// message; once a GPU and a NIC on one root are published, the same claim
+// is admitted, and a second one, which the scheduler could not place
+// either, is refused again once the first holds the pair.
+func TestControllerShapeRefuse(t *testing.T) {
+	rc := startController(t)
+	ctx := framework.Context(t, 3*time.Minute)
+	name := uniqueName("refuse")
+	product := "E2E Shape GPU " + name
+	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
+	waitForProfileReady(t, name)
+	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == %q && device.attributes[%q].product == %q", e2eNICDriver, e2eNICDriver, name)}}}}}
+	createObject(t, nicClass)
+	ns := cp.CreateNamespace(t, "refuse")
+	createObject(t, quotaFor(name, []string{ns}, gpuaas.QuotaLimits{}))
+	createObject(t, &gpuaas.GpuShape{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: gpuaas.GpuShapeSpec{
+			Requests:        []gpuaas.ShapeRequest{{Name: "gpu", Profile: name}, {Name: "nic", DeviceClassName: nicClass.Name}},
+			Alignment:       gpuaas.AlignPCIeRoot,
+			Tenants:         []string{name},
+			WhenUnavailable: gpuaas.Refuse,
+		},
+	})
+	waitForShape(t, name, "counted with its template", func(s *gpuaas.GpuShape) bool {
+		return s.Status.ObservedGeneration > 0 && s.Status.Templates == 1
+	})
+	tpl := getTemplate(t, ctx, ns, name)
+	fromTemplate := func(claimName string) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: claimName}, Spec: tpl.Spec.Spec}
+	}
+	err := createClaim(ctx, fromTemplate("first"))
+	mustDeny(t, err, fmt.Sprintf("unavailable: shape %s has 0 placeable (0 of ", name), "nodes have a free GPU+NIC on one PCIe root)")
+	t.Logf("refused: %v", err)
+
+	node := name + "-node"
+	createObject(t, e2eSlice(name+"-gpus", "gpu.gpuaas.io", node, []resourceapi.Device{e2eShapeGPU("gpu-0", product, "pci0000:00")}))
+	createObject(t, e2eSlice(name+"-nics", e2eNICDriver, node, []resourceapi.Device{{Name: "nic-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		"product":                         {StringValue: ptr.To(name)},
+		"resource.kubernetes.io/pcieRoot": {StringValue: ptr.To("pci0000:00")}}}}))
+	waitForShape(t, name, "placeable 1", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 1 })
+	if err := createClaim(ctx, fromTemplate("first")); err != nil {
+		t.Fatalf("claim refused with one placeable: %v", err)
+	}
+	// The scheduler's part, done by hand: the pair allocated to it.
+	onConflictRetry(t, "allocating the claim", func() error {
+		c, err := cp.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "first", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+			{Request: "gpu", Driver: "gpu.gpuaas.io", Pool: node, Device: "gpu-0"},
+			{Request: "nic", Driver: e2eNICDriver, Pool: node, Device: "nic-0"}}}}
+		_, err = cp.Client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		return err
+	})
+	waitForShape(t, name, "placeable 0 again", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
+	mustDeny(t, createClaim(ctx, fromTemplate("second")), fmt.Sprintf("unavailable: shape %s has 0 placeable (0 of ", name))
+	rc.alive(t)
+}
+
 func e2eShapeGPU(name, product, root string) resourceapi.Device {
 	return resourceapi.Device{Name: name, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		"type":                            {StringValue: ptr.To("gpu")},

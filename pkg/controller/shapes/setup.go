@@ -42,17 +42,18 @@ func TemplateCache() cache.ByObject {
 }
 
 // Setup adds the GpuShape controller to the manager (whose cache holds
-// templates as TemplateCache says). Without the GpuShape CRD (a helm
-// upgrade skips crds/; --apply-crds installs it) it logs and does nothing.
-func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) error {
+// templates as TemplateCache says) and returns the claim webhook's
+// Refuser. Without the GpuShape CRD (a helm upgrade skips crds/;
+// --apply-crds installs it) it logs and returns a nil Refuser.
+func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuser, error) {
 	RegisterMetrics()
 	served, err := servesShapes(ctx, mgr.GetRESTMapper())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !served {
 		klog.FromContext(ctx).Error(nil, "The GpuShape CRD is not installed: shapes are not rendered; install the chart's crds/ (helm upgrade skips them) and restart the controller")
-		return nil
+		return nil, nil
 	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
@@ -68,9 +69,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) error {
 		Watches(&resourceapi.ResourceClaim{}, delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged)).
 		Complete(NewReconciler(c, mgr.GetAPIReader(), resync))
 	if err != nil {
-		return fmt.Errorf("setting up GpuShape controller: %w", err)
+		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)
 	}
-	return nil
+	return NewRefuser(c), nil
 }
 
 // namespaceChanged: a namespace created, deleted, relabeled (quotas select
