@@ -110,7 +110,8 @@ func Missing(s *gpuaas.GpuShape, parts Parts) []string {
 }
 
 // Describe is how messages name one instance of the shape: its requests'
-// names, upper-cased and joined with "+" ("GPU+NIC", "ALL GPU", "2xGPU"),
+// names, upper-cased and joined with "+" ("GPU+NIC", "2xGPU", "GPU (all of
+// the node)"),
 // and where its alignment puts them.
 func Describe(s *gpuaas.GpuShape) string {
 	var parts []string
@@ -119,7 +120,7 @@ func Describe(s *gpuaas.GpuShape) string {
 		name := strings.ToUpper(r.Name)
 		switch {
 		case r.IsAll():
-			name = "all " + name
+			name += " (all of the node)"
 		case r.DeviceCount() > 1:
 			name = fmt.Sprintf("%dx%s", r.DeviceCount(), name)
 		}

@@ -104,7 +104,7 @@ func TestClaimSpecAndTemplate(t *testing.T) {
 	if r := ws.Devices.Requests[0].Exactly; r.AllocationMode != resourceapi.DeviceAllocationModeAll || r.Count != 0 || len(ws.Devices.Constraints) != 0 {
 		t.Fatalf("whole-node spec = %+v %+v", r, ws.Devices.Constraints)
 	}
-	if got := Describe(whole); got != "all GPUS" {
+	if got := Describe(whole); got != "GPUS (all of the node)" {
 		t.Errorf("Describe(whole) = %q", got)
 	}
 	if got := Describe(s); got != "GPU+NIC on one PCIe root" {
