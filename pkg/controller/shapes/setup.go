@@ -55,6 +55,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		klog.FromContext(ctx).Error(nil, "The GpuShape CRD is not installed: shapes are not rendered; install the chart's crds/ (helm upgrade skips them) and restart the controller")
 		return nil, nil
 	}
+	// Every replica's claim webhook reads shapes (Refuser), the leader's
+	// controller too: start their informer with the cache, so the first
+	// review does not wait for it and the readiness check covers it.
+	if _, err := mgr.GetCache().GetInformer(ctx, &gpuaas.GpuShape{}); err != nil {
+		return nil, fmt.Errorf("starting the GpuShape informer: %w", err)
+	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
 	err = ctrl.NewControllerManagedBy(mgr).Named("gpushape").
