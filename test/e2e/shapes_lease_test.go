@@ -10,8 +10,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -22,7 +24,8 @@ import (
 // the lease's pod runs with all 8 GPUs; the shape then counts 0 placeable
 // and a second lease's claim is refused with issue 38's message (the pod
 // is told why); a MIG claim is not allocated while the lease holds the
-// node, and is once the lease's pod is gone.
+// node, and is once the lease's pod is gone. The node's GpuNode is
+// ExclusivelyAllocated while the lease holds it.
 func TestShapeWholeNodeLease(t *testing.T) {
 	dir := filepath.Join(repoRoot, "demo", "shapes")
 	startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: filepath.Join(dir, "node-config.yaml")})
@@ -50,6 +53,11 @@ func TestShapeWholeNodeLease(t *testing.T) {
 	}
 	waitForShape(t, "h100-node", "placeable 0", func(s *gpuaas.GpuShape) bool {
 		return s.Status.ObservedGeneration > 0 && s.Status.Placeable == 0 && s.Status.PlaceableMessage == "0 of 1 nodes have a free GPUS (all of the node)"
+	})
+	lease := ns + "/" + claims[0].Name
+	waitNodePosture(t, nodeName(t), "leased", func(s *gpuaas.GpuNodeStatus) bool {
+		return s.Posture == gpuaas.PostureExclusivelyAllocated &&
+			s.Reason == "8 GPUs leased to "+lease+" (allocationMode All); 8 GPUs: 8 AllocatedWhole"
 	})
 
 	second := pod.DeepCopy()
@@ -110,6 +118,27 @@ func TestShapeWholeNodeLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	runningPod(t, ctx, ns, "mig-user")
+	// A MIG device on one GPU: the node is no longer leased.
+	waitNodePosture(t, nodeName(t), "partly allocated after the lease", func(s *gpuaas.GpuNodeStatus) bool {
+		return s.Posture == gpuaas.PosturePartiallyAllocated
+	})
 	waitForShape(t, "h100-node", "placeable 0 with a MIG device taken", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
 	rc.alive(t)
+}
+
+// waitNodePosture waits until the GpuNode of node has a status cond accepts.
+func waitNodePosture(t testing.TB, node, what string, cond func(*gpuaas.GpuNodeStatus) bool) {
+	t.Helper()
+	ctx := framework.Context(t, time.Minute)
+	var n gpuaas.GpuNode
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := ctrlClient.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		return cond(&n.Status), nil
+	})
+	if err != nil {
+		t.Fatalf("GpuNode %s not %s: %v; posture %s %q", node, what, err, n.Status.Posture, n.Status.Reason)
+	}
+	t.Logf("GpuNode %s %s: %s %q", node, what, n.Status.Posture, n.Status.Reason)
 }
