@@ -35,6 +35,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 )
@@ -121,10 +122,13 @@ func withRateLimits(cfg *rest.Config, opts *Options) *rest.Config {
 
 func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *webhookcert.Served) (manager.Manager, error) {
 	tlsOpts := []func(*tls.Config){webhookHTTP1Only}
-	var cacheOpts cache.Options
+	cacheOpts := cache.Options{ByObject: map[client.Object]cache.ByObject{
+		// Only the shapes' templates, not every tenant's.
+		&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
+	}}
 	if served != nil {
 		tlsOpts = append(tlsOpts, served.TLSOption)
-		cacheOpts.ByObject = map[client.Object]cache.ByObject{&corev1.Secret{}: served.SecretCache()}
+		cacheOpts.ByObject[&corev1.Secret{}] = served.SecretCache()
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Cache:                         cacheOpts,
@@ -178,7 +182,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if opts.Kueue {
 		gate = admission.NewKueueGate(mgr.GetAPIReader(), direct, opts.LedgerNamespace, opts.KueueClaimCreators, acct)
 	}
-	webhook.Register(mgr, acct, nudge, gate, opts.ExemptNamespaces)
+	refuser, err := shapes.Setup(ctx, mgr, cmp.Or(opts.Resync, defaultResync))
+	if err != nil {
+		return err
+	}
+	webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces)
 	bill := newBilling()
 	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
 	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {

@@ -41,15 +41,37 @@ func (p *pool) addAllocations(claims []resourceapi.ResourceClaim) {
 			continue
 		}
 		name := c.Namespace + "/" + c.Name
+		all := allModeRequests(c)
 		for _, r := range c.Status.Allocation.Devices.Results {
 			if r.Driver != DriverName || r.Pool != p.name || (r.AdminAccess != nil && *r.AdminAccess) {
 				continue
 			}
 			if d := p.devices[r.Device]; d != nil {
 				d.allocs = append(d.allocs, allocation{claim: name, consumed: r.ConsumedCapacity})
+				if all[r.Request] {
+					p.leases[name] = true
+				}
 			}
 		}
 	}
+}
+
+// allModeRequests are the names of a claim's requests with allocationMode
+// All, as its allocation results name them: "req", or "req/sub" for a
+// subrequest of firstAvailable.
+func allModeRequests(c *resourceapi.ResourceClaim) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range c.Spec.Devices.Requests {
+		if r.Exactly != nil && r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
+			out[r.Name] = true
+		}
+		for _, sub := range r.FirstAvailable {
+			if sub.AllocationMode == resourceapi.DeviceAllocationModeAll {
+				out[r.Name+"/"+sub.Name] = true
+			}
+		}
+	}
+	return out
 }
 
 // allocationPosture is the posture of a GPU no taint keeps out of service.

@@ -36,6 +36,9 @@ type pool struct {
 	devices map[string]*device
 	// counterSets are the pool's shared counters by name (KEP-4815).
 	counterSets map[string]resourceapi.CounterSet
+	// leases are the claims (namespace/name) holding a device of the pool
+	// through a request with allocationMode All.
+	leases map[string]bool
 }
 
 // gpu is the devices of one GPU: all that carry its index.
@@ -58,7 +61,7 @@ type device struct {
 // of its newest generation count, as for the scheduler: older ones are
 // leftovers of a republish in progress.
 func readPool(node string, slices []resourceapi.ResourceSlice) *pool {
-	p := &pool{name: node, devices: map[string]*device{}, counterSets: map[string]resourceapi.CounterSet{}}
+	p := &pool{name: node, devices: map[string]*device{}, counterSets: map[string]resourceapi.CounterSet{}, leases: map[string]bool{}}
 	var newest int64
 	for i := range slices {
 		if ours(&slices[i], node) {

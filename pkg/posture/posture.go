@@ -50,6 +50,10 @@
 // work, FullyAllocated when every GPU is full or out of service, Degraded
 // when some GPU is out of service, PartiallyAllocated when something is
 // allocated, Available otherwise; Empty when the node publishes no GPU.
+// ExclusivelyAllocated overrides the in-service postures when every GPU is
+// in service, full, and held by one claim alone through a request with
+// allocationMode All (a whole-node lease, such as a GpuShape's): "8 GPUs
+// leased to team-a/lease (allocationMode All); 8 GPUs: 8 AllocatedWhole".
 package posture
 
 import (
@@ -103,7 +107,34 @@ func Compute(node string, slices []resourceapi.ResourceSlice, claims []resourcea
 		out.Counts[gp.Posture]++
 	}
 	out.Posture, out.Reason = nodePosture(out.GPUs, out.Counts)
+	if lease, ok := exclusiveLease(out.GPUs, p.leases); ok {
+		out.Posture = gpuaas.PostureExclusivelyAllocated
+		out.Reason = fmt.Sprintf("%s leased to %s (allocationMode All); %s", plural(len(out.GPUs), "GPU"), lease, out.Reason)
+	}
 	return out
+}
+
+// exclusiveLease reports the claim that holds the node exclusively: every
+// GPU is in service, has no room left and is held by that one claim alone,
+// through a request with allocationMode All (a whole-node lease). A node
+// fully taken by several claims, or by one claim counting its devices, is
+// FullyAllocated or AllocatedWhole instead: the operator reads the
+// difference between a tenant renting the node and a node that filled up.
+func exclusiveLease(gpus []GPU, leases map[string]bool) (string, bool) {
+	if len(gpus) == 0 {
+		return "", false
+	}
+	lease := ""
+	for _, g := range gpus {
+		if open(g.Posture) || outOfService(g.Posture) || len(g.Claims) != 1 || !leases[g.Claims[0]] {
+			return "", false
+		}
+		if lease != "" && g.Claims[0] != lease {
+			return "", false
+		}
+		lease = g.Claims[0]
+	}
+	return lease, true
 }
 
 // posture decides one GPU's posture: taints first, in priority order, then

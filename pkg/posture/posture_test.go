@@ -464,6 +464,29 @@ func wholeOnly(t *testing.T) []resourceapi.ResourceSlice {
 	return publish(t, openMachine(t), &configapi.NodeConfig{})
 }
 
+// lease is a claim whose request (or firstAvailable subrequest "req/sub")
+// with allocationMode All holds the whole-GPU devices gpu-0..gpu-(n-1).
+func lease(name, request string, n int) resourceapi.ResourceClaim {
+	var devices []string
+	for i := range n {
+		devices = append(devices, fmt.Sprintf("gpu-%d", i))
+	}
+	c := claim(name, devices...)
+	for i := range c.Status.Allocation.Devices.Results {
+		c.Status.Allocation.Devices.Results[i].Request = request
+	}
+	req, sub, isSub := strings.Cut(request, "/")
+	all := resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io", AllocationMode: resourceapi.DeviceAllocationModeAll}
+	if isSub {
+		c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: req, FirstAvailable: []resourceapi.DeviceSubRequest{
+			{Name: sub, DeviceClassName: all.DeviceClassName, AllocationMode: all.AllocationMode},
+		}}}
+	} else {
+		c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: req, Exactly: &all}}
+	}
+	return c
+}
+
 func allWhole(except ...int) []resourceapi.ResourceClaim {
 	var out []resourceapi.ResourceClaim
 	for i := range 8 {
@@ -522,6 +545,27 @@ func TestNodePosture(t *testing.T) {
 		},
 		"every GPU allocated whole": {
 			slices: wholeOnly, claims: allWhole(), want: gpuaas.PostureAllocatedWhole, reason: "8 GPUs: 8 AllocatedWhole",
+		},
+		"leased whole by one claim with allocationMode All": {
+			slices: wholeOnly, claims: []resourceapi.ResourceClaim{lease("lease", "gpu", 8)},
+			want: gpuaas.PostureExclusivelyAllocated, reason: "8 GPUs leased to team-a/lease (allocationMode All); 8 GPUs: 8 AllocatedWhole",
+		},
+		"leased whole through a firstAvailable subrequest": {
+			slices: wholeOnly, claims: []resourceapi.ResourceClaim{lease("lease", "gpu/node", 8)},
+			want: gpuaas.PostureExclusivelyAllocated, reason: "8 GPUs leased to team-a/lease (allocationMode All); 8 GPUs: 8 AllocatedWhole",
+		},
+		"every GPU held by one claim counting them": {
+			slices: wholeOnly, claims: []resourceapi.ResourceClaim{claim("eight", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7")},
+			want: gpuaas.PostureAllocatedWhole, reason: "8 GPUs: 8 AllocatedWhole",
+		},
+		"a lease of part of the node": {
+			slices: wholeOnly, claims: append(allWhole(0, 1, 2, 3, 4, 5), lease("lease", "gpu", 6)),
+			want: gpuaas.PostureAllocatedWhole, reason: "8 GPUs: 8 AllocatedWhole",
+		},
+		"leased whole with one GPU unhealthy": {
+			slices: wholeOnly, claims: []resourceapi.ResourceClaim{lease("lease", "gpu", 8)}, taint: xidOn(7),
+			want:   gpuaas.PostureFullyAllocated,
+			reason: "8 GPUs: 7 AllocatedWhole, 1 Unhealthy; GPU 7 Unhealthy: gpu.gpuaas.io/xid=79:NoSchedule on gpu-7; 1 device still allocated",
 		},
 		"no room left": {
 			slices: everyModeSlices, claims: append(allWhole(0, 1, 2),

@@ -32,6 +32,14 @@ const (
 	ReasonWithinLimits        = "WithinLimits"
 	ReasonExceeded            = "Exceeded"
 	ReasonFeatureGateOff      = "FeatureGateOff"
+	// GpuShape: its templates are in sync and every part exists.
+	ReasonShapeReady = "TemplatesReady"
+	// GpuShape: a part is missing (a DeviceClass that does not exist, a
+	// GpuProfile absent or disabled); the message names it.
+	ReasonPartsMissing = "PartsMissing"
+	// GpuShape: a ResourceClaimTemplate of its name exists in an entitled
+	// namespace and was not rendered from the shape.
+	ReasonTemplateConflict = "TemplateConflict"
 )
 
 // Labels and annotations the control plane uses.
@@ -56,4 +64,9 @@ const (
 	// uninstall would leave the profile stuck with no controller to drain
 	// it.
 	ReleasedAnnotation = "gpuaas.io/finalizer-released"
+	// ShapeLabel on a ResourceClaimTemplate names the GpuShape it was
+	// rendered from. It is what the controller finds its templates by,
+	// never evidence that a claim is of the shape (a tenant can write it):
+	// the claim webhook compares the claim's spec with the template's.
+	ShapeLabel = "gpuaas.io/shape"
 )

@@ -22,9 +22,12 @@ import (
 //	PartiallyAllocated  something is allocated and more can be
 //	Available           nothing is allocated
 //
-// Nodes add Empty (the driver publishes no GPU there) and Degraded (some GPU
-// is Unhealthy, CleanupBlocked or Draining while others still take work).
-// +kubebuilder:validation:Enum=Unhealthy;CleanupBlocked;Draining;AllocatedWhole;FullyAllocated;PartiallyAllocated;Available;Degraded;Empty
+// Nodes add Empty (the driver publishes no GPU there), Degraded (some GPU
+// is Unhealthy, CleanupBlocked or Draining while others still take work)
+// and ExclusivelyAllocated (every GPU is in service, full and held by one
+// claim alone through a request with allocationMode All: a whole-node
+// lease, as opposed to a node filled up by several claims).
+// +kubebuilder:validation:Enum=Unhealthy;CleanupBlocked;Draining;AllocatedWhole;FullyAllocated;PartiallyAllocated;Available;Degraded;Empty;ExclusivelyAllocated
 type Posture string
 
 // Postures, in the priority order of a GPU's (see Posture).
@@ -42,6 +45,10 @@ const (
 	// PostureEmpty (nodes only): the driver runs on the node but publishes
 	// no GPU.
 	PostureEmpty Posture = "Empty"
+	// PostureExclusivelyAllocated (nodes only): every GPU is in service,
+	// full and held by one claim alone through a request with
+	// allocationMode All (a whole-node lease).
+	PostureExclusivelyAllocated Posture = "ExclusivelyAllocated"
 )
 
 // GpuPostures are the postures a GPU can have, in priority order.
@@ -83,7 +90,10 @@ type GpuNodeStatus struct {
 	// that any GPU has) when no GPU takes work, FullyAllocated when every
 	// GPU is full or out of service, Degraded when some are out of service,
 	// PartiallyAllocated when something is allocated, else Available.
-	// Empty when the node publishes no GPU.
+	// Empty when the node publishes no GPU. ExclusivelyAllocated, before
+	// all but the out-of-service postures, when every GPU is full and held
+	// by one claim alone through a request with allocationMode All (a
+	// whole-node lease).
 	// +optional
 	Posture Posture `json:"posture,omitempty"`
 

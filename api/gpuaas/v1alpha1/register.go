@@ -17,6 +17,7 @@ const (
 	GpuProfileKind  = "GpuProfile"
 	TenantQuotaKind = "TenantQuota"
 	GpuNodeKind     = "GpuNode"
+	GpuShapeKind    = "GpuShape"
 )
 
 var (
@@ -31,6 +32,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&GpuProfile{}, &GpuProfileList{},
 		&TenantQuota{}, &TenantQuotaList{},
 		&GpuNode{}, &GpuNodeList{},
+		&GpuShape{}, &GpuShapeList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -23,7 +23,7 @@ var (
 	}, []string{"node", "gpu", "posture"})
 	nodePostureGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpuaas_node_posture",
-		Help: "1 for a node's current GPU posture (a GPU posture, Degraded or Empty), by node.",
+		Help: "1 for a node's current GPU posture (a GPU posture, Degraded, Empty or ExclusivelyAllocated), by node.",
 	}, []string{"node", "posture"})
 
 	registerPostureOnce sync.Once

@@ -11,14 +11,16 @@ import (
 // Register serves the webhooks on the manager's webhook server: the quota
 // webhook decides with acct, remembers the pods of denied claims in nudge,
 // and asks gate (nil without the Kueue integration) about the claims it
-// denies; exempt are the configured exempt namespaces, besides the
-// defaults.
-func Register(mgr manager.Manager, acct *quotaadmission.Accountant, nudge *quotaadmission.Nudger, gate *quotaadmission.KueueGate, exempt []string) {
+// denies; shapes refuses claims of a shape none of which can be placed
+// (whenUnavailable: Refuse); exempt are the configured exempt namespaces,
+// besides the defaults.
+func Register(mgr manager.Manager, acct *quotaadmission.Accountant, nudge *quotaadmission.Nudger, gate *quotaadmission.KueueGate,
+	shapes ShapeGate, exempt []string) {
 	dec := admission.NewDecoder(mgr.GetScheme())
 	skip := exemptNamespaces(exempt)
 	srv := mgr.GetWebhookServer()
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
-		exempt: sets.New(skip...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
+		exempt: sets.New(skip...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, shapes: shapes, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
 	}})
 	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
 		exempt: sets.New(skip...), acct: acct, decoder: dec,

@@ -30,6 +30,17 @@ import (
 // shows why the pod waits.
 const reasonQuotaExceeded = "QuotaExceeded"
 
+// Event reason on a pod whose claim was refused because its shape has
+// nothing placeable (whenUnavailable: Refuse).
+const reasonShapeUnavailable = "ShapeUnavailable"
+
+// ShapeGate refuses a new claim of a GpuShape with whenUnavailable: Refuse
+// while none of it can be placed (shapes.Refuser); it returns the reason,
+// or "".
+type ShapeGate interface {
+	Refuse(ctx context.Context, claim *resourceapi.ResourceClaim) (string, error)
+}
+
 // claimWebhook charges ResourceClaims against quotas and validates their
 // opaque configuration.
 type claimWebhook struct {
@@ -41,6 +52,9 @@ type claimWebhook struct {
 	// kueue admits claims of Kueue-admitted workloads over quota; nil
 	// when the controller does not integrate with Kueue.
 	kueue *quotaadmission.KueueGate
+	// shapes refuses claims of shapes with nothing placeable; nil when
+	// the GpuShape CRD is not installed.
+	shapes ShapeGate
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -61,6 +75,10 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		return admission.Allowed("")
 	}
 	dryRun := ptr.Deref(req.DryRun, false)
+	// Before quota: a refused claim reserves nothing.
+	if resp, refused := h.refuseUnavailable(ctx, &claim, dryRun); refused {
+		return resp
+	}
 	if dryRun {
 		ctx = quota.WithDryRun(ctx) // priced, not remembered (issue 36)
 	}
@@ -95,6 +113,32 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		resp = resp.WithWarnings(fmt.Sprintf("TenantQuota %q is over its own limits; this claim borrows idle quota of cohort %q", adm.Tenant, adm.Cohort))
 	}
 	return resp
+}
+
+// refuseUnavailable refuses a claim of a shape with whenUnavailable: Refuse
+// and nothing placeable, and tells its pod why. An error fails closed, as
+// the quota check does.
+func (h *claimWebhook) refuseUnavailable(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (admission.Response, bool) {
+	if h.shapes == nil {
+		return admission.Response{}, false
+	}
+	reason, err := h.shapes.Refuse(ctx, claim)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Shape check failed", "claim", klog.KObj(claim))
+		admissionErrors.Inc()
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("shape check failed, retry: %w", err)), true
+	}
+	if reason == "" {
+		return admission.Response{}, false
+	}
+	klog.FromContext(ctx).V(2).Info("Claim refused", "claim", klog.KObj(claim), "reason", reason)
+	if pod, ok := quotaadmission.PodOf(claim); ok && !dryRun && h.recorder != nil {
+		ref := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+		h.recorder.Eventf(ref, nil, corev1.EventTypeWarning, reasonShapeUnavailable, "CreateResourceClaim",
+			"ResourceClaim for the pod is refused: %s", reason)
+	}
+	return admission.Denied(reason), true
 }
 
 // denied tells the pod that waits for the claim why, and remembers it so it

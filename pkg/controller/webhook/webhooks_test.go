@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -201,5 +202,43 @@ func TestProfileWebhookValidatesOnlySpecChanges(t *testing.T) {
 	req.OldObject = request(t, admissionv1.Update, "", "bad", stored).Object
 	if resp := ph.Handle(ctx(t), req); resp.Allowed {
 		t.Fatal("an invalid spec change was allowed")
+	}
+}
+
+// shapeGate refuses every claim named "refused".
+type shapeGate struct{}
+
+func (shapeGate) Refuse(_ context.Context, c *resourceapi.ResourceClaim) (string, error) {
+	if c.Name == "refused" {
+		return "unavailable: shape h100-slot has 0 placeable (0 of 3 nodes have a free GPU+NIC on one PCIe root)", nil
+	}
+	return "", nil
+}
+
+// TestClaimWebhookRefusesUnavailableShape: a claim the shape gate refuses
+// is denied with its message, before quota (nothing is charged), and its
+// pod is told why; other claims go on to quota.
+func TestClaimWebhookRefusesUnavailableShape(t *testing.T) {
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "1"))...)
+	h, rec := newClaimWebhook(t, acct)
+	h.shapes = shapeGate{}
+	c := ownedByPod(claim("a", "refused", "h100", 1), "trainer")
+	resp := h.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c))
+	want := "unavailable: shape h100-slot has 0 placeable (0 of 3 nodes have a free GPU+NIC on one PCIe root)"
+	if resp.Allowed || resp.Result.Message != want || resp.Result.Code != http.StatusForbidden {
+		t.Fatalf("response = %+v", resp.Result)
+	}
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, reasonShapeUnavailable) || !strings.Contains(e, want) {
+			t.Errorf("event %q", e)
+		}
+	default:
+		t.Error("no event for the pod")
+	}
+	// The refused claim reserved nothing: a claim of the whole quota fits.
+	ok := claim("a", "ok", "h100", 1)
+	if resp := h.Handle(ctx(t), request(t, admissionv1.Create, "a", ok.Name, ok)); !resp.Allowed {
+		t.Fatalf("claim after a refusal denied: %+v", resp.Result)
 	}
 }

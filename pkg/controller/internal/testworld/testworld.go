@@ -157,7 +157,7 @@ func NewFakeClient(t testing.TB, objs ...client.Object) client.WithWatch {
 	}
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
 		WithIndex(&resourceapi.ResourceClaim{}, catalog.IndexClaimClasses, catalog.ClaimClasses).
-		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.TenantQuota{}).
+		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.TenantQuota{}, &gpuaas.GpuShape{}).
 		WithGlobalResourceVersionCounter(). // comparable, as etcd's are
 		Build()
 }

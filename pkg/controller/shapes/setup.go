@@ -1,0 +1,155 @@
+package shapes
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
+)
+
+// countDelay coalesces bursts of slice and claim events into one recount
+// of every shape's placeable (each lists every slice and claim).
+const countDelay = time.Second
+
+// TemplateCache is how the manager's cache must hold
+// ResourceClaimTemplates: only those that carry ShapeLabel, so the
+// controller does not keep every tenant's templates in memory.
+func TemplateCache() cache.ByObject {
+	req, err := labels.NewRequirement(gpuaas.ShapeLabel, selection.Exists, nil)
+	if err != nil {
+		panic(err) // a constant label key
+	}
+	return cache.ByObject{Label: labels.NewSelector().Add(*req)}
+}
+
+// Setup adds the GpuShape controller to the manager (whose cache holds
+// templates as TemplateCache says) and returns the claim webhook's
+// Refuser. Without the GpuShape CRD (a helm upgrade skips crds/;
+// --apply-crds installs it) it logs and returns a nil Refuser.
+func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuser, error) {
+	RegisterMetrics()
+	served, err := servesShapes(ctx, mgr.GetRESTMapper())
+	if err != nil {
+		return nil, err
+	}
+	if !served {
+		klog.FromContext(ctx).Error(nil, "The GpuShape CRD is not installed: shapes are not rendered; install the chart's crds/ (helm upgrade skips them) and restart the controller")
+		return nil, nil
+	}
+	// Every replica's claim webhook reads shapes (Refuser), the leader's
+	// controller too: start their informer with the cache, so the first
+	// review does not wait for it and the readiness check covers it.
+	if _, err := mgr.GetCache().GetInformer(ctx, &gpuaas.GpuShape{}); err != nil {
+		return nil, fmt.Errorf("starting the GpuShape informer: %w", err)
+	}
+	c := mgr.GetClient()
+	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
+	err = ctrl.NewControllerManagedBy(mgr).Named("gpushape").
+		// Its own status writes change no generation.
+		For(&gpuaas.GpuShape{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&resourceapi.ResourceClaimTemplate{}, handler.EnqueueRequestsFromMapFunc(templateShape)).
+		Watches(&gpuaas.TenantQuota{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Namespace{}, every, builder.WithPredicates(namespaceChanged)).
+		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&resourceapi.DeviceClass{}, every).
+		Watches(&resourceapi.ResourceSlice{}, delayed(countDelay, allShapes(c))).
+		Watches(&resourceapi.ResourceClaim{}, delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged)).
+		Complete(NewReconciler(c, mgr.GetAPIReader(), resync))
+	if err != nil {
+		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)
+	}
+	return NewRefuser(c), nil
+}
+
+// namespaceChanged: a namespace created, deleted, relabeled (quotas select
+// by labels) or set terminating.
+var namespaceChanged = predicate.Or[client.Object](predicate.LabelChangedPredicate{}, predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+	},
+})
+
+// allocationChanged: a claim created or deleted, or its allocation set or
+// cleared; the rest of its life changes no count.
+var allocationChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*resourceapi.ResourceClaim)
+		n, ok2 := e.ObjectNew.(*resourceapi.ResourceClaim)
+		return !ok1 || !ok2 || (o.Status.Allocation == nil) != (n.Status.Allocation == nil)
+	},
+}
+
+func templateShape(_ context.Context, obj client.Object) []reconcile.Request {
+	if name := obj.GetLabels()[gpuaas.ShapeLabel]; name != "" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: name}}}
+	}
+	return nil
+}
+
+func allShapes(c client.Reader) handler.MapFunc {
+	return func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list gpuaas.GpuShapeList
+		if err := c.List(ctx, &list); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(list.Items))
+		for _, s := range list.Items {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: s.Name}})
+		}
+		return out
+	}
+}
+
+// delayed enqueues what fn maps an event to after delay; a request
+// already waiting is not added twice.
+func delayed(delay time.Duration, fn handler.MapFunc) handler.EventHandler {
+	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
+	add := func(ctx context.Context, obj client.Object, q queue) {
+		for _, r := range fn(ctx, obj) {
+			q.AddAfter(r, delay)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc:  func(ctx context.Context, e event.CreateEvent, q queue) { add(ctx, e.Object, q) },
+		UpdateFunc:  func(ctx context.Context, e event.UpdateEvent, q queue) { add(ctx, e.ObjectNew, q) },
+		DeleteFunc:  func(ctx context.Context, e event.DeleteEvent, q queue) { add(ctx, e.Object, q) },
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q queue) { add(ctx, e.Object, q) },
+	}
+}
+
+// shapeWait is how long setup waits for the GpuShape CRD to be served:
+// ApplyCRDs may have created it a moment ago.
+const shapeWait = 15 * time.Second
+
+func servesShapes(ctx context.Context, m meta.RESTMapper) (bool, error) {
+	gk := gpuaas.GroupVersion.WithKind(gpuaas.GpuShapeKind).GroupKind()
+	var served bool
+	err := wait.PollUntilContextTimeout(ctx, time.Second, shapeWait, true, func(context.Context) (bool, error) {
+		var err error
+		served, err = kinds.Served(m, gk, gpuaas.GroupVersion.Version)
+		return served, err
+	})
+	if err != nil && !wait.Interrupted(err) {
+		return false, err
+	}
+	return served, nil
+}
