@@ -100,18 +100,7 @@ func testUserCasesOn(t *testing.T, c apiServerCase) {
 	opts := versionOptions(t, c, "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	api, err := framework.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := api.Stop(); err != nil {
-			t.Error(err)
-		}
-		if !t.Failed() {
-			_ = api.Cleanup()
-		}
-	})
+	api := startVersionControlPlane(ctx, t, opts)
 	for _, spec := range []string{"00-catalog", filepath.Join("sharing", "00-classes")} {
 		if _, err := api.Apply(ctx, filepath.Join(repoRoot, "demo", "specs", spec), ""); err != nil {
 			t.Fatalf("applying %s: %v", spec, err)

@@ -84,18 +84,7 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	opts.APIServerOnly = true
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	api, err := framework.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := api.Stop(); err != nil {
-			t.Error(err)
-		}
-		if !t.Failed() {
-			_ = api.Cleanup()
-		}
-	})
+	api := startVersionControlPlane(ctx, t, opts)
 	seen := watchSlices(ctx, t, api, "versions-node")
 	node, err := api.StartNode(ctx, framework.NodeOptions{Name: "versions-node", PluginBinary: pluginBinary,
 		NodeConfig: filepath.Join(repoRoot, "demo", "node-config.yaml")})
@@ -114,6 +103,25 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	}
 	checkFaultOn(ctx, t, node, c.want.taints)
 	checkCatalogOn(ctx, t, api, c.want.extendedResource)
+}
+
+// startVersionControlPlane starts a control plane for one case, stopped
+// when the test ends and removed unless it failed (its logs kept).
+func startVersionControlPlane(ctx context.Context, t *testing.T, opts framework.Options) *framework.ControlPlane {
+	t.Helper()
+	api, err := framework.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := api.Stop(); err != nil {
+			t.Error(err)
+		}
+		if !t.Failed() {
+			_ = api.Cleanup()
+		}
+	})
+	return api
 }
 
 // versionOptions start a control plane of the case's version and gates
