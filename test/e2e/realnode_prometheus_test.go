@@ -26,6 +26,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
@@ -355,6 +356,27 @@ func immediateAlerts(t *testing.T, rules, dir string) string {
 	return path
 }
 
+// createMonitoredShape gives the fleet dashboard's shape panel a series: a
+// GpuShape of one h100 (the quota demo's profile) for team-a.
+func createMonitoredShape(t *testing.T, ctx context.Context) {
+	t.Helper()
+	gvr := schema.GroupVersionResource{Group: "gpuaas.io", Version: "v1alpha1", Resource: "gpushapes"}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gpuaas.io/v1alpha1", "kind": "GpuShape",
+		"metadata": map[string]any{"name": "prom-slot"},
+		"spec": map[string]any{
+			"requests": []any{map[string]any{"name": "gpu", "profile": "h100"}},
+			"tenants":  []any{"team-a"},
+		},
+	}}
+	if _, err := cp.Dynamic.Resource(gvr).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating GpuShape prom-slot: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Dynamic.Resource(gvr).Delete(context.Background(), "prom-slot", metav1.DeleteOptions{})
+	})
+}
+
 // runMonitoringScenario gives every panel something to show: the demo's
 // quota scenario (tenants in a cohort, a claim whose alternative is
 // dropped, one borrowing, one denied, a pod running on a MIG slice), a
@@ -377,6 +399,8 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 		}
 	}
 	waitForSeries(t, ctx, prom, `gpuaas_claim_denials_total{tenant="team-a"}`)
+	createMonitoredShape(t, ctx)
+	waitForSeries(t, ctx, prom, `gpuaas_shape_placeable{shape="prom-slot"}`)
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "too-big-again", Namespace: "team-a"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
