@@ -373,7 +373,7 @@ func createMonitoredShape(t *testing.T, ctx context.Context) {
 		t.Fatalf("creating GpuShape prom-slot: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = cp.Dynamic.Resource(gvr).Delete(context.Background(), "prom-slot", metav1.DeleteOptions{})
+		_ = cp.Dynamic.Resource(gvr).Delete(context.WithoutCancel(ctx), "prom-slot", metav1.DeleteOptions{})
 	})
 }
 
