@@ -34,6 +34,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
@@ -254,8 +255,8 @@ func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, condition
 	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
 		For(&gpuaas.GpuProfile{}).
 		Watches(&resourceapi.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(sameName)).
-		Watches(&resourceapi.ResourceSlice{}, delayed(statusDelay, allOf(profileNames(c)))).
-		Watches(&resourceapi.ResourceClaim{}, delayed(statusDelay, claimProfiles)).
+		Watches(&resourceapi.ResourceSlice{}, enqueue.Delayed(statusDelay, allOf(profileNames(c)))).
+		Watches(&resourceapi.ResourceClaim{}, enqueue.Delayed(statusDelay, claimProfiles)).
 		Complete(catalog.NewReconciler(c, acct, opts.Resync, time.Now(), conditions.Exclude))
 	if err != nil {
 		return fmt.Errorf("setting up GpuProfile controller: %w", err)

@@ -4,10 +4,7 @@ import (
 	"context"
 	"time"
 
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -90,20 +87,3 @@ func sameName(_ context.Context, obj client.Object) []reconcile.Request {
 // recount of a profile: its counts list every claim, which must not happen
 // once per event when hundreds of claims change at once.
 const statusDelay = time.Second
-
-// delayed enqueues what fn maps an event to after delay; requests already
-// waiting are not added twice.
-func delayed(delay time.Duration, fn handler.MapFunc) handler.EventHandler {
-	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
-	add := func(ctx context.Context, obj client.Object, q queue) {
-		for _, r := range fn(ctx, obj) {
-			q.AddAfter(r, delay)
-		}
-	}
-	return handler.Funcs{
-		CreateFunc:  func(ctx context.Context, e event.CreateEvent, q queue) { add(ctx, e.Object, q) },
-		UpdateFunc:  func(ctx context.Context, e event.UpdateEvent, q queue) { add(ctx, e.ObjectNew, q) },
-		DeleteFunc:  func(ctx context.Context, e event.DeleteEvent, q queue) { add(ctx, e.Object, q) },
-		GenericFunc: func(ctx context.Context, e event.GenericEvent, q queue) { add(ctx, e.Object, q) },
-	}
-}

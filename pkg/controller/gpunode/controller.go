@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -113,16 +112,7 @@ const gpuNodeWait = 15 * time.Second
 
 func servesGpuNodes(ctx context.Context, m meta.RESTMapper) (bool, error) {
 	gk := gpuaas.GroupVersion.WithKind(gpuaas.GpuNodeKind).GroupKind()
-	var served bool
-	err := wait.PollUntilContextTimeout(ctx, time.Second, gpuNodeWait, true, func(context.Context) (bool, error) {
-		var err error
-		served, err = kinds.Served(m, gk, gpuaas.GroupVersion.Version)
-		return served, err
-	})
-	if err != nil && !wait.Interrupted(err) {
-		return false, err
-	}
-	return served, nil
+	return kinds.ServedWithin(ctx, m, gk, gpuaas.GroupVersion.Version, gpuNodeWait)
 }
 
 // postureReconciler keeps each node's GpuNode and posture metrics current.

@@ -10,8 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -23,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
 )
 
@@ -71,8 +70,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		Watches(&corev1.Namespace{}, every, builder.WithPredicates(namespaceChanged)).
 		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.DeviceClass{}, every).
-		Watches(&resourceapi.ResourceSlice{}, delayed(countDelay, allShapes(c))).
-		Watches(&resourceapi.ResourceClaim{}, delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged)).
+		Watches(&resourceapi.ResourceSlice{}, enqueue.Delayed(countDelay, allShapes(c))).
+		Watches(&resourceapi.ResourceClaim{}, enqueue.Delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged)).
 		Complete(NewReconciler(c, mgr.GetAPIReader(), resync))
 	if err != nil {
 		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)
@@ -119,37 +118,11 @@ func allShapes(c client.Reader) handler.MapFunc {
 	}
 }
 
-// delayed enqueues what fn maps an event to after delay; a request
-// already waiting is not added twice.
-func delayed(delay time.Duration, fn handler.MapFunc) handler.EventHandler {
-	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
-	add := func(ctx context.Context, obj client.Object, q queue) {
-		for _, r := range fn(ctx, obj) {
-			q.AddAfter(r, delay)
-		}
-	}
-	return handler.Funcs{
-		CreateFunc:  func(ctx context.Context, e event.CreateEvent, q queue) { add(ctx, e.Object, q) },
-		UpdateFunc:  func(ctx context.Context, e event.UpdateEvent, q queue) { add(ctx, e.ObjectNew, q) },
-		DeleteFunc:  func(ctx context.Context, e event.DeleteEvent, q queue) { add(ctx, e.Object, q) },
-		GenericFunc: func(ctx context.Context, e event.GenericEvent, q queue) { add(ctx, e.Object, q) },
-	}
-}
-
 // shapeWait is how long setup waits for the GpuShape CRD to be served:
 // ApplyCRDs may have created it a moment ago.
 const shapeWait = 15 * time.Second
 
 func servesShapes(ctx context.Context, m meta.RESTMapper) (bool, error) {
 	gk := gpuaas.GroupVersion.WithKind(gpuaas.GpuShapeKind).GroupKind()
-	var served bool
-	err := wait.PollUntilContextTimeout(ctx, time.Second, shapeWait, true, func(context.Context) (bool, error) {
-		var err error
-		served, err = kinds.Served(m, gk, gpuaas.GroupVersion.Version)
-		return served, err
-	})
-	if err != nil && !wait.Interrupted(err) {
-		return false, err
-	}
-	return served, nil
+	return kinds.ServedWithin(ctx, m, gk, gpuaas.GroupVersion.Version, shapeWait)
 }
