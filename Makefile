@@ -110,11 +110,11 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 ## test-versions: the version matrix (1.34, 1.35, 1.36 with default and documented gates, and the suite's
 ## own): what each API server keeps of the plugin's slices, and what a user asks (whole, replica, share,
 ## dynamic MIG, firstAvailable, pods queued through a plugin restart) under that version's scheduler and
-## controller-manager: docs/install.md's table
+## controller-manager: docs/install.md's table, and docs/reference/version-matrix.md (written when all pass)
 test-versions: k8s-bins helm
 	$(MAKE) k8s-versions
-	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" $(GO) test -count=1 -timeout 40m ./test/e2e \
-		-run 'TestSlicesOnEachAPIServer|TestUserCasesOnEachControlPlane' -v
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" E2E_MATRIX_OUT=$(CURDIR)/docs/reference/version-matrix.md \
+		$(GO) test -count=1 -timeout 40m ./test/e2e -run 'TestSlicesOnEachAPIServer|TestUserCasesOnEachControlPlane' -v
 
 ## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/

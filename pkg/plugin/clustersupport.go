@@ -9,7 +9,7 @@ import (
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"k8s.io/klog/v2"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"

@@ -15,7 +15,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"path/filepath"
 	"sync"

@@ -133,7 +133,7 @@ func TestControllerCohortBorrowing(t *testing.T) {
 	if err := cp.Client.ResourceV1().ResourceClaims(nsA).Delete(ctx, "a2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitForClaimGone(ctx, nsA, "a2"); err != nil {
+	if err := cp.WaitForClaimGone(ctx, nsA, "a2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := createClaim(ctx, gpuClaim(nsB, "b2", class, 1)); err != nil {
@@ -144,7 +144,7 @@ func TestControllerCohortBorrowing(t *testing.T) {
 	if err := cp.Client.ResourceV1().ResourceClaims(nsB).Delete(ctx, "b2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitForClaimGone(ctx, nsB, "b2"); err != nil {
+	if err := cp.WaitForClaimGone(ctx, nsB, "b2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := createClaim(ctx, gpuClaim(nsA, "a5", class, 1)); err != nil {

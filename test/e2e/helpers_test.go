@@ -8,14 +8,11 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -142,20 +139,6 @@ func cdiDevices(t *testing.T, pod *v1.Pod) map[string][]string {
 		t.Fatalf("pod %s: annotation %s=%q: %v", pod.Name, kubeletsim.CDIDevicesAnnotation, value, err)
 	}
 	return devices
-}
-
-func waitForClaimGone(ctx context.Context, namespace, name string) error {
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, err := cp.Client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		return false, err
-	})
-	if err != nil {
-		return fmt.Errorf("claim %s/%s not deleted: %w", namespace, name, err)
-	}
-	return nil
 }
 
 // createTemplatePod creates a claim template and a pod of the same name

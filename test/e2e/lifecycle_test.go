@@ -72,7 +72,7 @@ func TestDeleteUnpreparesClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkUnprepared(t, node, claim)
-	if err := waitForClaimGone(ctx, ns, claim.Name); err != nil {
+	if err := cp.WaitForClaimGone(ctx, ns, claim.Name); err != nil {
 		t.Error(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +66,7 @@ func testControllerLeastPrivilege(t *testing.T, n *realNode) {
 	if img := got.Spec.Containers[0].Image; strings.Contains(img, "attacker") {
 		t.Errorf("pod image changed to %s", img)
 	}
+	checkControllerSlicesDryRunOnly(t, ctx, as, n.Name)
 	// Whatever the controller did since the install, the chart's RBAC
 	// allowed it (issue 12 item 14: leader election's events were not).
 	logs, err := filepath.Glob(filepath.Join(n.PodLogsDir, releaseNamespace+"_*controller*", "controller", "*.log"))
@@ -82,6 +84,27 @@ func testControllerLeastPrivilege(t *testing.T, n *realNode) {
 			}
 		}
 	}
+}
+
+// checkControllerSlicesDryRunOnly: the controller's token may dry-run a
+// ResourceSlice create (its cluster feature probe), and nothing more: a real
+// create of a slice that offers a node's GPUs is refused by the chart's
+// policy, and it may not delete the node's slices (issue 35 item 2).
+func checkControllerSlicesDryRunOnly(t *testing.T, ctx context.Context, as kubernetes.Interface, node string) {
+	t.Helper()
+	slice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: node + "-forged-"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: framework.DriverName, NodeName: &node,
+			Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+			Devices: []resourceapi.Device{{Name: "gpu-forged"}}},
+	}
+	if _, err := as.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("the controller's dry-run create of a ResourceSlice (its feature probe): %v", err)
+	}
+	_, err := as.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{})
+	mustBeForbidden(t, "the controller's account creating a ResourceSlice", err, "may only dry-run ResourceSlice creates")
+	err = as.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	mustBeForbidden(t, "the controller's account deleting ResourceSlices", err, "")
 }
 
 // testNamespaceLabelsProtected: someone who may edit a namespace (a tenant's

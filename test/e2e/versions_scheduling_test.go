@@ -29,6 +29,9 @@ type userCase struct {
 	// device tells, from the allocated device, whether the pod got what
 	// it asked for (the fallback of firstAvailable included).
 	device func(name string, shape storedShape) bool
+	// release: the pod is deleted once checked, and its claim waited
+	// away, so that what it held is free for the checks after it.
+	release bool
 }
 
 const (
@@ -81,6 +84,29 @@ var userCases = []userCase{
 		}
 		return d == "gpu-1"
 	}},
+	{name: "four-migs", needs: "dynamicMIG", tmpl: fourMIGs, release: true,
+		device: func(d string, _ storedShape) bool { return strings.HasPrefix(d, "gpu-7-mig-") }},
+}
+
+// fourMIGs is demo/specs/mig/four-profiles-one-gpu's claim: 1g.10gb,
+// 1g.10gb+me, 2g.20gb and 3g.40gb, all seven compute slices of one GPU
+// (matchAttribute parentUUID). The mig case holds a 1g of GPU 6, so only
+// GPU 7 can take them, and the allocator must find it after GPU 6 failed.
+func fourMIGs(ns string) *resourceapi.ResourceClaimTemplate {
+	tmpl := templateFor("four-migs", ns, "")
+	var names []string
+	tmpl.Spec.Spec.Devices.Requests = nil
+	for _, profile := range []string{"1g.10gb", "1g.10gb+me", "2g.20gb", "3g.40gb"} {
+		name := "mig-" + strings.NewReplacer(".", "", "+", "-").Replace(profile)
+		names = append(names, name)
+		cel := fmt.Sprintf(`device.attributes["gpu.gpuaas.io"].profile == %q`, profile)
+		tmpl.Spec.Spec.Devices.Requests = append(tmpl.Spec.Spec.Devices.Requests, resourceapi.DeviceRequest{Name: name,
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "mig.gpuaas.io",
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}}})
+	}
+	parent := resourceapi.FullyQualifiedName("gpu.gpuaas.io/parentUUID")
+	tmpl.Spec.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: names, MatchAttribute: &parent}}
+	return tmpl
 }
 
 // Issue 35: what a user does, with each version's own scheduler and
@@ -91,12 +117,18 @@ var userCases = []userCase{
 // part. make e2e runs the oldest version (E2E_K8S_VERSIONS=v1.34.4); make
 // test-versions every one.
 func TestUserCasesOnEachControlPlane(t *testing.T) {
+	matrix := newVersionMatrix()
 	for _, c := range apiServerCases {
-		t.Run(c.name, func(t *testing.T) { testUserCasesOn(t, c) })
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			cells := testUserCasesOn(t, c)
+			matrix.add(t, c, cells, time.Since(start))
+		})
 	}
+	matrix.write(t)
 }
 
-func testUserCasesOn(t *testing.T, c apiServerCase) {
+func testUserCasesOn(t *testing.T, c apiServerCase) map[string]outcome {
 	opts := versionOptions(t, c, "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -118,27 +150,36 @@ func testUserCasesOn(t *testing.T, c apiServerCase) {
 		_ = node.Stop(context.Background())
 	})
 	ns := api.CreateNamespace(t, "versions")
+	cells := map[string]outcome{}
+	record := func(name string, o outcome) { cells[name] = o }
 	for _, u := range userCases {
-		checkUserCase(ctx, t, api, node, ns, u, c.want)
+		checkUserCase(ctx, t, api, node, ns, u, c.want, record)
 	}
-	checkQueuedBehindWholeGPU(ctx, t, api, node, ns, c.want.dynamicMIG)
+	if checkQueuedBehindWholeGPU(ctx, t, api, node, ns, c.want.dynamicMIG) {
+		record(queuedCase, outcomeStaysPending)
+	}
+	return cells
 }
 
 // checkUserCase creates the case's pod and waits for the outcome the
 // stored pool promises: running with the device it asked for, or
 // unschedulable.
-func checkUserCase(ctx context.Context, t *testing.T, api *framework.ControlPlane, node *framework.Node, ns string, u userCase, shape storedShape) {
+func checkUserCase(ctx context.Context, t *testing.T, api *framework.ControlPlane, node *framework.Node, ns string, u userCase, shape storedShape, record func(string, outcome)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	createTemplatePodOn(t, ctx, api, u.tmpl(ns))
-	available := (u.needs != "shares" || shape.shares) && (u.needs != "dynamicMIG" || shape.dynamicMIG)
-	if !available {
+	if want := u.expected(shape); want == outcomeWaits || want == outcomeWaitsAllocator {
 		msg, err := api.WaitForPodUnschedulable(ctx, ns, u.name)
 		if err != nil {
-			t.Errorf("%s: without %s the pod should wait: %v", u.name, u.needs, err)
+			t.Errorf("%s: the pod should wait (%s): %v", u.name, want, err)
+			return
 		}
 		t.Logf("%s waits: %s", u.name, msg)
+		record(u.name, want)
+		if err := api.Client.CoreV1().Pods(ns).Delete(ctx, u.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		return
 	}
 	pod, err := api.WaitForPodRunning(ctx, ns, u.name)
@@ -151,12 +192,23 @@ func checkUserCase(ctx context.Context, t *testing.T, api *framework.ControlPlan
 		t.Errorf("%s: claim %+v not allocated", u.name, claim)
 		return
 	}
+	got := u.expected(shape)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if !u.device(r.Device, shape) {
 			t.Errorf("%s got device %s", u.name, r.Device)
+			got = "got " + outcome(r.Device)
 		}
 	}
 	checkPrepared(t, node, pod, claim)
+	record(u.name, got)
+	if u.release {
+		if err := api.Client.CoreV1().Pods(ns).Delete(ctx, u.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := api.WaitForClaimGone(ctx, ns, claim.Name); err != nil {
+			t.Errorf("%s: %v", u.name, err)
+		}
+	}
 }
 
 // checkQueuedBehindWholeGPU holds GPU 7 whole (where dynamic MIG is
@@ -165,8 +217,8 @@ func checkUserCase(ctx context.Context, t *testing.T, api *framework.ControlPlan
 // plugin (the moment the stored pool used to offer dynamic-MIG devices
 // without counters on 1.34 and 1.35 with default gates), and checks that
 // the MIG pod is still pending once the pool has settled again, and that
-// no claim holds a GPU whole and in part.
-func checkQueuedBehindWholeGPU(ctx context.Context, t *testing.T, api *framework.ControlPlane, node *framework.Node, ns string, dynamicMIG bool) {
+// no claim holds a GPU whole and in part. It says whether all that held.
+func checkQueuedBehindWholeGPU(ctx context.Context, t *testing.T, api *framework.ControlPlane, node *framework.Node, ns string, dynamicMIG bool) bool {
 	t.Helper()
 	createTemplatePodOn(t, ctx, api, selectedTemplate("whole-7", ns, deviceClass, fmt.Sprintf(onIndex, 7)))
 	if dynamicMIG {
@@ -193,12 +245,16 @@ func checkQueuedBehindWholeGPU(ctx context.Context, t *testing.T, api *framework
 	if err != nil {
 		t.Fatal(err)
 	}
+	held := true
 	if pod.Spec.NodeName != "" {
 		t.Errorf("after the plugin's restart the MIG pod of GPU 7 (held whole: %v) was scheduled to %s", dynamicMIG, pod.Spec.NodeName)
+		held = false
 	}
 	if both := wholeAndPart(ctx, t, api); len(both) > 0 {
 		t.Errorf("GPUs handed out whole and in part: %v", both)
+		held = false
 	}
+	return held
 }
 
 // wholeAndPart names every GPU of which some claim holds the whole device

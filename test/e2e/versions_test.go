@@ -14,10 +14,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
@@ -46,6 +48,13 @@ type storedShape struct {
 	// taints: a GPU with a fault is published tainted; without device
 	// taints it is not published at all (checkFaultOn).
 	taints bool
+	// keepsRejectedCounters: not the pool but the scheduler's allocator
+	// (1.34 and 1.35 with partitionable devices): it reserves a device's
+	// counters before the claim's constraints and keeps them when a
+	// constraint rejects the device, so a claim of several MIG devices of
+	// one GPU (matchAttribute) finds the next GPU's counters used up once
+	// the first GPU tried could not hold them all. Fixed upstream in 1.36.
+	keepsRejectedCounters bool
 }
 
 // docGates marks a case whose gates are the ones docs/install.md tells
@@ -58,9 +67,9 @@ const docGates = framework.DocGates
 // defaults and with the documented gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
 	{"1.34-defaults", "v1.34.4", "", storedShape{}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
-	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
+	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, keepsRejectedCounters: true}},
 	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"1.36-gates", "v1.36.3", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
@@ -103,7 +112,64 @@ func testSlicesOn(t *testing.T, c apiServerCase) {
 	}
 	checkFaultOn(ctx, t, node, c.want.taints)
 	checkCatalogOn(ctx, t, api, c.want.extendedResource)
+	checkGpuNodeNamesGaps(ctx, t, api, node.Name, c)
 }
+
+// wantGaps are the features the case's API server lacks, as the plugin's
+// and the controller's probes name them (sliceprobe.AllGaps' order).
+func wantGaps(c apiServerCase) []string {
+	all := sliceprobe.AllGaps()
+	var gaps []string
+	switch {
+	case !c.want.dynamicMIG:
+		gaps = append(gaps, all[0].Feature)
+	case c.want.countersBeside:
+		gaps = append(gaps, all[1].Feature)
+	}
+	switch {
+	case !c.want.taints:
+		gaps = append(gaps, all[2].Feature)
+	case c.version == "v1.34.4":
+		gaps = append(gaps, all[3].Feature) // no effect None before 1.35
+	}
+	if !c.want.shares {
+		gaps = append(gaps, all[4].Feature)
+	}
+	return gaps
+}
+
+// checkGpuNodeNamesGaps: the controller's own probe puts what the cluster
+// lacks, with the gate, on the node's GpuNode (issue 35 item 2).
+func checkGpuNodeNamesGaps(ctx context.Context, t *testing.T, api *framework.ControlPlane, node string, c apiServerCase) {
+	t.Helper()
+	want := wantGaps(c)
+	var got []string
+	var version string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		gn, err := api.Dynamic.Resource(gpuNodeGVR).Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		version, _, _ = unstructured.NestedString(gn.Object, "status", "clusterVersion")
+		missing, _, _ := unstructured.NestedSlice(gn.Object, "status", "missingFeatures")
+		got = nil
+		for _, m := range missing {
+			f, _ := m.(map[string]any)
+			feature, _ := f["feature"].(string)
+			gate, _ := f["gate"].(string)
+			if gate == "" {
+				t.Errorf("GpuNode %s: missing feature %q names no gate", node, feature)
+			}
+			got = append(got, feature)
+		}
+		return version != "" && slices.Equal(got, want), nil
+	})
+	if err != nil {
+		t.Errorf("GpuNode %s: status.missingFeatures %q (probed on %q), want %q: %v", node, got, version, want, err)
+	}
+}
+
+var gpuNodeGVR = schema.GroupVersionResource{Group: "gpuaas.io", Version: "v1alpha1", Resource: "gpunodes"}
 
 // startVersionControlPlane starts a control plane for one case, stopped
 // when the test ends and removed unless it failed (its logs kept).
@@ -273,8 +339,8 @@ func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The catalog's (checkCatalogOn) and the faults' (checkFaultOn).
-	got := storedShape{extendedResource: want.extendedResource, taints: want.taints}
+	// The catalog's (checkCatalogOn), the faults' (checkFaultOn) and the scheduler's (the matrix).
+	got := storedShape{extendedResource: want.extendedResource, taints: want.taints, keepsRejectedCounters: want.keepsRejectedCounters}
 	names := make([]string, 0, len(devices))
 	for _, d := range devices {
 		names = append(names, d.Name)

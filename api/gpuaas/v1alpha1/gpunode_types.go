@@ -110,10 +110,34 @@ type GpuNodeStatus struct {
 	// +optional
 	GPUs []GpuPosture `json:"gpus,omitempty"`
 
+	// ClusterVersion is the API server version whose features the
+	// controller last probed (dry-run creates of ResourceSlices, as the
+	// plugin probes before it publishes); empty until it could ask.
+	// +optional
+	ClusterVersion string `json:"clusterVersion,omitempty"`
+
+	// MissingFeatures are the DRA features this cluster's API server drops
+	// or refuses, each with the feature gate that brings it and what the
+	// node offers without it. The same for every node of the cluster.
+	// +optional
+	// +listType=atomic
+	MissingFeatures []MissingFeature `json:"missingFeatures,omitempty"`
+
 	// ObservedTime is when the controller last found the status changed;
 	// a status that stays the same is not rewritten.
 	// +optional
 	ObservedTime *metav1.Time `json:"observedTime,omitempty"`
+}
+
+// MissingFeature is a DRA feature the cluster lacks (docs/install.md, "What
+// each Kubernetes version keeps").
+type MissingFeature struct {
+	// Feature as the docs name it, e.g. "partitionable devices".
+	Feature string `json:"feature"`
+	// Gate is the Kubernetes feature gate that brings it.
+	Gate string `json:"gate"`
+	// Effect is what the node offers instead.
+	Effect string `json:"effect"`
 }
 
 // PostureSummary counts a node's GPUs per posture.

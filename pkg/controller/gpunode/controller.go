@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
@@ -78,7 +80,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 		logger.Info("resource.k8s.io/v1 DeviceTaintRules are not served; GPU postures ignore admins' drains")
 	}
 	c := mgr.GetClient()
-	r := &postureReconciler{client: c, rules: rules, resync: postureResync, now: time.Now, metrics: newPostureMetrics()}
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("client for the cluster feature probe: %w", err)
+	}
+	features := newClusterFeatures(cs, c)
+	if err := mgr.Add(features); err != nil {
+		return fmt.Errorf("adding the cluster feature probe: %w", err)
+	}
+	r := &postureReconciler{client: c, rules: rules, resync: postureResync, now: time.Now, metrics: newPostureMetrics(), features: features}
 	b := ctrl.NewControllerManagedBy(mgr).Named("gpunode").
 		// Created or deleted by someone else: put it back or remove it.
 		// Our own status writes change no generation and come back as
@@ -86,6 +96,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 		For(&gpuaas.GpuNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.ResourceSlice{}, nodeEvents(slicePools)).
 		Watches(&resourceapi.ResourceClaim{}, nodeEvents(claimPools), builder.WithPredicates(allocationChanged)).
+		// The cluster feature probe's answer changed: every node reports it.
+		WatchesRawSource(source.Channel(features.events, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: postureWorkers})
 	if rules {
 		b = b.Watches(&resourceapi.DeviceTaintRule{}, nodeEvents(rulePools(c)))
@@ -124,6 +136,8 @@ type postureReconciler struct {
 	resync  time.Duration
 	now     func() time.Time
 	metrics *postureMetrics
+	// features: what the cluster's API server lacks; nil reports nothing.
+	features *clusterFeatures
 }
 
 func (r *postureReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -148,7 +162,9 @@ func (r *postureReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	np := posture.Compute(node, slices, claims, rules)
 	r.metrics.set(&np)
-	if err := r.writeStatus(ctx, node, np.Status()); err != nil {
+	status := np.Status()
+	status.ClusterVersion, status.MissingFeatures = r.features.current()
+	if err := r.writeStatus(ctx, node, status); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: r.resync}, nil

@@ -4,7 +4,7 @@ import (
 	"slices"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	resourceapi "k8s.io/api/resource/v1"
 )
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2/ktesting"
 )

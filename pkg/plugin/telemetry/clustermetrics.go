@@ -3,7 +3,7 @@ package telemetry
 import (
 	"slices"
 
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/sliceprobe"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

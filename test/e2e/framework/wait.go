@@ -74,6 +74,22 @@ func (cp *ControlPlane) WaitForPodGone(ctx context.Context, namespace, name stri
 	return nil
 }
 
+// WaitForClaimGone waits until the ResourceClaim no longer exists (a
+// template's claim is deleted by the controller-manager after its pod).
+func (cp *ControlPlane) WaitForClaimGone(ctx context.Context, namespace, name string) error {
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	})
+	if err != nil {
+		return fmt.Errorf("claim %s/%s not deleted: %w", namespace, name, err)
+	}
+	return nil
+}
+
 // WaitForNoPods waits until a namespace has no pods left.
 func (cp *ControlPlane) WaitForNoPods(ctx context.Context, namespace string) error {
 	var left []string
