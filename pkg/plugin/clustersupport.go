@@ -9,8 +9,8 @@ import (
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"k8s.io/klog/v2"
 )
 
