@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -372,6 +374,21 @@ func testDrain(t *testing.T, n *realNode) {
 			Taint:          resourceapi.DeviceTaint{Key: "gpu.gpuaas.io/drain", Value: "maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule},
 		},
 	}
+	if !servesV1DeviceTaintRules(t) {
+		// Before 1.37 (E2E_SUITE_K8S): the drain's API is beta or alpha and
+		// off by default; admins are told so, and nothing pretends to drain.
+		_, err := cp.Client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{})
+		if !apierrors.IsNotFound(err) {
+			t.Fatalf("resource.k8s.io/v1 DeviceTaintRules are not in discovery, yet creating one answered %v", err)
+		}
+		if lines := controllerLogLines(t, n, "DeviceTaintRules are not served"); len(lines) == 0 {
+			t.Errorf("the controller does not say that drains are not available here")
+		} else {
+			t.Logf("no drain on this version: %v; the controller: %s", err, lines[0])
+		}
+		deletePodAndWait(t, ctx, running)
+		return
+	}
 	if _, err := cp.Client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -477,4 +494,43 @@ func publishedDevice(t *testing.T, ctx context.Context, name string) resourceapi
 	}
 	t.Fatalf("device %s not published", name)
 	return resourceapi.Device{}
+}
+
+// servesV1DeviceTaintRules: the suite's API server serves the drain's API
+// (resource.k8s.io/v1 DeviceTaintRule, GA in 1.37).
+func servesV1DeviceTaintRules(t *testing.T) bool {
+	t.Helper()
+	list, err := cp.Client.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String())
+	if err != nil {
+		t.Fatalf("discovery of %s: %v", resourceapi.SchemeGroupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "devicetaintrules" {
+			return true
+		}
+	}
+	return false
+}
+
+// controllerLogLines are the lines of the chart's controller containers'
+// logs on the real node that contain s.
+func controllerLogLines(t *testing.T, n *realNode, s string) []string {
+	t.Helper()
+	logs, err := filepath.Glob(filepath.Join(n.PodLogsDir, releaseNamespace+"_*controller*", "controller", "*.log"))
+	if err != nil || len(logs) == 0 {
+		t.Fatalf("no controller container logs under %s (%v)", n.PodLogsDir, err)
+	}
+	var lines []string
+	for _, path := range logs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, s) {
+				lines = append(lines, line)
+			}
+		}
+	}
+	return lines
 }

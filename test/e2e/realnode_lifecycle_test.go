@@ -43,9 +43,18 @@ func testDemoSpecsOnRealNode(t *testing.T, n *realNode) {
 func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod {
 	ctx := framework.Context(t, 3*time.Minute)
 	applied := applySpec(t, parent, file, readWorkloadSpec(t, file), "real-spec")
+	want := specOutcome(t, file, suiteShape(t))
 	var pods []*v1.Pod
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {
+			continue
+		}
+		if want != outcomeRuns {
+			msg, err := cp.WaitForPodUnschedulable(ctx, obj.GetNamespace(), obj.GetName())
+			if err != nil {
+				t.Fatalf("on this version the spec's pods should wait (%s): %v", want, err)
+			}
+			t.Logf("pod %s waits on this version (%s): %s", obj.GetName(), want, msg)
 			continue
 		}
 		pod := runningPod(t, ctx, obj.GetNamespace(), obj.GetName())
@@ -55,6 +64,42 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod
 		pods = append(pods, pod)
 	}
 	return pods
+}
+
+// specOutcome is what a demo spec's pods get on a cluster whose stored pool
+// and scheduler are shape: the version matrix's outcomes, read from the
+// classes the spec asks for (issue 35).
+func specOutcome(t *testing.T, file string, shape storedShape) outcome {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := string(data)
+	switch {
+	case strings.Contains(spec, "deviceClassName: shared.gpuaas.io") && !shape.shares:
+		return outcomeWaits
+	case (strings.Contains(spec, "deviceClassName: mig.gpuaas.io") || strings.Contains(spec, "deviceClassName: mig-")) && !shape.dynamicMIG:
+		return outcomeWaits // the real node's MIG is GPUs 6 and 7, dynamic
+	case strings.Contains(spec, "matchAttribute: gpu.gpuaas.io/parentUUID") && shape.keepsRejectedCounters:
+		return outcomeWaitsAllocator
+	}
+	return outcomeRuns
+}
+
+// suiteShape is the version matrix's case of the suite's own control plane
+// (E2E_SUITE_K8S, E2E_SUITE_GATES; make test-versions runs the real node on
+// each), by default the newest version with its default gates.
+func suiteShape(t *testing.T) storedShape {
+	t.Helper()
+	version, gates := os.Getenv(framework.SuiteVersionEnv), os.Getenv(framework.SuiteGatesEnv)
+	for _, c := range apiServerCases {
+		if c.version == version && c.gates == gates {
+			return c.want
+		}
+	}
+	t.Fatalf("no case of the version matrix for %s=%q %s=%q", framework.SuiteVersionEnv, version, framework.SuiteGatesEnv, gates)
+	return storedShape{}
 }
 
 // readWorkloadSpec reads a spec file's objects, with each pod's image

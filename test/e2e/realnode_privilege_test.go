@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -69,20 +67,8 @@ func testControllerLeastPrivilege(t *testing.T, n *realNode) {
 	checkControllerSlicesDryRunOnly(t, ctx, as, n.Name)
 	// Whatever the controller did since the install, the chart's RBAC
 	// allowed it (issue 12 item 14: leader election's events were not).
-	logs, err := filepath.Glob(filepath.Join(n.PodLogsDir, releaseNamespace+"_*controller*", "controller", "*.log"))
-	if err != nil || len(logs) == 0 {
-		t.Fatalf("no controller container logs under %s (%v)", n.PodLogsDir, err)
-	}
-	for _, path := range logs {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if strings.Contains(line, "is forbidden") {
-				t.Errorf("the chart's RBAC refused the controller: %s", line)
-			}
-		}
+	for _, line := range controllerLogLines(t, n, "is forbidden") {
+		t.Errorf("the chart's RBAC refused the controller: %s", line)
 	}
 }
 
