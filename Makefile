@@ -97,8 +97,9 @@ image: image-base cdi-hook
 ## k8s-versions: the control plane (kube-apiserver, kube-scheduler, kube-controller-manager) of each older
 ## Kubernetes minor the version tests run (cached); K8S_VERSIONS picks them (make e2e: the oldest supported, v1.34)
 K8S_VERSIONS ?= v1.34 v1.35 v1.36
+K8S_VERSION_COMPONENTS ?= kube-apiserver kube-scheduler kube-controller-manager
 k8s-versions:
-	for v in $(K8S_VERSIONS); do hack/build-k8s-version.sh $$v || exit 1; done
+	for v in $(K8S_VERSIONS); do hack/build-k8s-version.sh $$v $(K8S_VERSION_COMPONENTS) || exit 1; done
 
 ## e2e: tests against a real control plane, a real node (kubelet, containerd, runc) running
 ## the Helm chart, and simulated nodes, plus a small run of the scale benchmark; never skipped
@@ -111,10 +112,17 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 ## own): what each API server keeps of the plugin's slices, and what a user asks (whole, replica, share,
 ## dynamic MIG, firstAvailable, pods queued through a plugin restart) under that version's scheduler and
 ## controller-manager: docs/install.md's table, and docs/reference/version-matrix.md (written when all pass)
-test-versions: k8s-bins helm
-	$(MAKE) k8s-versions
+## Then TestRealNode (the chart on a real node: that version's kubelet, containerd, runc) once per
+## version with its documented gates, the whole suite's control plane of that version (REAL_NODE_VERSIONS)
+REAL_NODE_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
+test-versions: k8s-bins node-bins helm driver-userspace image-base cdi-hook
+	$(MAKE) k8s-versions K8S_VERSION_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" E2E_MATRIX_OUT=$(CURDIR)/docs/reference/version-matrix.md \
 		$(GO) test -count=1 -timeout 40m ./test/e2e -run 'TestSlicesOnEachAPIServer|TestUserCasesOnEachControlPlane' -v
+	for v in $(REAL_NODE_VERSIONS); do \
+		E2E_REQUIRED=1 E2E_SUITE_K8S=$$v E2E_SUITE_GATES=docs $(GO) test -count=1 -timeout 30m ./test/e2e \
+			-run 'TestRealNode$$' -v || exit 1; \
+	done
 
 ## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/

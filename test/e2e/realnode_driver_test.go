@@ -169,12 +169,13 @@ func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
 		strings.Contains(log, "goroutine ") || strings.Contains(log, "SIGSEGV") {
 		t.Fatalf("plugin with real NVML: want a wait naming NVML's answer and the kernel module, no stack trace:\n%s", log)
 	}
-	p, err := cp.Client.CoreV1().Pods(releaseNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].State.Running == nil || p.Status.ContainerStatuses[0].Ready {
-		t.Fatalf("plugin waiting for the driver: %+v, want running and not ready", p.Status.ContainerStatuses)
+	// The log is read from the node's disk; the kubelet reports the
+	// container running a moment later (1.34's kubelet: seen a second).
+	if _, err := cp.WaitForPod(ctx, releaseNamespace, pod.Name, "running and not ready", func(p *v1.Pod) bool {
+		s := p.Status.ContainerStatuses
+		return len(s) == 1 && s[0].State.Running != nil && !s[0].Ready
+	}); err != nil {
+		t.Fatalf("plugin waiting for the driver: %v", err)
 	}
 	t.Logf("plugin with real NVML on the driver root, waiting: %s", waitLine)
 }

@@ -36,6 +36,12 @@ const mpsDaemonSelector = "app.kubernetes.io/component=mps-control-daemon"
 func testSharingTools(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
 	applySharingClasses(t, ctx)
+	if !suiteShape(t).shares {
+		// MPS rides on GPU 5's memory share: without consumable capacity
+		// (1.34, or 1.35 without its gate) the plugin does not publish it.
+		checkNotPublished(t, ctx, n.Name, mpsGPU)
+		return
+	}
 	ns := cp.CreateNamespace(t, "real-sharing-tools")
 	tsUUID := gpuUUIDOf(t, ctx, n.Name, longIntervalGPU)
 	mpsUUID := gpuUUIDOf(t, ctx, n.Name, mpsGPU)
@@ -213,4 +219,19 @@ func checkMPSClientView(t *testing.T, n *realNode, claim *resourceapi.ResourceCl
 			}
 		}
 	}
+}
+
+// checkNotPublished: the node offers no device of GPU index.
+func checkNotPublished(t *testing.T, ctx context.Context, node string, index int64) {
+	t.Helper()
+	devices, err := cp.PoolDevices(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devices {
+		if i, ok := intAttr(d, "index"); ok && i == index {
+			t.Fatalf("node %s publishes %s of GPU %d, which this version cannot keep apart", node, d.Name, index)
+		}
+	}
+	t.Logf("GPU %d (a memory share with MPS) is not offered on this version: it needs DRAConsumableCapacity", index)
 }
