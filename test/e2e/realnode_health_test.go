@@ -275,7 +275,12 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 		return conditionIs(d, "Healthy", metav1.ConditionFalse)
 	})
 	t.Logf("claim status: %+v", st.Conditions)
-	t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
+	kubeletHealth := !suiteShape(t).kubeletHealthByName
+	if kubeletHealth {
+		t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
+	} else {
+		t.Logf("kubelet: this version's kubelet reports no device health for a claim made from a template (fixed in 1.35); the claim's Healthy condition says it")
+	}
 	waitGPUPosture(t, ctx, 4, gpuaas.PostureUnhealthy)
 
 	waiting := h.pod(t, ctx, "waiting", replica)
@@ -286,7 +291,9 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	deviceStatus(t, ctx, h.ns, "running", "Healthy again", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Healthy", metav1.ConditionTrue)
 	})
-	podDeviceHealth(t, ctx, running, "Healthy")
+	if kubeletHealth {
+		podDeviceHealth(t, ctx, running, "Healthy")
+	}
 	waitGPUPosture(t, ctx, 4, gpuaas.PosturePartiallyAllocated)
 	deletePodAndWait(t, ctx, running)
 	deletePodAndWait(t, ctx, waiting)

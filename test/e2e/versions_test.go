@@ -55,6 +55,12 @@ type storedShape struct {
 	// one GPU (matchAttribute) finds the next GPU's counters used up once
 	// the first GPU tried could not hold them all. Fixed upstream in 1.36.
 	keepsRejectedCounters bool
+	// kubeletHealthByName: not the pool but the kubelet (1.34): it puts
+	// device health in a container's status only where the pod's claim
+	// reference has the ResourceClaim's own name, so never for a claim
+	// made from a template (fixed in 1.35). The claim's Healthy condition,
+	// the plugin's, is there on every version.
+	kubeletHealthByName bool
 }
 
 // docGates marks a case whose gates are the ones docs/install.md tells
@@ -66,8 +72,8 @@ const docGates = framework.DocGates
 // off by default) and 1.36 (where they are beta and on), each with its
 // defaults and with the documented gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
-	{"1.34-defaults", "v1.34.4", "", storedShape{}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true}},
+	{"1.34-defaults", "v1.34.4", "", storedShape{kubeletHealthByName: true}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealthByName: true}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{}},
 	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, keepsRejectedCounters: true}},
 	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
@@ -339,8 +345,9 @@ func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The catalog's (checkCatalogOn), the faults' (checkFaultOn) and the scheduler's (the matrix).
-	got := storedShape{extendedResource: want.extendedResource, taints: want.taints, keepsRejectedCounters: want.keepsRejectedCounters}
+	// The catalog's (checkCatalogOn), the faults' (checkFaultOn), the scheduler's and the kubelet's (elsewhere).
+	got := storedShape{extendedResource: want.extendedResource, taints: want.taints,
+		keepsRejectedCounters: want.keepsRejectedCounters, kubeletHealthByName: want.kubeletHealthByName}
 	names := make([]string, 0, len(devices))
 	for _, d := range devices {
 		names = append(names, d.Name)
