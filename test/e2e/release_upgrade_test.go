@@ -30,7 +30,8 @@ import (
 // read (damaged, or of a newer format).
 var restoredLog = regexp.MustCompile(`"Restored prepared claims".* claims=(\d+) .*damaged=(\d+)`)
 
-// shapesCRD is a CRD the release under test has and the previous one has not.
+// shapesCRD is a CRD the release under test has and the previous one has
+// not.
 const shapesCRD = "gpushapes.gpuaas.io"
 
 // pushedRelease is a release in the test's registry.
@@ -170,20 +171,13 @@ func testUpgrade(t *testing.T, u *upgrade) {
 	ctx := framework.Context(t, 10*time.Minute)
 	old := u.create(t, ctx, "previous", allKinds())
 	u.keep(t, ctx, old)
-	_, err := cp.Dynamic.Resource(crdGVR).Get(ctx, shapesCRD, metav1.GetOptions{})
-	shapesBefore := err == nil
+	// As docs/install.md says: the new chart's CRDs first (helm upgrade
+	// never applies a chart's crds/, and the controller may not create
+	// one), so the new controller starts with every kind it serves.
+	u.applyCRDs(t, ctx, u.current)
 	u.roll(t, ctx, "helm upgrade", u.current, len(old),
 		"upgrade", releaseName, u.chart, "--version", u.current.version, "--plain-http", "-f", u.valuesFile(t))
-	// The controller of the new release applies its CRDs (helm upgrade
-	// never changes a chart's crds/): the previous release had no GpuShape.
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := cp.Dynamic.Resource(crdGVR).Get(ctx, shapesCRD, metav1.GetOptions{})
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Errorf("after the upgrade the controller did not apply CRD %s: %v", shapesCRD, err)
-	}
-	t.Logf("CRD %s: before the upgrade %v, after it true", shapesCRD, shapesBefore)
+	u.checkControllerLog(t, ctx, "The GpuShape CRD is not installed")
 	// Claims of every kind work on the new release; they stay running
 	// through the rollback.
 	u.keep(t, ctx, u.create(t, ctx, "current", allKinds()))
@@ -236,6 +230,50 @@ func (u *upgrade) roll(t *testing.T, ctx context.Context, what string, rel pushe
 	u.checkRunning(t, ctx, rel)
 	u.checkUntouched(t, ctx, when)
 	u.checkRestored(t, ctx, newPlugin, claims, when)
+}
+
+// applyCRDs applies rel's chart's CRDs (helm show crds) as a user does
+// before helm upgrade.
+func (u *upgrade) applyCRDs(t *testing.T, ctx context.Context, rel pushedRelease) {
+	t.Helper()
+	out, err := cp.Helm(ctx, u.helm, "show", "crds", u.chart, "--version", rel.version, "--plain-http")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := u.n.WriteValues("crds-"+rel.version+".yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := cp.Apply(ctx, file, "")
+	if err != nil {
+		t.Fatalf("applying the CRDs of %s: %v", rel.version, err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Dynamic.Resource(crdGVR).Get(ctx, shapesCRD, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("CRD %s not there after applying the %d CRDs of %s: %v", shapesCRD, len(applied), rel.version, err)
+	}
+}
+
+// checkControllerLog fails if a controller pod of the release logged
+// unwanted.
+func (u *upgrade) checkControllerLog(t *testing.T, ctx context.Context, unwanted string) {
+	t.Helper()
+	pods, err := cp.ComponentPods(ctx, releaseNamespace, "controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		log, err := framework.ReadContainerLog(u.n.PodLogsDir, &p, p.Spec.Containers[0].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(log, unwanted) {
+			t.Errorf("controller pod %s logged %q", p.Name, unwanted)
+		}
+	}
 }
 
 // valuesFile writes the install's values for helm upgrade.
