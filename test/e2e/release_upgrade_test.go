@@ -232,19 +232,15 @@ func (u *upgrade) roll(t *testing.T, ctx context.Context, what string, rel pushe
 	u.checkRestored(t, ctx, newPlugin, claims, when)
 }
 
-// applyCRDs applies rel's chart's CRDs (helm show crds) as a user does
-// before helm upgrade.
+// applyCRDs applies rel's chart's CRDs (its crds/, from the registry) as a
+// user does before helm upgrade.
 func (u *upgrade) applyCRDs(t *testing.T, ctx context.Context, rel pushedRelease) {
 	t.Helper()
-	out, err := cp.Helm(ctx, u.helm, "show", "crds", u.chart, "--version", rel.version, "--plain-http")
-	if err != nil {
+	dir := t.TempDir()
+	if _, err := cp.Helm(ctx, u.helm, "pull", u.chart, "--version", rel.version, "--plain-http", "--untar", "--untardir", dir); err != nil {
 		t.Fatal(err)
 	}
-	file, err := u.n.WriteValues("crds-"+rel.version+".yaml", out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applied, err := cp.Apply(ctx, file, "")
+	applied, err := cp.Apply(ctx, filepath.Join(dir, "gpuaas-dra", "crds"), "")
 	if err != nil {
 		t.Fatalf("applying the CRDs of %s: %v", rel.version, err)
 	}
@@ -286,31 +282,45 @@ func (u *upgrade) valuesFile(t *testing.T) string {
 	return file
 }
 
-// checkRunning checks that every pod of the chart runs rel's image,
-// resolved to its index digest, and that the plugin says it is rel.
+// checkRunning checks that the chart's pods (controller and plugin) run
+// rel's image, resolved to its index digest. The MPS control daemons are
+// left out: each outlives the plugin that started it, on that plugin's
+// image, until the claims of its GPU end (pkg/mps).
 func (u *upgrade) checkRunning(t *testing.T, ctx context.Context, rel pushedRelease) {
 	t.Helper()
+	image := u.repository + ":" + rel.version
+	var pods []v1.Pod
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
+		pods = nil
+		for _, component := range []string{"controller", "kubelet-plugin"} {
+			list, err := cp.ComponentPods(ctx, releaseNamespace, component)
+			if err != nil {
+				return false, err
+			}
+			pods = append(pods, list...)
 		}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp != nil || len(p.Status.ContainerStatuses) == 0 || p.Spec.Containers[0].Image != u.repository+":"+rel.version {
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil || len(p.Status.ContainerStatuses) == 0 || p.Spec.Containers[0].Image != image {
 				return false, nil
 			}
 		}
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("the release's pods do not all run %s:%s: %v", u.repository, rel.version, err)
+		for _, p := range pods {
+			t.Logf("pod %s: image %s, phase %s, deleted %v", p.Name, p.Spec.Containers[0].Image, p.Status.Phase, p.DeletionTimestamp != nil)
+		}
+		t.Fatalf("the release's pods do not all run %s: %v", image, err)
 	}
-	pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{})
+	for _, p := range pods {
+		checkReleaseImage(t, p, image, rel.digest)
+	}
+	daemons, err := cp.ComponentPods(ctx, releaseNamespace, "mps-control-daemon")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range pods.Items {
-		checkReleaseImage(t, p, u.repository+":"+rel.version, rel.digest)
+	for _, p := range daemons {
+		t.Logf("MPS control daemon pod %s (%s) runs %s", p.Name, p.UID, p.Spec.Containers[0].Image)
 	}
 }
 
