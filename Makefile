@@ -16,8 +16,13 @@ GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 .PHONY: all build test unit lint e2e e2e-repeat test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
-# One version from git (hack/version.sh): binaries, image tag, chart.
-VERSION ?= $(shell hack/version.sh)
+# One version from git (hack/version.sh): binaries, image tag, chart. Read
+# once per make run (:=), so a commit made while a long target runs cannot
+# give its later recipes (a test's RELEASE_VERSION) another version than the
+# release built at its start.
+ifndef VERSION
+VERSION := $(shell hack/version.sh)
+endif
 
 CONTROLLER_GEN_VERSION := v0.23.0
 

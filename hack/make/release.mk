@@ -3,7 +3,7 @@
 # See docs/install.md (installing from a registry) and CHANGELOG.md.
 
 .PHONY: version release release-bases release-cdi-hooks release-tools release-cross release-reproducible \
-	release-push registry e2e-release release-qemu
+	release-push registry e2e-release release-qemu release-previous e2e-upgrade
 
 RELEASE_DIR    := $(OUTPUT)/release
 RELEASE_ARCHES ?= amd64 arm64
@@ -81,3 +81,19 @@ e2e-release: k8s-bins node-bins helm driver-userspace image-base release-tools r
 release-qemu: k8s-bins release
 	E2E_REQUIRED=1 RELEASE_DIR=$(RELEASE_DIR) $(GO) test -count=1 -timeout 15m \
 		./test/e2e -run 'TestArm64PluginUnderQemu$$' -v
+
+## release-previous: the previous release (hack/release/previous: a commit and its version), its
+## amd64 image index and chart built from git archive of that commit into
+## _output/release-previous/<commit> (cached: the commit fixes its sources)
+PREVIOUS_COMMIT  = $(shell sed -n 's/^commit=//p' hack/release/previous)
+PREVIOUS_VERSION = $(shell sed -n 's/^version=//p' hack/release/previous)
+PREVIOUS_DIR     = $(OUTPUT)/release-previous/$(PREVIOUS_COMMIT)
+release-previous: helm release-bases release-cdi-hooks
+	IMAGE=$(IMAGE) hack/release-previous.sh $(PREVIOUS_DIR)
+
+## e2e-upgrade: TestUpgradeFromPreviousRelease: the real node installs the previous release from a
+## local registry, runs pods of every kind, helm upgrade to this release, helm rollback, nothing leaked
+e2e-upgrade: k8s-bins node-bins helm driver-userspace image-base release-tools release release-previous
+	E2E_REQUIRED=1 RELEASE_DIR=$(RELEASE_DIR) RELEASE_VERSION=$(VERSION) \
+		PREVIOUS_RELEASE_DIR=$(PREVIOUS_DIR) PREVIOUS_RELEASE_VERSION=$(PREVIOUS_VERSION) \
+		$(GO) test -count=1 -timeout 40m ./test/e2e -run 'TestUpgradeFromPreviousRelease$$' -v

@@ -125,17 +125,24 @@ func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *r
 	if err != nil {
 		t.Fatal(err)
 	}
+	stopAtCleanup(t, ctx, rn)
+	return &realNode{RealNode: rn}
+}
+
+// stopAtCleanup stops the real node when the test ends, with the
+// kubelet's last lines if it failed; ctx's values, not its end, reach
+// the stop.
+func stopAtCleanup(t *testing.T, ctx context.Context, rn *framework.RealNode) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("kubelet log %s:\n%s", rn.Kubelet.LogPath, rn.Kubelet.Tail(30))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
 		if err := rn.Stop(ctx); err != nil {
 			t.Errorf("stopping the real node: %v", err)
 		}
 	})
-	return &realNode{RealNode: rn}
 }
 
 // realNodeNVMLEnv set to "simulated" makes the real node's plugin run the

@@ -12,6 +12,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"k8s.io/klog/v2"
 )
 
 // dynamicMIG is a (profile, placement) of a dynamic-MIG GPU: prepare
@@ -47,7 +48,38 @@ func (dynamicMIG) SetUp(ctx context.Context, e *Env, p *Planned, rec *checkpoint
 	if err != nil {
 		return err
 	}
+	if p.Rebuild {
+		adopted, err := e.adoptMIG(ctx, dev, *p, rec, i)
+		if adopted || err != nil {
+			return err
+		}
+	}
 	return e.createMIG(dev, *p, rec, i)
+}
+
+// adoptMIG records, for a claim whose record is rebuilt, the MIG device
+// already at its placement: the one its earlier prepare made, which its
+// container may be running on (the scheduler gave the placement to this
+// claim alone). Creating another there fails, and the claim would lose
+// its CDI spec and leave that device unowned.
+func (e *Env) adoptMIG(ctx context.Context, dev nvml.Device, p Planned, rec *checkpoint.Claim, i int) (bool, error) {
+	part := p.Device.Partition()
+	insts, err := mig.List(dev)
+	if err != nil {
+		return false, fmt.Errorf("rebuilding %s: listing MIG devices: %w", p.Device.Name(), err)
+	}
+	for _, inst := range insts {
+		if inst.Profile != part.Profile.Name || inst.Placement != part.Placement {
+			continue
+		}
+		klog.FromContext(ctx).Info("Rebuilt claim keeps the MIG device at its placement", "device", p.Device.Name(), "migDevice", inst.UUID)
+		rec.Devices[i].CreatedMIG = &inst
+		if err := e.Store.Stage(rec); err != nil {
+			return true, fmt.Errorf("recording MIG device %s of %s: %w", inst.UUID, p.Device.Name(), err)
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 func (dynamicMIG) CDIDevice(e *Env, p Planned, d *checkpoint.Device) (cdi.Device, error) {

@@ -13,6 +13,10 @@ type Planned struct {
 	Config configapi.Interface
 	// Sharing are the GPU settings the device needs; nil for none.
 	Sharing *sharingPlan
+	// Rebuild marks a claim prepared before whose record could not be
+	// read (damaged, or of a newer release's format after a rollback):
+	// what that prepare made may still be there, in use by its container.
+	Rebuild bool
 }
 
 // AdminAccess reports whether the device was allocated for monitoring.

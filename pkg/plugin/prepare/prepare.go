@@ -21,7 +21,13 @@ import (
 // Prepare makes a claim's devices on this node ready for containers and
 // returns them with their CDI device IDs. Preparing a prepared claim returns
 // the recorded result.
-func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (devs []kubeletplugin.Device, err error) {
+func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	return s.prepare(ctx, claim, false)
+}
+
+// prepare is Prepare; rebuild says the claim was prepared before and its
+// record could not be read (device.Planned.Rebuild).
+func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, rebuild bool) (devs []kubeletplugin.Device, err error) {
 	start := time.Now()
 	defer func() { s.metrics.Observe("prepare", time.Since(start).Seconds(), err) }()
 	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
@@ -33,6 +39,9 @@ func (s *State) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (
 	plan, err := s.plan(claim)
 	if err != nil {
 		return nil, err
+	}
+	for i := range plan {
+		plan[i].Rebuild = rebuild
 	}
 	gpus := planGPUs(plan)
 	defer s.inflight.add(claim.UID, gpus)()

@@ -184,7 +184,7 @@ func (s *State) rebuildDamaged(ctx context.Context, client kubernetes.Interface,
 		if claim == nil || !s.allocatedHere(claim) {
 			continue
 		}
-		if _, err := s.Prepare(ctx, claim); err != nil {
+		if _, err := s.prepare(ctx, claim, true); err != nil {
 			klog.FromContext(ctx).Error(err, "Rebuilding damaged claim record", "claimUID", d.UID)
 		}
 	}

@@ -3,6 +3,7 @@ package prepare
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	cdipkg "github.com/gpuaas/gpu-dra-driver/pkg/cdi"
@@ -120,5 +121,56 @@ func TestRestartUndoesInterruptedPrepareAndOrphanSpecs(t *testing.T) {
 	}
 	if _, err := s.Prepare(e.Ctx, preparetest.NewClaim("next").Device("gpu", "gpu-6").Build()); err != nil {
 		t.Errorf("gpu-6 not free after undoing the interrupted prepare: %v", err)
+	}
+}
+
+// TestRollbackRebuildsNewerFormatMIGRecord is a rollback past a record
+// format change (issue 40): the plugin finds a record of a newer format
+// for a running dynamic-MIG claim. It must refuse to read it, and the
+// claim it rebuilds from the API must be the one the container runs on:
+// the MIG device the newer plugin made, not a second one, with the same
+// CDI spec; unpreparing it then leaves no MIG device.
+func TestRollbackRebuildsNewerFormatMIGRecord(t *testing.T) {
+	e := newTestEnvWith(t, "dgxh100", preparetest.DynamicAll())
+	if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	claim := preparetest.NewClaim("m").Device("mig", e.Partition(t, 2, "1g.10gb")).Build()
+	if _, err := e.state.Prepare(e.Ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	before := e.MIGDevices(t, 2)
+	spec, _ := os.ReadFile(cdiSpecPath(e, "m"))
+	// What a release with record format v2 would have written.
+	path := filepath.Join(e.CkptDir, "m.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(string(data), `"version":"v1"`, `"version":"v2"`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := restartWith(t, e, claim)
+	if got := testutil.ToFloat64(e.Metrics.Damaged); got != 1 {
+		t.Errorf("checkpoint_damaged_total = %v, want 1 (the newer record refused)", got)
+	}
+	if _, err := os.Stat(path + ".damaged"); err != nil {
+		t.Errorf("the newer record is not kept aside: %v", err)
+	}
+	after := e.MIGDevices(t, 2)
+	if len(after) != 1 || after[0].UUID != before[0].UUID {
+		t.Errorf("MIG devices on GPU 2 after the rebuild: %+v, were %+v", after, before)
+	}
+	if now, _ := os.ReadFile(cdiSpecPath(e, "m")); string(now) != string(spec) {
+		t.Errorf("the claim's CDI spec changed in the rebuild:\nwas %s\nnow %s", spec, now)
+	}
+	if s.index.get("m") == nil || !e.RecordExists("m") {
+		t.Fatal("the claim's record was not rebuilt")
+	}
+	if err := s.Unprepare(e.Ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if left := e.MIGDevices(t, 2); len(left) != 0 {
+		t.Errorf("MIG devices left after unprepare: %+v", left)
 	}
 }
