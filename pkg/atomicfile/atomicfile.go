@@ -7,6 +7,7 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -59,19 +60,19 @@ func replace(path string, data []byte, mode os.FileMode, tempPattern string, dur
 		}
 	}()
 	if _, err = tmp.Write(data); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp.Name(), err)
+		return tempError("writing", path, tmp.Name(), err)
 	}
 	if err = tmp.Chmod(mode); err != nil {
-		return fmt.Errorf("setting the mode of %s: %w", tmp.Name(), err)
+		return tempError("setting the mode of", path, tmp.Name(), err)
 	}
 	if durable {
 		syncs.Add(1)
 		if err = tmp.Sync(); err != nil {
-			return fmt.Errorf("syncing %s: %w", tmp.Name(), err)
+			return tempError("syncing", path, tmp.Name(), err)
 		}
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", tmp.Name(), err)
+		return tempError("closing", path, tmp.Name(), err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("replacing %s: %w", path, err)
@@ -94,4 +95,16 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("syncing directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// tempError describes a failed operation on the temporary file that will
+// replace path. The os package's *PathError already names the temporary
+// file, so the message names the replaced file and lets the cause name the
+// temporary one, once.
+func tempError(op, path, tmpName string, err error) error {
+	var pathErr *os.PathError
+	if errors.As(err, &pathErr) && pathErr.Path == tmpName {
+		return fmt.Errorf("%s %s: %w", op, path, err)
+	}
+	return fmt.Errorf("%s %s (temporary file %s): %w", op, path, tmpName, err)
 }
