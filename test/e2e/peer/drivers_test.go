@@ -86,6 +86,8 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		"--kubelet-registrar-directory-path", node.RegistryDir,
 		"--kubelet-plugins-directory-path", pluginsDir,
 		"--healthcheck-port", "-1",
+		// Required; names the image its CDI specs' hooks come from.
+		"--image-name", "registry.k8s.io/dra-driver-nvidia-gpu:peer",
 		"-v", "1",
 	)
 	proc.Env = env
