@@ -70,6 +70,7 @@ func BenchmarkPeer(b *testing.B) {
 	t := &table{drivers: drivers}
 	for _, d := range drivers {
 		if err := measure(ctx, t, node, d); err != nil {
+			t.print(os.Stdout) // what was measured before
 			b.Fatalf("%v\n%s log %s:\n%s", err, d.label, d.proc.LogPath, d.proc.Tail(30))
 		}
 	}
@@ -80,6 +81,9 @@ func BenchmarkPeer(b *testing.B) {
 	t.print(os.Stdout)
 }
 
+// prefix names d's claims: object names are lower case.
+func prefix(d *driver, what string) string { return strings.ToLower(d.label) + "-" + what }
+
 // measure fills the table's column of d, in the order where the
 // order does not matter, and otherwise as the claims accumulate: 0
 // prepared, then 100 (and the restart with them), then 1,000.
@@ -89,7 +93,7 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 	}
 	var background []*drapb.Claim
 	for _, level := range []int{0, 100, 1000} {
-		more, err := createClaims(ctx, d, fmt.Sprintf("%s-bg%d", d.label, level), node.Name, gpus, level-len(background), true)
+		more, err := createClaims(ctx, d, prefix(d, fmt.Sprint("bg", level)), node.Name, gpus, level-len(background), true)
 		if err != nil {
 			return err
 		}
@@ -97,6 +101,7 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 			return err
 		}
 		background = append(background, more...)
+		fmt.Fprintf(os.Stderr, "peer: %s: %d claims prepared, measuring\n", d.label, len(background))
 		if err := measureSerial(ctx, t, node, d, level); err != nil {
 			return err
 		}
@@ -146,7 +151,7 @@ func measureSlices(ctx context.Context, t *table, node *framework.Node, d *drive
 
 // measureSerial prepares and unprepares one whole-GPU claim after another.
 func measureSerial(ctx context.Context, t *table, node *framework.Node, d *driver, level int) error {
-	claims, err := createClaims(ctx, d, fmt.Sprintf("%s-serial%d", d.label, level), node.Name, []string{measured}, samples, false)
+	claims, err := createClaims(ctx, d, prefix(d, fmt.Sprint("serial", level)), node.Name, []string{measured}, samples, false)
 	if err != nil {
 		return err
 	}
@@ -174,7 +179,7 @@ func measureSerial(ctx context.Context, t *table, node *framework.Node, d *drive
 func measureConcurrent(ctx context.Context, t *table, node *framework.Node, d *driver) error {
 	var walls []time.Duration
 	for r := range rounds {
-		claims, err := createClaims(ctx, d, fmt.Sprintf("%s-conc%d", d.label, r), node.Name, gpus, concurrent, false)
+		claims, err := createClaims(ctx, d, prefix(d, fmt.Sprint("conc", r)), node.Name, gpus, concurrent, false)
 		if err != nil {
 			return err
 		}
