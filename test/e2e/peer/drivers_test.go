@@ -15,6 +15,10 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
+// simulatedDriverVersion is the driver version the simulated dgxh100
+// reports when its driver root holds no real NVIDIA userspace.
+const simulatedDriverVersion = "550.54.15"
+
 // nvidiaDriverName is the DRA driver name of NVIDIA's GPU plugin.
 const nvidiaDriverName = "gpu.nvidia.com"
 
@@ -69,6 +73,13 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
+	}
+	// Its CDI specs name the driver's files, and it refuses a claim
+	// without libcuda.so.<the driver version NVML reports> in the driver
+	// root. A stand-in file suffices: no container runs here.
+	libDir := filepath.Join(node.DriverRoot, "usr", "lib64")
+	if err := os.WriteFile(filepath.Join(libDir, "libcuda.so."+simulatedDriverVersion), nil, 0o644); err != nil {
+		return nil, fmt.Errorf("a stand-in libcuda for NVIDIA's plugin: %w", err)
 	}
 	hook := filepath.Join(cp.BinDir, "nvidia-cdi-hook")
 	if _, err := os.Stat(hook); err != nil {
