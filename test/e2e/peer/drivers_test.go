@@ -74,12 +74,9 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	// Its CDI specs name the driver's files, and it refuses a claim
-	// without libcuda.so.<the driver version NVML reports> in the driver
-	// root. A stand-in file suffices: no container runs here.
-	libDir := filepath.Join(node.DriverRoot, "usr", "lib64")
-	if err := os.WriteFile(filepath.Join(libDir, "libcuda.so."+simulatedDriverVersion), nil, 0o644); err != nil {
-		return nil, fmt.Errorf("a stand-in libcuda for NVIDIA's plugin: %w", err)
+	driverRoot, err := nvidiaDriverRoot(dir, node)
+	if err != nil {
+		return nil, err
 	}
 	hook := filepath.Join(cp.BinDir, "nvidia-cdi-hook")
 	if _, err := os.Stat(hook); err != nil {
@@ -90,9 +87,9 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		"--node-name", node.Name,
 		"--kubeconfig", cp.Kubeconfig,
 		"--cdi-root", cdiRoot,
-		"--nvidia-driver-root", node.DriverRoot,
+		"--nvidia-driver-root", driverRoot,
 		// Not in a container: the driver root is where it is on the host.
-		"--container-driver-root", node.DriverRoot,
+		"--container-driver-root", driverRoot,
 		"--nvidia-cdi-hook-path", hook,
 		"--kubelet-registrar-directory-path", node.RegistryDir,
 		"--kubelet-plugins-directory-path", pluginsDir,
@@ -114,6 +111,35 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		return nil, err
 	}
 	return d, nil
+}
+
+// nvidiaDriverRoot makes NVIDIA's plugin a driver root of its own beside
+// the node's: the same simulated library and stand-in nvidia-smi, plus a
+// stand-in libcuda.so.<the driver version NVML reports>, without which its
+// CDI specs refuse every claim (no container runs here, so an empty file
+// suffices). Ours keeps a root without libcuda: given one, it wants
+// nvidia-cdi-hook as well, and the runs before issue 37 measured it so.
+func nvidiaDriverRoot(dir string, node *framework.Node) (string, error) {
+	root := filepath.Join(dir, "driver")
+	lib, bin := filepath.Join(root, "usr", "lib64"), filepath.Join(root, "usr", "bin")
+	for _, d := range []string{lib, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	links := map[string]string{
+		filepath.Join(lib, "libnvidia-ml.so.1"): nvmlLibrary,
+		filepath.Join(bin, "nvidia-smi"):        filepath.Join(node.DriverRoot, "usr", "bin", "nvidia-smi"),
+	}
+	for link, target := range links {
+		if err := os.Symlink(target, link); err != nil {
+			return "", fmt.Errorf("NVIDIA's driver root: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(lib, "libcuda.so."+simulatedDriverVersion), nil, 0o644); err != nil {
+		return "", fmt.Errorf("a stand-in libcuda for NVIDIA's plugin: %w", err)
+	}
+	return root, nil
 }
 
 // ours wraps the node's own plugin.
