@@ -115,12 +115,17 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 
 // nvidiaDriverRoot makes NVIDIA's plugin a driver root of its own beside
 // the node's: the same simulated library and stand-in nvidia-smi, plus a
-// stand-in libcuda.so.<the driver version NVML reports>, without which its
-// CDI specs refuse every claim (no container runs here, so an empty file
+// stand-in libcuda.so.<the driver version NVML reports> and device nodes,
+// without which its CDI specs refuse every claim (no container runs here, so an empty file
 // suffices). Ours keeps a root without libcuda: given one, it wants
 // nvidia-cdi-hook as well, and the runs before issue 37 measured it so.
 func nvidiaDriverRoot(dir string, node *framework.Node) (string, error) {
 	root := filepath.Join(dir, "driver")
+	// Device nodes (mknod, under the root only): its CDI spec of a GPU is
+	// its device node, and an empty spec is refused.
+	if err := framework.MakeDriverRoot(root, 8); err != nil {
+		return "", err
+	}
 	lib, bin := filepath.Join(root, "usr", "lib64"), filepath.Join(root, "usr", "bin")
 	for _, d := range []string{lib, bin} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
