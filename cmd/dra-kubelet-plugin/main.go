@@ -358,6 +358,28 @@ func upgradeState(ctx context.Context, f flags, client kubernetes.Interface) fun
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	return client, nil
+}
+
+// The plugin's API client rate: the kubelet's own defaults. client-go's (5
+// QPS, burst 10) put every prepare behind the limiter once claims come
+// faster than 2.5 a second (the helper's GET of the claim and our
+// status.devices apply take a token each), and made a restart with 100
+// prepared claims wait 19 s for the check that each still exists.
+const (
+	clientQPS   = 50
+	clientBurst = 100
+)
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -368,11 +390,8 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading Kubernetes client configuration: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
-	}
-	return client, nil
+	cfg.QPS, cfg.Burst = clientQPS, clientBurst
+	return cfg, nil
 }
 
 // readNodeConfig reads and strictly decodes the node configuration; a bad

@@ -74,9 +74,14 @@ func completeMockDevice(d *server.Device, machine, seed string) {
 	d.PciBusID = fmt.Sprintf("0000:%02x:00.0", 0x18+0x20*d.Index)
 	cfg := d.Config
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-		info := nvml.PciInfo{PciDeviceId: cfg.PciDeviceId, Bus: uint32(0x18 + 0x20*d.Index)}
-		copy(info.BusId[:], toInt8(d.PciBusID))
-		copy(info.BusIdLegacy[:], toInt8(d.PciBusID))
+		bus := uint32(0x18 + 0x20*d.Index)
+		info := nvml.PciInfo{PciDeviceId: cfg.PciDeviceId, Bus: bus}
+		// As NVML writes them (NVML_DEVICE_PCI_BUS_ID_FMT and its legacy
+		// form): go-nvlib before v0.12, which NVIDIA's DRA plugin vendors,
+		// strips "0000" from busId without looking, so a 4-digit domain
+		// there reads as ":18:00.0".
+		copy(info.BusId[:], toInt8(fmt.Sprintf("%08X:%02X:00.0", 0, bus)))
+		copy(info.BusIdLegacy[:], toInt8(fmt.Sprintf("%04X:%02X:00.0", 0, bus)))
 		return info, nvml.SUCCESS
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return d.Index / 4, nvml.SUCCESS }

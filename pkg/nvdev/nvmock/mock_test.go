@@ -6,7 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
 
 func TestOpenMockMachines(t *testing.T) {
@@ -133,4 +136,44 @@ func TestMockReportsTheDriverRootsVersion(t *testing.T) {
 			t.Errorf("driver root %s: System() = %+v, want driver %s CUDA %s", tc.root, sys, tc.driver, tc.cuda)
 		}
 	}
+}
+
+// TestMockPCIBusIDsInNVMLsFormat: NVML writes busId with an 8-digit domain
+// and busIdLegacy with a 4-digit one ("%08X:%02X:%02X.0", "%04X:..."), and
+// go-nvlib before v0.12 strips "0000" from busId unconditionally: NVIDIA's
+// DRA plugin (go-nvlib v0.10) read ":18:00.0" from a 4-digit busId and
+// refused to start on the simulated library.
+func TestMockPCIBusIDsInNVMLsFormat(t *testing.T) {
+	s, err := nvmock.New("dgxh100", "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"00000000:18:00.0", "00000000:38:00.0", "00000000:B8:00.0"} {
+		index := []int{0, 1, 5}[i]
+		d, ret := s.DeviceGetHandleByIndex(index)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GPU %d: %v", index, ret)
+		}
+		info, ret := d.GetPciInfo()
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GPU %d: GetPciInfo: %v", index, ret)
+		}
+		if got := cString(info.BusId[:]); got != want {
+			t.Errorf("GPU %d: busId %q, want %q", index, got, want)
+		}
+		if got, legacy := cString(info.BusIdLegacy[:]), want[4:]; got != legacy {
+			t.Errorf("GPU %d: busIdLegacy %q, want %q", index, got, legacy)
+		}
+	}
+}
+
+func cString(b []int8) string {
+	var out []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
 }

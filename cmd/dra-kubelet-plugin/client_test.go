@@ -1,0 +1,34 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestClientNotThrottledToClientGoDefaults: with client-go's defaults (5
+// QPS, burst 10) every prepare waited for two tokens (the helper's GET of
+// the claim, our status.devices apply): 396 ms per whole-GPU prepare when
+// claims came back to back, and the restart's check of 100 checkpointed
+// claims (a GET each) took 19.4 s before the plugin registered (make
+// bench-peer, issue 37). The kubelet's own client allows 50 / 100.
+func TestClientNotThrottledToClientGoDefaults(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	const config = `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`
+	if err := os.WriteFile(kubeconfig, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QPS < 50 || cfg.Burst < 100 {
+		t.Errorf("client rate %v QPS, burst %d: want at least the kubelet's 50 / 100", cfg.QPS, cfg.Burst)
+	}
+}
