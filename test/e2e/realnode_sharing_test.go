@@ -224,14 +224,8 @@ func checkMPSClientView(t *testing.T, n *realNode, claim *resourceapi.ResourceCl
 // checkNotPublished: the node offers no device of GPU index.
 func checkNotPublished(t *testing.T, ctx context.Context, node string, index int64) {
 	t.Helper()
-	devices, err := cp.PoolDevices(ctx, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range devices {
-		if i, ok := intAttr(d, "index"); ok && i == index {
-			t.Fatalf("node %s publishes %s of GPU %d, which this version cannot keep apart", node, d.Name, index)
-		}
+	if devices := devicesOfGPUIndex(t, ctx, node, index); len(devices) > 0 {
+		t.Fatalf("node %s publishes %s of GPU %d, which this version cannot keep apart", node, devices[0].Name, index)
 	}
 	t.Logf("GPU %d (a memory share with MPS) is not offered on this version: it needs DRAConsumableCapacity", index)
 }

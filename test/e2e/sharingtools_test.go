@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
@@ -123,20 +124,30 @@ func waitDaemonLog(t *testing.T, ctx context.Context, mpsDir, uuid, want string)
 // gpuUUIDOf is the UUID of a node's GPU, from its published devices.
 func gpuUUIDOf(t *testing.T, ctx context.Context, node string, index int64) string {
 	t.Helper()
+	devices := devicesOfGPUIndex(t, ctx, node, index)
+	if len(devices) == 0 {
+		t.Fatalf("node %s publishes no device of GPU %d", node, index)
+	}
+	if p := stringAttr(devices[0], "parentUUID"); p != "" {
+		return p
+	}
+	return stringAttr(devices[0], "uuid")
+}
+
+// devicesOfGPUIndex are the devices node publishes of the GPU at index.
+func devicesOfGPUIndex(t *testing.T, ctx context.Context, node string, index int64) []resourceapi.Device {
+	t.Helper()
 	devices, err := cp.PoolDevices(ctx, node)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var of []resourceapi.Device
 	for _, d := range devices {
 		if i, ok := intAttr(d, "index"); ok && i == index {
-			if p := stringAttr(d, "parentUUID"); p != "" {
-				return p
-			}
-			return stringAttr(d, "uuid")
+			of = append(of, d)
 		}
 	}
-	t.Fatalf("node %s publishes no device of GPU %d", node, index)
-	return ""
+	return of
 }
 
 // TestSharingToolsOnSimulatedNode (issue 11 items 6 and 10): on the demo
