@@ -95,15 +95,9 @@ func installWithDevicePluginCheck(t *testing.T, n *realNode) []string {
 		t.Fatal(err)
 	}
 	files := []string{base, check}
+	uninstallOnCleanup(t, helmBin(t))
 	helmOnCluster(t, append([]string{"install", releaseName, chartPath, "--namespace", releaseNamespace, "--create-namespace"},
 		valueArgs(files)...)...)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if _, err := cp.Helm(ctx, helmBin(t), "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m"); err != nil {
-			t.Errorf("uninstalling the chart: %v", err)
-		}
-	})
 	waitForPluginPod(t, ctx, "")
 	return files
 }

@@ -211,16 +211,10 @@ func installChartForTest(t *testing.T, n *realNode, edits ...func(values string)
 	// Short, so the monitoring scenario can show a lender reclaiming.
 	values = strings.Replace(values, "\ncontroller:\n", "\ncontroller:\n  reclaimUnallocatedAfter: "+reclaimAfterForTest+"\n", 1)
 	n.values = values
+	uninstallOnCleanup(t, helmBin(t))
 	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if _, err := cp.Helm(ctx, helmBin(t), "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m"); err != nil {
-			t.Errorf("uninstalling the chart: %v", err)
-		}
-	})
 	if _, err := n.WaitForDevices(ctx, 8); err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,7 @@ type realNode struct {
 func TestRealNode(t *testing.T) {
 	requireRealNode(t)
 	node := startRealNode(t)
+	uninstallOnCleanup(t, helmBin(t))
 	steps := []struct {
 		name string
 		run  func(*testing.T, *realNode)
@@ -151,6 +152,20 @@ func stopAtCleanup(t *testing.T, ctx context.Context, rn *framework.RealNode) {
 const realNodeNVMLEnv = "E2E_REAL_NODE_NVML"
 
 // helmOnCluster runs helm against the e2e control plane.
+// uninstallOnCleanup removes the suite's release when the test ends,
+// whether or not the test got as far as its own uninstall. Call it before
+// the install: an install that fails half-way leaves a release too.
+func uninstallOnCleanup(t *testing.T, helm string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		if err := cp.UninstallChart(ctx, helm, releaseName, releaseNamespace); err != nil {
+			t.Errorf("uninstalling the chart: %v", err)
+		}
+	})
+}
+
 func helmOnCluster(t *testing.T, args ...string) {
 	t.Helper()
 	if _, err := cp.Helm(framework.Context(t, 3*time.Minute), helmBin(t), args...); err != nil {

@@ -89,17 +89,11 @@ func TestInstallFromRegistry(t *testing.T) {
 	}
 	chart := "oci://" + reg.Addr + "/gpuaas/charts/gpuaas-dra"
 	begin := time.Now()
+	uninstallOnCleanup(t, helm)
 	if err := rn.InstallChartFrom(ctx, helm, releaseName, releaseNamespace, values, chart, "--version", version, "--plain-http"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("helm install %s --version %s: plugin publishing and controller ready in %.1fs", chart, version, time.Since(begin).Seconds())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if _, err := cp.Helm(ctx, helm, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m"); err != nil {
-			t.Errorf("helm uninstall: %v", err)
-		}
-	})
 
 	// Every pod of the release runs the pushed index, pulled by containerd.
 	pods, err := cp.Client.CoreV1().Pods(releaseNamespace).List(ctx, metav1.ListOptions{})

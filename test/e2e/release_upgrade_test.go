@@ -148,17 +148,11 @@ func pushRelease(t *testing.T, ctx context.Context, registry, dir, version strin
 // install installs the previous release from the registry.
 func (u *upgrade) install(t *testing.T, ctx context.Context, n *realNode) {
 	t.Helper()
+	uninstallOnCleanup(t, u.helm)
 	if err := n.InstallChartFrom(ctx, u.helm, releaseName, releaseNamespace, u.values, u.chart,
 		"--version", u.previous.version, "--plain-http"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
-		defer cancel()
-		if _, err := cp.Helm(ctx, u.helm, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout", "2m"); err != nil {
-			t.Errorf("helm uninstall: %v", err)
-		}
-	})
 	if _, err := n.WaitForDevices(ctx, 8); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -51,6 +52,24 @@ func (cp *ControlPlane) Helm(ctx context.Context, helmBinary string, args ...str
 		return out, fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return out, nil
+}
+
+// UninstallChart removes a release and waits for its objects to go. A
+// release already gone is no error, so a test that uninstalls as one of its
+// steps can still register this as its cleanup. When the wait fails (a node
+// under pressure, a pod stuck terminating), the release is removed again
+// without waiting, so that its name is free for the next test and one
+// failure does not fail every later install ("cannot re-use a name that is
+// still in use"); the wait's error is returned all the same.
+func (cp *ControlPlane) UninstallChart(ctx context.Context, helmBinary, release, namespace string) error {
+	_, err := cp.Helm(ctx, helmBinary, "uninstall", release, "--namespace", namespace, "--ignore-not-found", "--wait", "--timeout", "2m")
+	if err == nil {
+		return nil
+	}
+	if _, again := cp.Helm(ctx, helmBinary, "uninstall", release, "--namespace", namespace, "--ignore-not-found", "--no-hooks"); again != nil {
+		return errors.Join(err, fmt.Errorf("removing the release without waiting: %w", again))
+	}
+	return fmt.Errorf("%w (the release was then removed without waiting)", err)
 }
 
 // ChartValues are the chart values for this node: the locally built image,

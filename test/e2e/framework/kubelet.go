@@ -13,7 +13,9 @@ import (
 // under a cgroup root of its own (so Stop can end every container it ran),
 // anonymous and always-allowed access to its own API on private ports, no
 // node-allocatable enforcement, and eviction and image GC thresholds loose
-// enough that a shared disk never evicts the test's pods.
+// enough that a shared disk never evicts the test's pods: the disk signals
+// are absolute, since a share of a large CI disk (1% of 252 GiB) is more
+// than a busy build machine keeps free.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -31,7 +33,7 @@ authentication:
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
 enforceNodeAllocatable: []
-evictionHard: {memory.available: "1%%", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+evictionHard: {memory.available: "1%%", nodefs.available: "256Mi", imagefs.available: "256Mi", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 podLogsDir: %[5]s
