@@ -64,26 +64,68 @@ func newHealthRun(t *testing.T, n *realNode) *healthRun {
 		stateDir: filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml")}
 }
 
-// pod makes a workload pod with one claim of one device matching cel.
+// pod makes a workload pod with one claim of one device matching cel; the
+// pod's reference to its claim is named "gpu", the claim like the pod.
 func (h *healthRun) pod(t *testing.T, ctx context.Context, name, cel string) *v1.Pod {
 	t.Helper()
-	claim := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: healthClass,
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}},
-		}}}},
-	}
+	return h.podWithClaim(t, ctx, name, "gpu", cel)
+}
+
+// podWithClaim is pod with the pod's reference to its claim named ref.
+func (h *healthRun) podWithClaim(t *testing.T, ctx context.Context, name, ref, cel string) *v1.Pod {
+	t.Helper()
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns}, Spec: oneDeviceOf(cel)}
 	if _, err := cp.Client.ResourceV1().ResourceClaims(h.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pod := workloadPod(h.ns, name)
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
-	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: ref, ResourceClaimName: ptr.To(name)}}
+	pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: ref}}
 	if _, err := cp.Client.CoreV1().Pods(h.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return pod
+}
+
+// oneDeviceOf is a claim for one device of the health class matching cel.
+func oneDeviceOf(cel string) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: healthClass,
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}}},
+	}}}}
+}
+
+// reportedPod is a running pod with one claim of one device matching cel,
+// the claim referenced the way this version's kubelet reports device
+// health for (kubeletHealth), and the name of that ResourceClaim.
+func (h *healthRun) reportedPod(t *testing.T, ctx context.Context, name, cel string, reports kubeletHealth) (*v1.Pod, string) {
+	t.Helper()
+	switch reports {
+	case healthSameName:
+		pod := h.podWithClaim(t, ctx, name, name, cel)
+		return runningPod(t, ctx, h.ns, pod.Name), name
+	case healthTemplateOnly:
+		tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: oneDeviceOf(cel)}}
+		if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(h.ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := workloadPod(h.ns, name)
+		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(name)}}
+		pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+		if _, err := cp.Client.CoreV1().Pods(h.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod = runningPod(t, ctx, h.ns, pod.Name)
+		for _, st := range pod.Status.ResourceClaimStatuses {
+			if st.Name == "gpu" && st.ResourceClaimName != nil {
+				return pod, *st.ResourceClaimName
+			}
+		}
+		t.Fatalf("running pod %s names no claim made from template %s: %+v", pod.Name, name, pod.Status.ResourceClaimStatuses)
+	}
+	pod := h.pod(t, ctx, name, cel)
+	return runningPod(t, ctx, h.ns, pod.Name), name
 }
 
 // publishedTaints maps each published device of the node to its taint keys.
@@ -254,9 +296,9 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
 	h := newHealthRun(t, n)
 	replica := `device.attributes["gpu.gpuaas.io"].type == "timeslice"`
-	running := h.pod(t, ctx, "running", replica)
-	running = runningPod(t, ctx, h.ns, running.Name)
-	_, data := deviceStatus(t, ctx, h.ns, "running", "Ready and Healthy", func(d resourceapi.AllocatedDeviceStatus) bool {
+	reports := suiteShape(t).kubeletHealth
+	running, claim := h.reportedPod(t, ctx, "running", replica, reports)
+	_, data := deviceStatus(t, ctx, h.ns, claim, "Ready and Healthy", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Ready", metav1.ConditionTrue) && conditionIs(d, "Healthy", metav1.ConditionTrue)
 	})
 	t.Logf("device status data of the running claim: %+v", data)
@@ -271,15 +313,14 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
 	// How fast is the machine's speed as much as ours: logged, not asserted.
 	t.Logf("XID 62 on GPU 4: its %d devices tainted after %v", len(gpu4), took)
-	st, _ := deviceStatus(t, ctx, h.ns, "running", "Healthy=False", func(d resourceapi.AllocatedDeviceStatus) bool {
+	st, _ := deviceStatus(t, ctx, h.ns, claim, "Healthy=False", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Healthy", metav1.ConditionFalse)
 	})
 	t.Logf("claim status: %+v", st.Conditions)
-	kubeletHealth := !suiteShape(t).kubeletHealthByName
-	if kubeletHealth {
-		t.Logf("kubelet: %s", podDeviceHealth(t, ctx, running, "Unhealthy"))
+	if reports != healthNone {
+		t.Logf("kubelet (%s): %s", reports, podDeviceHealth(t, ctx, running, "Unhealthy"))
 	} else {
-		t.Logf("kubelet: this version's kubelet reports no device health for a claim made from a template (fixed in 1.35); the claim's Healthy condition says it")
+		t.Logf("kubelet: %s; the claim's Healthy condition says it", reports)
 	}
 	waitGPUPosture(t, ctx, 4, gpuaas.PostureUnhealthy)
 
@@ -288,10 +329,10 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	took = waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
 	t.Logf("taint cleared %v later", took)
 	runningPod(t, ctx, h.ns, waiting.Name)
-	deviceStatus(t, ctx, h.ns, "running", "Healthy again", func(d resourceapi.AllocatedDeviceStatus) bool {
+	deviceStatus(t, ctx, h.ns, claim, "Healthy again", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Healthy", metav1.ConditionTrue)
 	})
-	if kubeletHealth {
+	if reports != healthNone {
 		podDeviceHealth(t, ctx, running, "Healthy")
 	}
 	waitGPUPosture(t, ctx, 4, gpuaas.PosturePartiallyAllocated)

@@ -35,7 +35,7 @@ func TestInstallTableMatchesTheMatrix(t *testing.T) {
 		want := c.want
 		want.extendedResource = false      // not a column of the table
 		want.keepsRejectedCounters = false // the scheduler's, not the pool's
-		want.kubeletHealthByName = false   // the kubelet's
+		want.kubeletHealth = 0             // the kubelet's
 		if got != want {
 			t.Errorf("docs/install.md says %s stores %+v; the matrix's case %s checks %+v", key, got, c.name, want)
 		}

@@ -55,12 +55,43 @@ type storedShape struct {
 	// one GPU (matchAttribute) finds the next GPU's counters used up once
 	// the first GPU tried could not hold them all. Fixed upstream in 1.36.
 	keepsRejectedCounters bool
-	// kubeletHealthByName: not the pool but the kubelet (1.34): it puts
-	// device health in a container's status only where the pod's claim
-	// reference has the ResourceClaim's own name, so never for a claim
-	// made from a template (fixed in 1.35). The claim's Healthy condition,
-	// the plugin's, is there on every version.
-	kubeletHealthByName bool
+	// kubeletHealth: not the pool but the kubelet: which of a pod's claims
+	// it reports device health for in the container's status. The claim's
+	// Healthy condition, the plugin's, is there on every version.
+	kubeletHealth kubeletHealth
+}
+
+// kubeletHealth is which claims of a pod the kubelet reports device health
+// for in its containers' allocatedResourcesStatus (KEP-4680, gate
+// ResourceHealthStatus: alpha and off before 1.36). Read from each
+// version's pkg/kubelet/cm/dra/manager.go, and run on the real node.
+type kubeletHealth int
+
+const (
+	// healthEveryClaim (1.36 and later): claims by name and from templates.
+	healthEveryClaim kubeletHealth = iota
+	// healthNone: the gate is off, so no claim's.
+	healthNone
+	// healthSameName (1.34): only where the pod's reference to the claim
+	// is named like the ResourceClaim itself (it compares the two), so
+	// never a claim made from a template.
+	healthSameName
+	// healthTemplateOnly (1.35): only claims made from a template: it
+	// finds the claim in pod.status.resourceClaimStatuses, which lists
+	// none of the claims a pod names directly.
+	healthTemplateOnly
+)
+
+func (h kubeletHealth) String() string {
+	switch h {
+	case healthNone:
+		return "no device health: ResourceHealthStatus is off"
+	case healthSameName:
+		return "device health only where the pod's claim reference is named like its ResourceClaim (fixed in 1.36)"
+	case healthTemplateOnly:
+		return "device health only for claims made from a template (fixed in 1.36)"
+	}
+	return "device health for every claim"
 }
 
 // docGates marks a case whose gates are the ones docs/install.md tells
@@ -72,10 +103,10 @@ const docGates = framework.DocGates
 // off by default) and 1.36 (where they are beta and on), each with its
 // defaults and with the documented gates, and the suite's own version.
 var apiServerCases = []apiServerCase{
-	{"1.34-defaults", "v1.34.4", "", storedShape{kubeletHealthByName: true}},
-	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealthByName: true}},
-	{"1.35-defaults", "v1.35.4", "", storedShape{}},
-	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, keepsRejectedCounters: true}},
+	{"1.34-defaults", "v1.34.4", "", storedShape{kubeletHealth: healthNone}},
+	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealth: healthSameName}},
+	{"1.35-defaults", "v1.35.4", "", storedShape{kubeletHealth: healthNone}},
+	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealth: healthTemplateOnly}},
 	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"1.36-gates", "v1.36.3", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
@@ -347,7 +378,7 @@ func checkStoredShape(ctx context.Context, t *testing.T, node *framework.Node, w
 	}
 	// The catalog's (checkCatalogOn), the faults' (checkFaultOn), the scheduler's and the kubelet's (elsewhere).
 	got := storedShape{extendedResource: want.extendedResource, taints: want.taints,
-		keepsRejectedCounters: want.keepsRejectedCounters, kubeletHealthByName: want.kubeletHealthByName}
+		keepsRejectedCounters: want.keepsRejectedCounters, kubeletHealth: want.kubeletHealth}
 	names := make([]string, 0, len(devices))
 	for _, d := range devices {
 		names = append(names, d.Name)
