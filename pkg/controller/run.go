@@ -187,7 +187,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err != nil {
 		return err
 	}
-	webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces)
+	if err := webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces); err != nil {
+		return err
+	}
 	bill := newBilling()
 	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
 	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {

@@ -55,6 +55,9 @@ type claimWebhook struct {
 	// shapes refuses claims of shapes with nothing placeable; nil when
 	// the GpuShape CRD is not installed.
 	shapes ShapeGate
+	// server is the API server's version, for warnings about its
+	// scheduler; nil: no such warnings.
+	server *serverMinor
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -71,27 +74,39 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 	if errs := validateOpaque(field.NewPath("spec", "devices", "config"), claim.Spec.Devices.Config); len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
 	}
-	if req.Operation != admissionv1.Create || h.exempt.Has(claim.Namespace) {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
+	}
+	resp := h.admit(ctx, req, &claim)
+	if warning := rejectedCountersWarning(h.server.get(), claim.Spec.Devices); resp.Allowed && warning != "" {
+		resp = resp.WithWarnings(warning)
+	}
+	return resp
+}
+
+// admit decides a new claim: quota (or its exemption), shapes, Kueue.
+func (h *claimWebhook) admit(ctx context.Context, req admission.Request, claim *resourceapi.ResourceClaim) admission.Response {
+	if h.exempt.Has(claim.Namespace) {
 		return admission.Allowed("")
 	}
 	dryRun := ptr.Deref(req.DryRun, false)
 	// Before quota: a refused claim reserves nothing.
-	if resp, refused := h.refuseUnavailable(ctx, &claim, dryRun); refused {
+	if resp, refused := h.refuseUnavailable(ctx, claim, dryRun); refused {
 		return resp
 	}
 	if dryRun {
 		ctx = quota.WithDryRun(ctx) // priced, not remembered (issue 36)
 	}
-	adm, err := h.acct.Admit(ctx, &claim, dryRun)
+	adm, err := h.acct.Admit(ctx, claim, dryRun)
 	if err != nil {
 		// Fail closed, like the webhook's failurePolicy: no quota check,
 		// no claim. The creator (or the kube-controller-manager) retries.
-		klog.FromContext(ctx).Error(err, "Quota check failed", "claim", klog.KObj(&claim))
+		klog.FromContext(ctx).Error(err, "Quota check failed", "claim", klog.KObj(claim))
 		admissionErrors.Inc()
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
 	}
 	if !adm.Allowed {
-		adm, err = h.kueue.Overrule(ctx, &claim, adm, req.UserInfo.Username, dryRun)
+		adm, err = h.kueue.Overrule(ctx, claim, adm, req.UserInfo.Username, dryRun)
 		if err != nil {
 			admissionErrors.Inc()
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("quota check failed, retry: %w", err))
@@ -104,10 +119,10 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		return admission.Allowed("").WithWarnings(fmt.Sprintf("over TenantQuota %q (%s); admitted because %s", adm.Tenant, adm.Reason, adm.OverruledBy))
 	}
 	if !adm.Allowed {
-		h.denied(ctx, &claim, adm, dryRun)
+		h.denied(ctx, claim, adm, dryRun)
 		return admission.Denied(adm.Reason)
 	}
-	klog.FromContext(ctx).V(4).Info("Claim admitted", "claim", klog.KObj(&claim), "tenant", adm.Tenant, "cost", adm.Cost.String())
+	klog.FromContext(ctx).V(4).Info("Claim admitted", "claim", klog.KObj(claim), "tenant", adm.Tenant, "cost", adm.Cost.String())
 	resp := admission.Allowed("")
 	if adm.Borrows {
 		resp = resp.WithWarnings(fmt.Sprintf("TenantQuota %q is over its own limits; this claim borrows idle quota of cohort %q", adm.Tenant, adm.Cohort))
@@ -165,9 +180,11 @@ func (h *claimWebhook) denied(ctx context.Context, claim *resourceapi.ResourceCl
 
 // templateWebhook validates the opaque configuration of
 // ResourceClaimTemplates: their claims are made later by the
-// kube-controller-manager, where nobody would see the error.
+// kube-controller-manager, where nobody would see the error (or a
+// warning: the user sees the template's).
 type templateWebhook struct {
 	decoder admission.Decoder
+	server  *serverMinor // nil: no warnings about the scheduler
 }
 
 func (h *templateWebhook) Handle(_ context.Context, req admission.Request) admission.Response {
@@ -177,6 +194,9 @@ func (h *templateWebhook) Handle(_ context.Context, req admission.Request) admis
 	}
 	if errs := validateOpaque(field.NewPath("spec", "spec", "devices", "config"), tmpl.Spec.Spec.Devices.Config); len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaimTemplate"}, req.Name, errs)
+	}
+	if warning := rejectedCountersWarning(h.server.get(), tmpl.Spec.Spec.Devices); warning != "" {
+		return admission.Allowed("").WithWarnings(warning)
 	}
 	return admission.Allowed("")
 }
