@@ -118,9 +118,8 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 ## dynamic MIG, firstAvailable, pods queued through a plugin restart) under that version's scheduler and
 ## controller-manager: docs/install.md's table, and docs/reference/version-matrix.md (written when all pass)
 ## Then TestRealNode (the chart on a real node: that version's kubelet, containerd, runc) once per
-## version with its documented gates, the whole suite's control plane of that version (REAL_NODE_VERSIONS; 1.35.4 fails
-## at DeviceHealth, docs/development.md)
-REAL_NODE_VERSIONS ?= v1.34.4 v1.36.3
+## version with its documented gates, the whole suite's control plane of that version (REAL_NODE_VERSIONS)
+REAL_NODE_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
 test-versions: k8s-bins node-bins helm driver-userspace image-base cdi-hook
 	$(MAKE) k8s-versions K8S_VERSION_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" E2E_MATRIX_OUT=$(CURDIR)/docs/reference/version-matrix.md \
