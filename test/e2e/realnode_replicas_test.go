@@ -41,12 +41,19 @@ const (
 	replicaClaims = 50
 	replicaLimit  = 10
 	replicaRounds = 3
-	claimWebhook  = "/validate-resourceclaim"
+	// maxReplicaRounds bounds the extra rounds run while no round was
+	// spread over both replicas.
+	maxReplicaRounds = 8
+	claimWebhook     = "/validate-resourceclaim"
 )
 
 // testTwoControllerReplicas: 50 claims created at once, spread by the
 // apiserver over both replicas, against room for 10 GPU units, in several
-// rounds: never more than 10 admitted, and both replicas decided some.
+// rounds: never more than 10 admitted, and both replicas decided some in
+// the same round. The apiserver keeps a connection to one endpoint for as
+// long as it stays open, so a round may go to one replica only (seen under
+// load: [0 50]); rounds go on, up to maxReplicaRounds, until one was
+// spread.
 func testTwoControllerReplicas(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 8*time.Minute)
 	first := chartControllerReplica(t, ctx)
@@ -62,7 +69,8 @@ func testTwoControllerReplicas(t *testing.T, n *realNode) {
 	createObject(t, quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units(strconv.Itoa(replicaLimit))}))
 	waitForQuota(t, tenant, "enforced", func(q *gpuaas.TenantQuota) bool { return len(q.Status.Namespaces) == 1 })
 
-	for round := range replicaRounds {
+	spread := 0
+	for round := 0; round < replicaRounds || (spread == 0 && round < maxReplicaRounds); round++ {
 		before := [2]int{first.reviews(t, ctx), second.reviews(t, ctx)}
 		admitted := createConcurrently(t, ctx, ns, class, round)
 		after := [2]int{first.reviews(t, ctx), second.reviews(t, ctx)}
@@ -75,13 +83,16 @@ func testTwoControllerReplicas(t *testing.T, n *realNode) {
 		if admitted == 0 {
 			t.Errorf("round %d: no claim admitted with the quota free", round)
 		}
-		if served[0] == 0 || served[1] == 0 {
-			t.Errorf("round %d: the reviews were not spread over both replicas (%v)", round, served)
+		if served[0] > 0 && served[1] > 0 {
+			spread++
 		}
 		deleteClaims(t, ctx, ns)
 		waitForQuota(t, tenant, "empty again", func(q *gpuaas.TenantQuota) bool {
 			return q.Status.ClaimsCounted == 0 && (q.Status.Reserved.GpuUnits == nil || q.Status.Reserved.GpuUnits.IsZero())
 		})
+	}
+	if spread == 0 {
+		t.Errorf("in no round of %d were the reviews spread over both replicas", maxReplicaRounds)
 	}
 	checkChartTrimsAlternatives(t, ctx, ns, class)
 	first.alive(t, ctx)
