@@ -45,10 +45,13 @@ func (a *apiServer) client() *fake.Clientset {
 // server downgraded or its gate unset) withdraw dynamic MIG without a
 // restart of the plugin, and turned on again bring it back.
 func TestClusterSupportChangeRepublishes(t *testing.T) {
+	// Made first, so removed last: the watch below writes its answers
+	// there until its context ends (it leaked its writes past the test).
+	dataDir := t.TempDir()
 	e := newTestEnv(t, "dgxh100")
 	d, pub := testDriver(t, e, dynamicFirstFour())
 	api := &apiServer{}
-	probe := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: t.TempDir(), ClusterProbeInterval: 10 * time.Millisecond})
+	probe := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: dataDir, ClusterProbeInterval: 10 * time.Millisecond})
 	d.learnClusterSupport(e.Ctx, probe)
 	if err := d.publish(e.Ctx); err != nil {
 		t.Fatal(err)
@@ -56,7 +59,9 @@ func TestClusterSupportChangeRepublishes(t *testing.T) {
 	if !usesCounters(pub.last(t)) {
 		t.Fatal("counters not published on a cluster that keeps them")
 	}
-	d.watchClusterSupport(e.Ctx, probe)
+	ctx, stop := context.WithCancel(e.Ctx)
+	t.Cleanup(stop)
+	d.watchClusterSupport(ctx, probe)
 	api.countersOff.Store(true)
 	waitPublished(t, pub, func() bool { return !usesCounters(pub.last(t)) }, "dynamic MIG withdrawn after the cluster dropped counters")
 	api.countersOff.Store(false)
