@@ -95,7 +95,7 @@ func installWithDevicePluginCheck(t *testing.T, n *realNode) []string {
 		t.Fatal(err)
 	}
 	files := []string{base, check}
-	uninstallOnCleanup(t, helmBin(t))
+	uninstallOnCleanup(t, ctx, helmBin(t))
 	helmOnCluster(t, append([]string{"install", releaseName, chartPath, "--namespace", releaseNamespace, "--create-namespace"},
 		valueArgs(files)...)...)
 	waitForPluginPod(t, ctx, "")

@@ -211,7 +211,7 @@ func installChartForTest(t *testing.T, n *realNode, edits ...func(values string)
 	// Short, so the monitoring scenario can show a lender reclaiming.
 	values = strings.Replace(values, "\ncontroller:\n", "\ncontroller:\n  reclaimUnallocatedAfter: "+reclaimAfterForTest+"\n", 1)
 	n.values = values
-	uninstallOnCleanup(t, helmBin(t))
+	uninstallOnCleanup(t, ctx, helmBin(t))
 	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
 		t.Fatal(err)
 	}

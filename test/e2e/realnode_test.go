@@ -54,7 +54,7 @@ type realNode struct {
 func TestRealNode(t *testing.T) {
 	requireRealNode(t)
 	node := startRealNode(t)
-	uninstallOnCleanup(t, helmBin(t))
+	uninstallOnCleanup(t, t.Context(), helmBin(t))
 	steps := []struct {
 		name string
 		run  func(*testing.T, *realNode)
@@ -155,10 +155,11 @@ const realNodeNVMLEnv = "E2E_REAL_NODE_NVML"
 // uninstallOnCleanup removes the suite's release when the test ends,
 // whether or not the test got as far as its own uninstall. Call it before
 // the install: an install that fails half-way leaves a release too.
-func uninstallOnCleanup(t *testing.T, helm string) {
+func uninstallOnCleanup(t *testing.T, ctx context.Context, helm string) {
 	t.Helper()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		// ctx has ended by now; its values have not.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 4*time.Minute)
 		defer cancel()
 		if err := cp.UninstallChart(ctx, helm, releaseName, releaseNamespace); err != nil {
 			t.Errorf("uninstalling the chart: %v", err)

@@ -89,7 +89,7 @@ func TestInstallFromRegistry(t *testing.T) {
 	}
 	chart := "oci://" + reg.Addr + "/gpuaas/charts/gpuaas-dra"
 	begin := time.Now()
-	uninstallOnCleanup(t, helm)
+	uninstallOnCleanup(t, ctx, helm)
 	if err := rn.InstallChartFrom(ctx, helm, releaseName, releaseNamespace, values, chart, "--version", version, "--plain-http"); err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func pushRelease(t *testing.T, ctx context.Context, registry, dir, version strin
 // install installs the previous release from the registry.
 func (u *upgrade) install(t *testing.T, ctx context.Context, n *realNode) {
 	t.Helper()
-	uninstallOnCleanup(t, u.helm)
+	uninstallOnCleanup(t, ctx, u.helm)
 	if err := n.InstallChartFrom(ctx, u.helm, releaseName, releaseNamespace, u.values, u.chart,
 		"--version", u.previous.version, "--plain-http"); err != nil {
 		t.Fatal(err)

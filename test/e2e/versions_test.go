@@ -107,8 +107,8 @@ var apiServerCases = []apiServerCase{
 	{"1.34-gates", "v1.34.4", docGates, storedShape{dynamicMIG: true, countersBeside: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealth: healthSameName}},
 	{"1.35-defaults", "v1.35.4", "", storedShape{kubeletHealth: healthNone}},
 	{"1.35-gates", "v1.35.4", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, keepsRejectedCounters: true, kubeletHealth: healthTemplateOnly}},
-	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
-	{"1.36-gates", "v1.36.3", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
+	{"1.36-defaults", "v1.36.3", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, kubeletHealth: healthEveryClaim}},
+	{"1.36-gates", "v1.36.3", docGates, storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true, kubeletHealth: healthEveryClaim}},
 	{"own-defaults", "", "", storedShape{dynamicMIG: true, shares: true, extendedResource: true, taints: true}},
 }
 
