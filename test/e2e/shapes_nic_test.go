@@ -31,7 +31,8 @@ const noGPURoot = "pci0000:e0"
 // shape's Ready condition names it; with it, the shape counts 1 placeable,
 // the pod of the shape runs, and its container sees a GPU from our CDI spec
 // and a NIC from the double's, on one root (compared in the container's
-// own environment); then nothing is placeable.
+// own environment); then nothing is placeable and a second pod's claim is
+// refused (whenUnavailable: Refuse).
 func TestShapeGPUNICSlot(t *testing.T) {
 	requireRealNode(t)
 	n := startRealNode(t)
@@ -91,6 +92,17 @@ func TestShapeGPUNICSlot(t *testing.T) {
 	waitForShape(t, shape, "placeable 0 with the slot taken", func(s *gpuaas.GpuShape) bool {
 		return s.Status.Placeable == 0 && s.Status.PlaceableMessage == "0 of 1 nodes have a free GPU+NIC on one PCIe root"
 	})
+
+	// whenUnavailable: Refuse: a second pod's claim is refused, and the pod
+	// is told why.
+	second := worker.DeepCopy()
+	second.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: "second-worker"}
+	second.Status = v1.PodStatus{}
+	second.Spec.NodeName = ""
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitShapeUnavailable(t, ctx, ns, "second-worker", "unavailable: shape h100-nic-slot has 0 placeable (0 of 1 nodes have a free GPU+NIC on one PCIe root)")
 }
 
 // checkSlotContainer reads what the slot's container saw: exactly one GPU
