@@ -67,23 +67,7 @@ func TestShapeWholeNodeLease(t *testing.T) {
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, second, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	want := "unavailable: shape h100-node has 0 placeable (0 of 1 nodes have a free GPUS (all of the node))"
-	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		evs, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range evs.Items {
-			if e.Regarding.Name == "second-trainer" && e.Reason == "ShapeUnavailable" && strings.Contains(e.Note, want) {
-				t.Logf("event on the second pod: %s", e.Note)
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no ShapeUnavailable event on the second pod: %v", err)
-	}
+	waitShapeUnavailable(t, ctx, ns, "second-trainer", "unavailable: shape h100-node has 0 placeable (0 of 1 nodes have a free GPUS (all of the node))")
 	if p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, "second-trainer", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" || len(p.Status.ResourceClaimStatuses) > 0 && p.Status.ResourceClaimStatuses[0].ResourceClaimName != nil {
 		t.Fatalf("the second lease got a claim or a node: %+v %v", p.Status, err)
 	}
@@ -124,6 +108,28 @@ func TestShapeWholeNodeLease(t *testing.T) {
 	})
 	waitForShape(t, "h100-node", "placeable 0 with a MIG device taken", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
 	rc.alive(t)
+}
+
+// waitShapeUnavailable waits for the webhook's ShapeUnavailable event on
+// pod, whose claim the shape refused, with a note containing want.
+func waitShapeUnavailable(t *testing.T, ctx context.Context, ns, pod, want string) {
+	t.Helper()
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		evs, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == pod && e.Reason == "ShapeUnavailable" && strings.Contains(e.Note, want) {
+				t.Logf("event on pod %s: %s", pod, e.Note)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no ShapeUnavailable event on pod %s: %v", pod, err)
+	}
 }
 
 // waitNodePosture waits until the GpuNode of node has a status cond accepts.

@@ -50,8 +50,10 @@ import (
 // doneLine ends the report, so a reader knows it saw all of it.
 const doneLine = "gpuinfo done"
 
-// envPrefixes select the variables CDI specs and the driver set.
-var envPrefixes = []string{"NVIDIA_", "CUDA_", "GPUAAS_"}
+// envPrefixes select the variables CDI specs and the driver set. NIC_ is
+// what the NIC driver double (test/nicdriver) sets, so that a shape's test
+// sees another driver's device next to our GPUs.
+var envPrefixes = []string{"NVIDIA_", "CUDA_", "GPUAAS_", "NIC_"}
 
 // usualMounts are mount points every container has; only the rest can have
 // come from a CDI spec.

@@ -18,10 +18,12 @@ func TestEnvLines(t *testing.T) {
 		"GPUAAS_CLAIM=c1",
 		"MY_NVIDIA_THING=x", // prefix must be at the start of the name
 		"NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+		"NIC_ETH0=pci0000:37",
 	}
 	want := []string{
 		"env CUDA_VERSION=12.4",
 		"env GPUAAS_CLAIM=c1",
+		"env NIC_ETH0=pci0000:37",
 		"env NVIDIA_DRIVER_CAPABILITIES=compute,utility",
 		"env NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-a",
 	}
