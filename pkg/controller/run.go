@@ -72,12 +72,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("creating client: %w", err)
 	}
 	if opts.ApplyCRDs {
-		if err := ApplyCRDs(ctx, direct); err != nil {
+		err := untilAPIAnswers(ctx, "applying the gpuaas.io CRDs", func(ctx context.Context) error { return ApplyCRDs(ctx, direct) })
+		if err != nil {
 			return err
 		}
 	}
 	certs := opts.Webhook.CertConfig()
-	caBundle, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
+	var caBundle []byte
+	err = untilAPIAnswers(ctx, "the webhook certificate", func(ctx context.Context) error {
+		ca, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
+		caBundle = ca
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)
 	}

@@ -1,0 +1,69 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+)
+
+// startupBackoff spaces the retries of a startup step while the API server
+// cannot be reached: quick at first (a restarting API server is back in
+// seconds), then every 10 s at most, so recovery is never later than that.
+var startupBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 10 * time.Second}
+
+// startupWaitLog is how often a controller waiting for the API server at
+// startup says so, at most.
+const startupWaitLog = 5 * time.Second
+
+// untilAPIAnswers runs step (named by what, e.g. "applying the gpuaas.io
+// CRDs") until it succeeds, retrying while the API server cannot be
+// reached, and returns only when it succeeds, fails otherwise, or ctx
+// ends. The controller exited on the first refused connection, and during
+// an API server outage (a control-plane upgrade) the kubelet's
+// CrashLoopBackOff then kept it down for minutes after the API server was
+// back.
+func untilAPIAnswers(ctx context.Context, what string, step func(context.Context) error) error {
+	logger := klog.FromContext(ctx)
+	b := startupBackoff
+	var lastLog time.Time
+	for attempt := 1; ; attempt++ {
+		err := step(ctx)
+		if err == nil || !apiUnavailable(err) {
+			return err
+		}
+		if time.Since(lastLog) >= startupWaitLog {
+			logger.Info("Waiting for the API server", "for", what, "attempt", attempt, "err", err.Error())
+			lastLog = time.Now()
+		}
+		t := time.NewTimer(b.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: stopped waiting for the API server: %w", what, errors.Join(context.Cause(ctx), err))
+		case <-t.C:
+		}
+	}
+}
+
+// apiUnavailable tells whether err means the API server could not be
+// reached or could not serve for now (restarting, overloaded, its etcd
+// down): errors worth waiting out, unlike a refusal (RBAC, validation).
+func apiUnavailable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.As(err, &netErr), utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err):
+		return true
+	case apierrors.IsServiceUnavailable(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
+		apierrors.IsTooManyRequests(err), apierrors.IsInternalError(err):
+		return true
+	}
+	return false
+}
