@@ -53,17 +53,18 @@ func untilAPIAnswers(ctx context.Context, what string, step func(context.Context
 	}
 }
 
-// apiUnavailable tells whether err means the API server could not be
-// reached or could not serve for now (restarting, overloaded, its etcd
-// down): errors worth waiting out, unlike a refusal (RBAC, validation).
+// apiUnavailable tells whether err came from the API server, or from the
+// way to it: the controller waits those out at startup. Unreachable is the
+// outage itself; a kube-apiserver that has just started answers for a few
+// seconds with errors of its own (Forbidden until its RBAC caches sync, and
+// "unknown" for discovery) that a crash would turn into minutes of
+// CrashLoopBackOff. A real refusal (RBAC the chart did not grant) is
+// waited for too, saying so every few seconds, rather than crash-looping.
+// Errors that never reached the API server (an embedded CRD that does not
+// decode, a CA file that cannot be read) are returned.
 func apiUnavailable(err error) bool {
 	var netErr net.Error
-	switch {
-	case errors.As(err, &netErr), utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err):
-		return true
-	case apierrors.IsServiceUnavailable(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
-		apierrors.IsTooManyRequests(err), apierrors.IsInternalError(err):
-		return true
-	}
-	return false
+	var status apierrors.APIStatus
+	return errors.As(err, &netErr) || errors.As(err, &status) ||
+		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
 }

@@ -12,8 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// What the controller waits out at startup (an unreachable or unready API
-// server) and what it does not (a refusal, which waiting does not fix).
+// What the controller waits out at startup (an unreachable API server, or
+// one still starting, which refuses and fails for a few seconds) and what
+// it does not (errors that never reached the API server).
 func TestAPIUnavailable(t *testing.T) {
 	refused := refusedDial(t)
 	crds := schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}
@@ -25,9 +26,9 @@ func TestAPIUnavailable(t *testing.T) {
 		{"connection refused, wrapped", fmt.Errorf("reading CRD x: %w", refused), true},
 		{"service unavailable", apierrors.NewServiceUnavailable("etcd down"), true},
 		{"too many requests", apierrors.NewTooManyRequests("slow down", 1), true},
-		{"forbidden", apierrors.NewForbidden(crds, "x", errors.New("RBAC")), false},
-		{"not found", apierrors.NewNotFound(crds, "x"), false},
-		{"other", errors.New("decoding embedded CRD x: bad yaml"), false},
+		{"forbidden (RBAC not synced yet)", apierrors.NewForbidden(crds, "x", errors.New("RBAC")), true},
+		{"a generic server response", fmt.Errorf("failed to get server groups: %w", apierrors.NewGenericServerResponse(403, "get", crds, "", "", 0, false)), true},
+		{"not from the API server", errors.New("decoding embedded CRD x: bad yaml"), false},
 	} {
 		if got := apiUnavailable(c.err); got != c.want {
 			t.Errorf("%s (%v): apiUnavailable = %v, want %v", c.name, c.err, got, c.want)
@@ -36,8 +37,8 @@ func TestAPIUnavailable(t *testing.T) {
 }
 
 // A step that never reaches the API server ends with the context, naming
-// what it waited for and the last error; one refused otherwise ends at
-// once.
+// what it waited for and the last error; one that fails before reaching it
+// ends at once.
 func TestUntilAPIAnswersEnds(t *testing.T) {
 	refused := refusedDial(t)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -52,11 +53,11 @@ func TestUntilAPIAnswersEnds(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "applying the gpuaas.io CRDs") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("after the context ended: %v, want the step and the last error named", err)
 	}
-	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, "x", errors.New("RBAC"))
+	notAPI := errors.New("decoding embedded CRD x: bad yaml")
 	calls = 0
-	err = untilAPIAnswers(t.Context(), "the webhook certificate", func(context.Context) error { calls++; return forbidden })
-	if !apierrors.IsForbidden(err) || calls != 1 {
-		t.Fatalf("a refusal: %v after %d calls, want it returned after one", err, calls)
+	err = untilAPIAnswers(t.Context(), "applying the gpuaas.io CRDs", func(context.Context) error { calls++; return notAPI })
+	if !errors.Is(err, notAPI) || calls != 1 {
+		t.Fatalf("an error that never reached the API server: %v after %d calls, want it returned after one", err, calls)
 	}
 }
 
