@@ -473,12 +473,14 @@ func outageWitnesses(t *testing.T, ctx context.Context) []outageWitness {
 
 // apiServerNames are how a line says what it waits for: the API server in
 // words, or by the address it could not reach (client-go's own lines name
-// the URL: the API server's, or its Service's), or the claim it could not
-// get (the kubelet plugin helper's "retrieve claim <namespace>/<name>",
-// logged when the kubelet's prepare fails and will be retried).
+// the URL: the API server's, or its Service's), or the object it could not
+// get: the claim (the kubelet plugin helper's "retrieve claim
+// <namespace>/<name>", logged when the kubelet's prepare fails and will be
+// retried) or the leader's Lease (client-go's leader election, "Error
+// retrieving lease lock" with lock=<namespace>/<name>).
 func apiServerNames(t *testing.T, ctx context.Context, claimNamespace string) []string {
 	t.Helper()
-	names := []string{"API server", "apiserver", "claim " + claimNamespace + "/"}
+	names := []string{"API server", "apiserver", "claim " + claimNamespace + "/", "lease lock"}
 	if u, err := url.Parse(cp.Config.Host); err == nil {
 		names = append(names, u.Host)
 	}
