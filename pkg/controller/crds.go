@@ -131,17 +131,24 @@ func waitForKinds(ctx context.Context, m meta.RESTMapper, gvks ...schema.GroupVe
 	lastLog := time.Time{}
 	return wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
 		var missing []string
+		var lookupErr error
 		for _, gvk := range gvks {
 			ok, err := kinds.Served(m, gvk.GroupKind(), gvk.Version)
 			if err != nil {
-				logger.Error(err, "Looking up a CRD failed, retrying", "kind", gvk.Kind)
+				lookupErr = err
 			}
 			if !ok {
 				missing = append(missing, gvk.GroupKind().String())
 			}
 		}
 		if len(missing) > 0 && time.Since(lastLog) >= crdWaitLog {
-			logger.Info("Waiting for the API to serve these CRDs (install the chart's crds/, or run with --apply-crds)", "kinds", missing)
+			// One line per crdWaitLog, with the API server's error when
+			// the lookup failed (unreachable), not one per poll.
+			if lookupErr != nil {
+				logger.Info("Waiting for the API server to serve these CRDs", "kinds", missing, "err", lookupErr.Error())
+			} else {
+				logger.Info("Waiting for the API to serve these CRDs (install the chart's crds/, or run with --apply-crds)", "kinds", missing)
+			}
 			lastLog = time.Now()
 		}
 		return len(missing) == 0, nil

@@ -72,12 +72,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("creating client: %w", err)
 	}
 	if opts.ApplyCRDs {
-		if err := ApplyCRDs(ctx, direct); err != nil {
+		err := untilAPIAnswers(ctx, "applying the gpuaas.io CRDs", func(ctx context.Context) error { return ApplyCRDs(ctx, direct) })
+		if err != nil {
 			return err
 		}
 	}
 	certs := opts.Webhook.CertConfig()
-	caBundle, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
+	var caBundle []byte
+	err = untilAPIAnswers(ctx, "the webhook certificate", func(ctx context.Context) error {
+		ca, err := webhookcert.Ensure(ctx, direct, certs, time.Now())
+		caBundle = ca
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("preparing webhook certificate: %w", err)
 	}
@@ -97,9 +103,21 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	klog.FromContext(ctx).Info("Starting dra-controller", "webhookPort", opts.Webhook.Port, "leaderElection", opts.LeaderElection)
 	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("running manager: %w", err)
+		return managerError(&opts, err)
 	}
 	return nil
+}
+
+// managerError wraps what ended the manager. With leader election that is
+// most often a Lease the leader could not renew in time ("leader election
+// lost", controller-runtime's words), which alone does not say that the
+// API server was out of reach; the restarted process waits for it.
+func managerError(opts *Options, err error) error {
+	if opts.LeaderElection {
+		return fmt.Errorf("running manager (it ends when the leader cannot renew its Lease %s/%s in time, as when the API server cannot be reached): %w",
+			opts.LeaderElectionNamespace, opts.LeaderElectionID, err)
+	}
+	return fmt.Errorf("running manager: %w", err)
 }
 
 // Rate limits of the controller's API clients. client-go's defaults (5

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -89,28 +90,44 @@ func startController(t testing.TB) *runningController {
 func startControllerWith(t testing.TB, set func(*controller.Options)) *runningController {
 	t.Helper()
 	installCRDs(t)
+	opts := controllerOptions(t)
+	if set != nil {
+		set(&opts)
+	}
+	ctx := klog.NewContext(context.Background(), klog.Background().WithName("dra-controller"))
+	rc := runController(t, ctx, cp.Config, opts)
+	if err := waitForWebhook(t, rc); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// runController runs a controller against the API server cfg names until
+// the test ends (or stop), and does not wait for it.
+func runController(t testing.TB, ctx context.Context, cfg *rest.Config, opts controller.Options) *runningController {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	rc := &runningController{cancel: cancel, done: make(chan error, 1)}
+	go func() { rc.done <- controller.Run(ctx, cfg, opts) }()
+	t.Cleanup(func() { rc.stop(t) })
+	return rc
+}
+
+// controllerOptions are a test controller's: its webhook on a free port of
+// 127.0.0.1, its configuration removed when it stops.
+func controllerOptions(t testing.TB) controller.Options {
+	t.Helper()
 	ports, err := framework.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := controller.Options{
+	return controller.Options{
 		MetricsAddr: "0", HealthAddr: "0", NudgeWaitingPods: true, Resync: 5 * time.Second,
 		Webhook: controller.WebhookOptions{
 			Host: "127.0.0.1", Port: ports[0], CertDir: t.TempDir(),
 			URL: fmt.Sprintf("https://127.0.0.1:%d", ports[0]), RemoveOnExit: true,
 		},
 	}
-	if set != nil {
-		set(&opts)
-	}
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().WithName("dra-controller")))
-	rc := &runningController{cancel: cancel, done: make(chan error, 1)}
-	go func() { rc.done <- controller.Run(ctx, cp.Config, opts) }()
-	t.Cleanup(func() { rc.stop(t) })
-	if err := waitForWebhook(t, rc); err != nil {
-		t.Fatal(err)
-	}
-	return rc
 }
 
 // stop ends the controller and checks it did not fail on its own.

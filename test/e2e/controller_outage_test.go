@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -67,4 +73,54 @@ func TestSelfWrittenWebhookConfigSparesOtherDrivers(t *testing.T) {
 		t.Error("controller down: a claim of our class was admitted, want the webhook to fail closed")
 	}
 	t.Logf("controller down: %s admitted, ours refused: %v", foreign, err)
+}
+
+// apiServerDownAtStart is how long the controller's API server refuses
+// connections in TestControllerWaitsForTheAPIServerAtStart: long enough
+// for several retries.
+const apiServerDownAtStart = 5 * time.Second
+
+// Issue 39: a controller started while the API server was unreachable (a
+// control-plane upgrade; the controller restarted after losing its lease
+// in the outage) exited with "reading CRD ...: connection refused", and
+// the kubelet's CrashLoopBackOff then kept it down for minutes after the
+// API server was back. It waits instead, says what it waits for, and
+// starts serving once the API server answers.
+func TestControllerWaitsForTheAPIServerAtStart(t *testing.T) {
+	installCRDs(t)
+	ports, err := framework.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0]) // nothing listens: connections are refused
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Host = "https://" + addr
+	opts := controllerOptions(t)
+	opts.ApplyCRDs = true
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2), ktesting.BufferLogs(true)))
+	rc := runController(t, klog.NewContext(context.Background(), logger), cfg, opts)
+	deadline := time.Now().Add(apiServerDownAtStart)
+	for time.Now().Before(deadline) {
+		rc.alive(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	sw, err := framework.ListenTCPSwitch(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sw.Close() })
+	apiServer, err := url.Parse(cp.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw.SwitchTo(apiServer.Host)
+	if err := waitForWebhook(t, rc); err != nil {
+		t.Fatal(err)
+	}
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+	for _, want := range []string{"Waiting for the API server", "connection refused"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the controller's log while the API server was down does not say %q", want)
+		}
+	}
 }

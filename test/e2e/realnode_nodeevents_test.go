@@ -9,8 +9,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,7 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -412,6 +417,7 @@ func testAPIServerOutage(t *testing.T, e *nodeEvents) {
 		}
 	}
 	coming := e.create(t, ctx, "outage", allKinds())
+	witnesses, names := outageWitnesses(t, ctx), apiServerNames(t, ctx, e.h.ns)
 	if err := cp.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +426,8 @@ func testAPIServerOutage(t *testing.T, e *nodeEvents) {
 	if err := cp.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("API server down %v", time.Since(stopped).Round(time.Second))
+	back := time.Now()
+	t.Logf("API server down %v", back.Sub(stopped).Round(time.Second))
 	e.waitRunning(t, ctx, coming, slicesBefore, "after the API server outage")
 	for _, name := range going {
 		if err := cp.WaitForPodGone(ctx, e.h.ns, name); err != nil {
@@ -434,7 +441,84 @@ func testAPIServerOutage(t *testing.T, e *nodeEvents) {
 	}
 	e.checkUntouched(t, ctx, "after the API server outage")
 	e.checkPreparedOnce(t, ctx)
+	for _, w := range witnesses {
+		checkOutageLog(t, e.n, w, names, stopped, back)
+	}
 	e.deletePods(t, ctx, append(going, coming...))
+}
+
+// outageWitness is a container whose log during the API server outage
+// must say what it waits for.
+type outageWitness struct {
+	pod       *v1.Pod
+	container string
+	// mustWait: the container must log that it waits. The controller
+	// does (its leader loses the lease, restarts and waits at startup);
+	// the plugin has nothing to say unless the kubelet asks it to
+	// prepare then.
+	mustWait bool
+}
+
+// outageWitnesses are the plugin's and the controller's containers, both
+// on the real node.
+func outageWitnesses(t *testing.T, ctx context.Context) []outageWitness {
+	t.Helper()
+	plugin := waitForPluginPod(t, ctx, "")
+	controllers, err := cp.ComponentPods(ctx, releaseNamespace, "controller")
+	if err != nil || len(controllers) != 1 {
+		t.Fatalf("want the release's one controller pod: %d pods, %v", len(controllers), err)
+	}
+	return []outageWitness{{plugin, "plugin", false}, {&controllers[0], "controller", true}}
+}
+
+// apiServerNames are how a line says what it waits for: the API server in
+// words, or by the address it could not reach (client-go's own lines name
+// the URL: the API server's, or its Service's), or the object it could not
+// get: the claim (the kubelet plugin helper's "retrieve claim
+// <namespace>/<name>", logged when the kubelet's prepare fails and will be
+// retried) or the leader's Lease (client-go's leader election, "Error
+// retrieving lease lock" with lock=<namespace>/<name>).
+func apiServerNames(t *testing.T, ctx context.Context, claimNamespace string) []string {
+	t.Helper()
+	names := []string{"API server", "apiserver", "claim " + claimNamespace + "/", "lease lock"}
+	if u, err := url.Parse(cp.Config.Host); err == nil {
+		names = append(names, u.Host)
+	}
+	svc, err := cp.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(names, net.JoinHostPort(svc.Spec.ClusterIP, "443"))
+}
+
+// maxOutageLogErrors is how many unclear lines of one container the test
+// quotes.
+const maxOutageLogErrors = 10
+
+// checkOutageLog checks what a container logged while the API server was
+// down (issue 39: "the error messages on the way say what they wait
+// for"): that every error or warning it logged then names the API server
+// or the claim it could not get, and (mustWait) that it said it waits.
+func checkOutageLog(t *testing.T, n *realNode, w outageWitness, names []string, from, to time.Time) {
+	t.Helper()
+	lines, err := framework.ContainerLogBetween(n.PodLogsDir, w.pod, w.container, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited, unclear := false, 0
+	for _, l := range lines {
+		named := slices.ContainsFunc(names, func(s string) bool { return strings.Contains(l, s) })
+		waited = waited || named
+		if (strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W")) && !named {
+			if unclear++; unclear <= maxOutageLogErrors {
+				t.Errorf("%s logged during the API server outage, without saying it waits for the API server: %s", w.container, l)
+			}
+		}
+	}
+	if w.mustWait && !waited {
+		t.Errorf("%s logged nothing during the API server outage that says it waits for the API server (%d lines)", w.container, len(lines))
+	}
+	t.Logf("%s: %d lines logged during the API server outage", w.container, len(lines))
 }
 
 // waitSlicesCurrent waits until the node publishes the devices it
@@ -559,21 +643,85 @@ func testReboot(t *testing.T, e *nodeEvents) {
 	e.deletePods(t, ctx, after)
 }
 
-// checkMIGAllocated checks that the MIG devices on the simulated GPUs are
-// exactly the MIG devices allocated to the namespace's claims, by count.
+// checkMIGAllocated checks that the MIG instances on the simulated GPUs
+// are exactly the MIG devices allocated to the namespace's claims: the
+// same GPU, profile and placement each, and every instance with its
+// compute instance (after a power cycle the plugin makes them again).
 func checkMIGAllocated(t *testing.T, ctx context.Context, e *nodeEvents) {
 	t.Helper()
 	claims, err := cp.Client.ResourceV1().ResourceClaims(e.h.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	allocated := 0
+	devices, err := cp.PoolDevices(ctx, realNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := deviceAttrs(devices)
+	allocated := sets.New[string]()
 	for _, c := range claims.Items {
-		if c.Status.Allocation != nil && strings.Contains(c.Name, "mig") {
-			allocated += len(c.Status.Allocation.Devices.Results)
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if d, ok := published[r.Device]; ok && stringAttr(d, "type") == "mig" {
+				allocated.Insert(migPlacementOf(t, d))
+			}
 		}
 	}
-	if gis := mockMIGDevices(t, e.n); gis != allocated {
-		t.Errorf("%d MIG devices on the GPUs, %d allocated", gis, allocated)
+	onGPUs := mockMIGPlacements(t, e.n)
+	if !onGPUs.Equal(allocated) {
+		t.Errorf("MIG instances on the GPUs %v, allocated MIG devices %v", sets.List(onGPUs), sets.List(allocated))
 	}
+}
+
+// migPlacementOf is "<GPU UUID>/<N>g@<first memory slice>" of a published
+// MIG device: its parent, its profile's compute slices, and its
+// placement's start (the last part of its name, mig.DeviceName).
+func migPlacementOf(t *testing.T, d resourceapi.Device) string {
+	t.Helper()
+	profile := stringAttr(d, "profile")
+	slices, _, ok := strings.Cut(profile, "g.")
+	start := d.Name[strings.LastIndexByte(d.Name, '-')+1:]
+	if !ok || stringAttr(d, "parentUUID") == "" {
+		t.Fatalf("MIG device %s has profile %q and parent %q", d.Name, profile, stringAttr(d, "parentUUID"))
+	}
+	return fmt.Sprintf("%s/%sg@%s", stringAttr(d, "parentUUID"), slices, start)
+}
+
+// giProfileSlices are the compute slices of NVML's GPU instance profiles.
+var giProfileSlices = map[uint32]int{
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE: 1, nvml.GPU_INSTANCE_PROFILE_2_SLICE: 2, nvml.GPU_INSTANCE_PROFILE_3_SLICE: 3,
+	nvml.GPU_INSTANCE_PROFILE_4_SLICE: 4, nvml.GPU_INSTANCE_PROFILE_7_SLICE: 7, nvml.GPU_INSTANCE_PROFILE_8_SLICE: 8,
+	nvml.GPU_INSTANCE_PROFILE_6_SLICE: 6, nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1: 1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1: 2,
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2: 1,
+}
+
+// mockMIGPlacements are the GPU instances on the node's simulated GPUs, as
+// migPlacementOf writes them; an instance without a compute instance (half
+// made) is marked so.
+func mockMIGPlacements(t *testing.T, n *realNode) sets.Set[string] {
+	t.Helper()
+	var state struct {
+		GPUs []struct {
+			UUID         string `json:"uuid"`
+			GPUInstances []struct {
+				ProfileID uint32            `json:"profileID"`
+				Start     uint32            `json:"start"`
+				CIs       []json.RawMessage `json:"computeInstances"`
+			} `json:"gpuInstances"`
+		} `json:"gpus"`
+	}
+	readMockMachineState(t, filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml"), &state)
+	out := sets.New[string]()
+	for _, g := range state.GPUs {
+		for _, gi := range g.GPUInstances {
+			p := fmt.Sprintf("%s/%dg@%d", g.UUID, giProfileSlices[gi.ProfileID], gi.Start)
+			if len(gi.CIs) == 0 {
+				p += " (no compute instance)"
+			}
+			out.Insert(p)
+		}
+	}
+	return out
 }

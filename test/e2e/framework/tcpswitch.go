@@ -24,9 +24,16 @@ type TCPSwitch struct {
 
 // NewTCPSwitch listens on 127.0.0.1, with no target yet.
 func NewTCPSwitch() (*TCPSwitch, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return ListenTCPSwitch("127.0.0.1:0")
+}
+
+// ListenTCPSwitch is NewTCPSwitch on addr: a test can have clients dial an
+// address that refuses connections (nothing listens there yet) and open
+// it later.
+func ListenTCPSwitch(addr string) (*TCPSwitch, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listening for the switch: %w", err)
+		return nil, fmt.Errorf("listening for the switch on %s: %w", addr, err)
 	}
 	s := &TCPSwitch{ln: ln, open: map[net.Conn]struct{}{}}
 	s.wg.Go(s.serve)
