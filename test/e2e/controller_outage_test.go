@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -98,6 +100,11 @@ func TestControllerWaitsForTheAPIServerAtStart(t *testing.T) {
 	opts := controllerOptions(t)
 	opts.ApplyCRDs = true
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2), ktesting.BufferLogs(true)))
+	// Registered first, so run last: when the test stops early, the relay
+	// is closed before the controller stops, and its RemoveOnExit cannot
+	// reach the API server; a webhook configuration left pointing at its
+	// port refused every claim of the later tests.
+	t.Cleanup(func() { deleteWebhookConfigs(t, cmp.Or(opts.Webhook.ConfigName, controller.DefaultWebhookConfigName)) })
 	rc := runController(t, klog.NewContext(context.Background(), logger), cfg, opts)
 	deadline := time.Now().Add(apiServerDownAtStart)
 	for time.Now().Before(deadline) {
@@ -122,5 +129,18 @@ func TestControllerWaitsForTheAPIServerAtStart(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the controller's log while the API server was down does not say %q", want)
 		}
+	}
+	rc.stop(t) // while the relay is open, so that it removes its webhook configuration itself
+}
+
+// deleteWebhookConfigs removes the webhook configurations named name, if any.
+func deleteWebhookConfigs(t *testing.T, name string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+	defer cancel()
+	if err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting ValidatingWebhookConfiguration %s: %v", name, err)
+	}
+	if err := cp.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting MutatingWebhookConfiguration %s: %v", name, err)
 	}
 }

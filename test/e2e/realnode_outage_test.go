@@ -132,6 +132,33 @@ func scaleController(t *testing.T, ctx context.Context, replicas int) {
 	if err != nil {
 		t.Fatalf("scaling the controller to %d: %v", replicas, err)
 	}
+	if replicas > 0 {
+		waitClaimWebhookServes(t, ctx)
+	}
+}
+
+// waitClaimWebhookServes waits until the apiserver reaches the claim
+// webhook: a pod that is Ready is not yet an endpoint the apiserver knows
+// (the EndpointSlice and the apiserver's view of it follow), and after a
+// reboot the pod's Ready is the one from before until its kubelet reports
+// again. Seen: "no endpoints available for service" right after Ready.
+func waitClaimWebhookServes(t *testing.T, ctx context.Context) {
+	t.Helper()
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "webhook-probe-", Namespace: metav1.NamespaceDefault},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io"}}},
+		}},
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = cp.Client.ResourceV1().ResourceClaims(claim.Namespace).Create(ctx, claim, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		// Any answer of the webhook's own (a quota refusal too) means it serves.
+		return last == nil || !strings.Contains(last.Error(), "failed calling webhook"), nil
+	})
+	if err != nil {
+		t.Fatalf("the claim webhook does not serve: %v (last: %v)", err, last)
+	}
 }
 
 func podReady(p *v1.Pod) bool {

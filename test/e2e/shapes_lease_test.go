@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -27,20 +28,8 @@ import (
 // node, and is once the lease's pod is gone. The node's GpuNode is
 // ExclusivelyAllocated while the lease holds it.
 func TestShapeWholeNodeLease(t *testing.T) {
-	dir := filepath.Join(repoRoot, "demo", "shapes")
-	startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: filepath.Join(dir, "node-config.yaml")})
-	rc := startController(t)
+	rc, file, objs := startShapeDemo(t, "whole-node-lease.yaml")
 	ctx := framework.Context(t, 5*time.Minute)
-	file := filepath.Join(dir, "whole-node-lease.yaml")
-	objs, err := framework.ReadObjects(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if o.GetNamespace() == "" && o.GetKind() != "Namespace" {
-			deleteAtCleanup(t, o)
-		}
-	}
 	cp.DeleteNamespaceAtCleanup(t, "shapes-training")
 	if _, _, err := cp.ApplyObjects(ctx, file, objs, ""); err != nil {
 		t.Fatal(err)
@@ -147,4 +136,25 @@ func waitNodePosture(t testing.TB, node, what string, cond func(*gpuaas.GpuNodeS
 		t.Fatalf("GpuNode %s not %s: %v; posture %s %q", node, what, err, n.Status.Posture, n.Status.Reason)
 	}
 	t.Logf("GpuNode %s %s: %s %q", node, what, n.Status.Posture, n.Status.Reason)
+}
+
+// startShapeDemo starts a simulated node as demo/shapes/node-config.yaml
+// describes it and a controller, and reads the demo file of demo/shapes,
+// whose cluster-scoped objects are deleted when the test ends.
+func startShapeDemo(t *testing.T, name string) (*runningController, string, []*unstructured.Unstructured) {
+	t.Helper()
+	dir := filepath.Join(repoRoot, "demo", "shapes")
+	startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: filepath.Join(dir, "node-config.yaml")})
+	rc := startController(t)
+	file := filepath.Join(dir, name)
+	objs, err := framework.ReadObjects(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetNamespace() == "" && o.GetKind() != "Namespace" {
+			deleteAtCleanup(t, o)
+		}
+	}
+	return rc, file, objs
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,20 +21,8 @@ import (
 // pod of the shape runs with two GPUs whose published numaNode is the same,
 // and the shape then counts 1 more pair placeable (the rest of NUMA node 1).
 func TestShapeNUMAPair(t *testing.T) {
-	dir := filepath.Join(repoRoot, "demo", "shapes")
-	startNodeWith(t, framework.NodeOptions{Name: nodeName(t), NodeConfig: filepath.Join(dir, "node-config.yaml")})
-	rc := startController(t)
+	rc, file, objs := startShapeDemo(t, "numa-pair.yaml")
 	ctx := framework.Context(t, 4*time.Minute)
-	file := filepath.Join(dir, "numa-pair.yaml")
-	objs, err := framework.ReadObjects(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if o.GetNamespace() == "" && o.GetKind() != "Namespace" {
-			deleteAtCleanup(t, o)
-		}
-	}
 	const ns = "shapes-pair"
 	cp.DeleteNamespaceAtCleanup(t, ns)
 	var pods, rest []*unstructured.Unstructured
