@@ -26,9 +26,9 @@ const crdFieldOwner = "gpuaas-dra-controller"
 // ApplyCRDs brings the cluster's gpuaas.io CRDs to the version this binary
 // was built with, by server-side apply: helm installs a chart's crds/ once
 // and skips them on upgrade, so a newer chart's fields were silently
-// dropped. A live CRD with a field this binary does not know is newer (an
-// old replica during a rollout, a rollback) and left alone: applying would
-// drop that field.
+// dropped. A live CRD with a field or an enum value this binary does not
+// know is newer (an old replica during a rollout, a rollback) and left
+// alone: applying would drop that field, or refuse that value.
 func ApplyCRDs(ctx context.Context, c client.Client) error {
 	files, err := fs.Glob(crd.Files, "*.yaml")
 	if err != nil {
@@ -103,11 +103,26 @@ func appendProperties(out []string, prefix string, schema map[string]any) []stri
 	for name, p := range props {
 		out = append(out, prefix+"."+name)
 		if pm, ok := p.(map[string]any); ok {
+			out = appendEnum(out, prefix+"."+name, pm)
 			out = appendProperties(out, prefix+"."+name, pm)
 			if items, ok := pm["items"].(map[string]any); ok {
+				out = appendEnum(out, prefix+"."+name+"[]", items)
 				out = appendProperties(out, prefix+"."+name+"[]", items)
 			}
 		}
+	}
+	return out
+}
+
+// appendEnum lists each value a schema's enum allows as "<path>=<value>":
+// a value added in a later release (GpuNode's posture
+// ExclusivelyAllocated) makes a live CRD newer as a field does, and an
+// older controller that applied its own enum would refuse what the newer
+// one writes.
+func appendEnum(out []string, path string, schema map[string]any) []string {
+	values, _ := schema["enum"].([]any)
+	for _, v := range values {
+		out = append(out, fmt.Sprintf("%s=%v", path, v))
 	}
 	return out
 }
