@@ -66,7 +66,7 @@ registry: release-tools
 	hack/run-registry.sh $(REGISTRY) $(RELEASE_DIR)/registry
 
 ## release-push: pushes the built release to REGISTRY: the image index to
-## REGISTRY/gpuaas/gpu-dra-driver:VERSION (crane), the chart to oci://REGISTRY/gpuaas/charts (helm push)
+## REGISTRY/gpuaas/gpu-dra-driver:VERSION (crane), the chart to oci://REGISTRY/gpuaas/charts (crane push of its OCI layout)
 release-push: release-tools helm
 	hack/release-push.sh $(REGISTRY) $(RELEASE_DIR) $(VERSION)
 

@@ -4,9 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +67,7 @@ func writeTgz(t *testing.T, path string, mtime time.Time, files map[string]strin
 	zw := gzip.NewWriter(&buf)
 	zw.ModTime = mtime
 	tw := tar.NewWriter(zw)
-	for _, name := range []string{"chart/Chart.yaml", "chart/values.yaml"} {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		body := files[name]
 		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), ModTime: mtime, Uid: 1000, Uname: "builder"}); err != nil {
 			t.Fatal(err)
@@ -111,5 +114,68 @@ func TestRequiredVersion(t *testing.T) {
 		if got := requiredVersion(root, mod); got != want {
 			t.Errorf("requiredVersion(%s) = %s, want %s", mod, got, want)
 		}
+	}
+}
+
+// helm push dated the chart's OCI manifest with the archive's ctime, so
+// the chart got a new digest at every push. The release writes the
+// artifact itself, dated SOURCE_DATE_EPOCH: the same chart gives the same
+// digest, with helm's media types and annotations.
+func TestChartLayoutIsReproducible(t *testing.T) {
+	dir := t.TempDir()
+	created := time.Unix(1795829197, 0)
+	tgz := filepath.Join(dir, "gpuaas-dra-1.2.3.tgz")
+	writeTgz(t, tgz, created, map[string]string{
+		"gpuaas-dra/Chart.yaml":  "apiVersion: v2\nname: gpuaas-dra\nversion: 1.2.3\ndescription: GPUs as a service\n",
+		"gpuaas-dra/values.yaml": "a: 1\n",
+	})
+	var digests []string
+	for i := range 2 {
+		out := filepath.Join(dir, "chart"+string(rune('0'+i)))
+		d, err := writeChartLayout(tgz, out, "1.2.3", created)
+		if err != nil {
+			t.Fatal(err)
+		}
+		digests = append(digests, d)
+	}
+	if digests[0] != digests[1] || !strings.HasPrefix(digests[0], "sha256:") {
+		t.Fatalf("two writes of one chart: digests %v, want one", digests)
+	}
+	var mf struct {
+		Config      struct{ MediaType, Digest string }
+		Layers      []struct{ MediaType string }
+		Annotations map[string]string
+	}
+	readBlobJSON(t, filepath.Join(dir, "chart0"), digests[0], &mf)
+	if mf.Config.MediaType != helmConfigMediaType || len(mf.Layers) != 1 || mf.Layers[0].MediaType != helmChartMediaType {
+		t.Errorf("manifest %+v: want helm's config and chart media types", mf)
+	}
+	for k, want := range map[string]string{
+		"org.opencontainers.image.created": "2026-11-28T01:26:37Z", "org.opencontainers.image.title": "gpuaas-dra",
+		"org.opencontainers.image.version": "1.2.3",
+	} {
+		if got := mf.Annotations[k]; got != want {
+			t.Errorf("annotation %s = %q, want %q", k, got, want)
+		}
+	}
+	var config map[string]any
+	readBlobJSON(t, filepath.Join(dir, "chart0"), mf.Config.Digest, &config)
+	if config["name"] != "gpuaas-dra" || config["version"] != "1.2.3" {
+		t.Errorf("config %v: want the Chart.yaml's metadata", config)
+	}
+	// A chart of another time is another artifact.
+	if d, err := writeChartLayout(tgz, filepath.Join(dir, "later"), "1.2.3", created.Add(time.Second)); err != nil || d == digests[0] {
+		t.Errorf("a second later: digest %s (%v), want another", d, err)
+	}
+}
+
+func readBlobJSON(t *testing.T, layout, digest string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(layout, "blobs", "sha256", strings.TrimPrefix(digest, "sha256:")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -5,7 +5,9 @@
 //     image index, an OCI image layout directory (crane push image/ REF), and
 //     the same layout as a tarball, <name>-<version>.oci.tar;
 //   - the Helm chart packaged with the release's version, appVersion and so
-//     default image tag, <chart>-<version>.tgz;
+//     default image tag, <chart>-<version>.tgz, and chart/: the OCI artifact
+//     helm push would make of it, dated SOURCE_DATE_EPOCH instead of the
+//     time of the push, as an OCI image layout (crane push chart/ REF);
 //   - an SBOM of the image (CycloneDX JSON: the Go modules of the binaries of
 //     every platform, read from their build information, and the Debian
 //     packages of every platform's base), <name>-<version>.sbom.cdx.json;
@@ -154,6 +156,10 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	chartDigest, err := writeChartLayout(chart, filepath.Join(o.out, "chart"), o.version, o.created)
+	if err != nil {
+		return err
+	}
 	sbomFile := filepath.Join(o.out, name+"-"+o.version+".sbom.cdx.json")
 	counts, err := writeSBOM(sbomFile, o, built)
 	if err != nil {
@@ -163,11 +169,14 @@ func run(ctx context.Context) error {
 	if err := writeChecksums(sums, o.out, []string{imageTar, chart, sbomFile}); err != nil {
 		return err
 	}
-	return report(o, built, chart, sbomFile, counts, sums, time.Since(start))
+	return report(o, built, releasedChart{chart, chartDigest}, sbomFile, counts, sums, time.Since(start))
 }
 
+// releasedChart is the packaged chart and the digest of its OCI manifest.
+type releasedChart struct{ tgz, digest string }
+
 // report prints the release listing.
-func report(o options, built release.BuiltIndex, chart, sbomFile string, counts map[string]int, sums string, took time.Duration) error {
+func report(o options, built release.BuiltIndex, chart releasedChart, sbomFile string, counts map[string]int, sums string, took time.Duration) error {
 	rel := func(p string) string {
 		if r, err := filepath.Rel(o.root, p); err == nil {
 			return r
@@ -186,7 +195,8 @@ func report(o options, built release.BuiltIndex, chart, sbomFile string, counts 
 	for _, a := range arches {
 		fmt.Printf("  linux/%-6s %s\n", a, built.Manifests[a])
 	}
-	fmt.Printf("chart:     %s\n", rel(chart))
+	fmt.Printf("chart:     %s\n", rel(chart.tgz))
+	fmt.Printf("  oci      %s  (%s, OCI layout: the digest the registry reports once pushed)\n", chart.digest, rel(filepath.Join(o.out, "chart")))
 	total := 0
 	kinds := make([]string, 0, len(counts))
 	for k, n := range counts {

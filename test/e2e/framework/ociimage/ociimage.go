@@ -21,8 +21,6 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -363,8 +361,7 @@ func jsonBlob(v any) (blob, error) {
 	if err != nil {
 		return blob{}, err
 	}
-	sum := sha256.Sum256(data)
-	return blob{digest: "sha256:" + hex.EncodeToString(sum[:]), size: int64(len(data)), data: data}, nil
+	return bytesBlob(data), nil
 }
 
 // ManifestDigest returns the digest ("sha256:<hex>") of the one manifest in
