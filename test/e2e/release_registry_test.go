@@ -48,16 +48,15 @@ func TestInstallFromRegistry(t *testing.T) {
 	if digest == nil {
 		t.Fatalf("hack/release-push.sh printed no image digest")
 	}
-	// The registry holds the index the release built, byte for byte.
-	var layout struct {
-		Manifests []struct{ Digest string } `json:"manifests"`
+	// The registry holds the index the release built, byte for byte, and
+	// the chart's manifest the release wrote (helm push made a new one,
+	// dated with the time of the push).
+	if want := layoutDigest(t, filepath.Join(dir, "image")); want != digest[1] {
+		t.Fatalf("the registry's gpu-dra-driver:%s is %s; the release's image/ has %s", version, digest[1], want)
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "image", "index.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &layout); err != nil || len(layout.Manifests) != 1 || layout.Manifests[0].Digest != digest[1] {
-		t.Fatalf("the registry's %s:%s is %s; the release's image/index.json: %s (%v)", "gpu-dra-driver", version, digest[1], data, err)
+	chartDigest := regexp.MustCompile(`(?m)^chart: \S+@(sha256:[0-9a-f]{64})$`).FindStringSubmatch(string(out))
+	if want := layoutDigest(t, filepath.Join(dir, "chart")); chartDigest == nil || chartDigest[1] != want {
+		t.Fatalf("the registry's chart gpuaas-dra:%s is %v; the release's chart/ has %s", version, chartDigest, want)
 	}
 
 	images, err := framework.BuildTestImages(ctx, t.TempDir())
@@ -167,4 +166,21 @@ func releaseUnderTest(t *testing.T) (string, string) {
 		t.Fatalf("the release in %s is %s, not RELEASE_VERSION=%s: run make release", dir, version, want)
 	}
 	return dir, version
+}
+
+// layoutDigest is the digest of the one manifest an OCI layout's
+// index.json names: what a registry reports once the layout is pushed.
+func layoutDigest(t *testing.T, layout string) string {
+	t.Helper()
+	var index struct {
+		Manifests []struct{ Digest string } `json:"manifests"`
+	}
+	data, err := os.ReadFile(filepath.Join(layout, "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &index); err != nil || len(index.Manifests) != 1 {
+		t.Fatalf("%s/index.json: %s (%v), want one manifest", layout, data, err)
+	}
+	return index.Manifests[0].Digest
 }
