@@ -197,15 +197,66 @@ type Damaged struct {
 	Err error
 }
 
+// Suffixes of records set aside: damagedSuffix once its claim was checked
+// against the API (rebuilt, or found gone), uncheckedSuffix while it could
+// not be (the API was unreachable at that start).
+const (
+	damagedSuffix   = ".damaged"
+	uncheckedSuffix = ".unchecked"
+)
+
 // LoadAll reads every record. Damaged ones are moved aside (kept for
 // inspection as <uid>.json.damaged) and returned separately; they never stop
-// the plugin.
+// the plugin. So are the records set aside unchecked at an earlier start
+// (Unchecked) that no record has replaced since: their claims are still to
+// be checked, and rebuilt if they run here.
 func (s *Store) LoadAll() ([]*Claim, []Damaged, error) {
 	claims, damaged, err := s.List()
-	for _, d := range damaged {
-		_ = os.Rename(s.Path(d.UID), s.Path(d.UID)+".damaged")
+	if err != nil {
+		return nil, nil, err
 	}
-	return claims, damaged, err
+	for _, d := range damaged {
+		_ = os.Rename(s.Path(d.UID), s.Path(d.UID)+damagedSuffix)
+	}
+	unchecked, err := s.unchecked()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, d := range unchecked {
+		_ = os.Rename(s.Path(d.UID)+uncheckedSuffix, s.Path(d.UID)+damagedSuffix)
+	}
+	return claims, append(damaged, unchecked...), nil
+}
+
+// unchecked are the records set aside unchecked whose claim has no record
+// now (one rebuilt by the kubelet's prepare replaces it).
+func (s *Store) unchecked() ([]Damaged, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("reading checkpoint directory: %w", err)
+	}
+	var out []Damaged
+	for _, e := range entries {
+		uid, ok := strings.CutSuffix(e.Name(), fileSuffix+uncheckedSuffix)
+		if !ok || e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(s.Path(uid)); err == nil {
+			_ = os.Rename(s.Path(uid)+uncheckedSuffix, s.Path(uid)+damagedSuffix)
+			continue
+		}
+		out = append(out, Damaged{UID: uid, Err: fmt.Errorf("%w: set aside at an earlier start, when its claim could not be checked against the API", ErrDamaged)})
+	}
+	return out, nil
+}
+
+// Unchecked marks a record LoadAll set aside as not yet checked against
+// the API, so that the next LoadAll returns it again.
+func (s *Store) Unchecked(uid string) error {
+	if err := os.Rename(s.Path(uid)+damagedSuffix, s.Path(uid)+uncheckedSuffix); err != nil {
+		return fmt.Errorf("marking the damaged record of claim %s unchecked: %w", uid, err)
+	}
+	return nil
 }
 
 // List reads every record and changes nothing, so it is safe while another

@@ -47,8 +47,13 @@ func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error 
 	}
 	var keepSpecs map[string]bool
 	if claims, err := s.listClaims(ctx, client, damaged); err != nil {
-		logger.Error(err, "Cannot check the prepared claims against the API: keeping every one, and the CDI specs of damaged records until the next start")
+		logger.Error(err, "Cannot check the prepared claims against the API: keeping every one, and the damaged records' CDI specs; their claims are checked at the next start")
 		keepSpecs = damagedUIDs(damaged)
+		for _, d := range damaged {
+			if err := s.env.Store.Unchecked(d.UID); err != nil {
+				logger.Error(err, "The damaged record's claim will not be checked at the next start", "claimUID", d.UID)
+			}
+		}
 	} else {
 		s.rebuildDamaged(ctx, claims, damaged)
 		s.cleanStale(ctx, claims)

@@ -309,3 +309,42 @@ func TestRestartReadsEveryPageOfClaims(t *testing.T) {
 		t.Error("claim c2, gone from the API, still prepared")
 	}
 }
+
+// A damaged record whose claim could not be checked (the LIST failed) kept
+// its CDI spec, but it was set aside all the same, so the next start saw a
+// spec without a record and deleted it, while its pod ran on: the claim was
+// never rebuilt. It is checked again at the next start now.
+func TestDamagedRecordIsRebuiltAtTheStartAfterAFailedList(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	claims := preparedClaims(t, e, 3)
+	if err := os.WriteFile(filepath.Join(e.CkptDir, "c2.json"), []byte(`{"version":"v1","checksum":"x"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	down := fake.NewClientset()
+	down.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("etcd is down")
+	})
+	restoreWithClient(t, e, down)
+	if !e.CDISpecExists("c2") {
+		t.Fatal("damaged record's CDI spec deleted although the LIST failed")
+	}
+
+	up := fake.NewClientset(claims[0], claims[1], claims[2])
+	s := restoreWithClient(t, e, up)
+	if s.index.get("c2") == nil || !e.RecordExists("c2") || !e.CDISpecExists("c2") {
+		t.Errorf("at the start after the failed LIST: claim c2 indexed %v, record %v, CDI spec %v; want it rebuilt",
+			s.index.get("c2") != nil, e.RecordExists("c2"), e.CDISpecExists("c2"))
+	}
+	if got := testutil.ToFloat64(e.Metrics.Damaged); got != 1 {
+		t.Errorf("checkpoint_damaged_total at the second start = %v, want 1 (the record still to check)", got)
+	}
+	if _, err := os.Stat(filepath.Join(e.CkptDir, "c2.json.damaged")); err != nil {
+		t.Errorf("damaged file not kept for inspection: %v", err)
+	}
+
+	// Checked once: a third start does not count or rebuild it again.
+	restoreWithClient(t, e, fake.NewClientset(claims[0], claims[1], claims[2]))
+	if got := testutil.ToFloat64(e.Metrics.Damaged); got != 0 {
+		t.Errorf("checkpoint_damaged_total at the third start = %v, want 0", got)
+	}
+}
