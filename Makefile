@@ -13,7 +13,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e e2e-repeat test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -133,6 +133,14 @@ test-versions: k8s-bins node-bins helm driver-userspace image-base cdi-hook
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/
 e2e-repeat: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
 	hack/e2e-repeat.sh
+
+## soak: TestRealNodeSoak, SOAK_DURATION (default 30m) of churn on the real node (pods of every kind, XIDs, a lost
+## GPU, a plugin restart, a controller leader change), sampled every minute; the report goes to SOAK_REPORT
+SOAK_DURATION ?= 30m
+SOAK_REPORT ?= $(OUTPUT)/soak-report.md
+soak: k8s-bins node-bins helm kueue driver-userspace image-base cdi-hook
+	E2E_REQUIRED=1 SOAK_DURATION=$(SOAK_DURATION) SOAK_REPORT=$(SOAK_REPORT) $(GO) test -count=1 -timeout 3h ./test/e2e \
+		-run 'TestRealNodeSoak$$' -v
 
 ## demo: a real control plane, a simulated 8 x H100 node, the demo specs
 demo: k8s-bins node-bins helm kueue prometheus driver-userspace image-base cdi-hook

@@ -23,6 +23,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -642,27 +643,51 @@ func testReboot(t *testing.T, e *nodeEvents) {
 	e.deletePods(t, ctx, after)
 }
 
-// checkMIGAllocated checks that there are as many MIG instances on the
-// simulated GPUs as MIG devices allocated to the namespace's MIG claims in use,
-// every instance with its compute instance (after a power cycle the plugin
-// makes them again). Comparing placements too is the next step.
+// checkMIGAllocated checks that the MIG instances on the simulated GPUs
+// are exactly the MIG devices allocated to the namespace's claims in use:
+// the same GPU, profile and placement each, and every instance with its
+// compute instance (after a power cycle the plugin makes them again).
 func checkMIGAllocated(t *testing.T, ctx context.Context, e *nodeEvents) {
 	t.Helper()
 	claims, err := cp.Client.ResourceV1().ResourceClaims(e.h.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	allocated := 0
+	devices, err := cp.PoolDevices(ctx, realNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := deviceAttrs(devices)
+	allocated := sets.New[string]()
 	for _, c := range claims.Items {
 		// A claim whose pod is gone may keep its allocation for a while,
 		// but it is unprepared: dynamic MIG destroyed its instance.
-		if c.Status.Allocation != nil && len(c.Status.ReservedFor) > 0 && strings.Contains(c.Name, "mig") {
-			allocated += len(c.Status.Allocation.Devices.Results)
+		if c.Status.Allocation == nil || len(c.Status.ReservedFor) == 0 {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if d, ok := published[r.Device]; ok && stringAttr(d, "type") == "mig" {
+				allocated.Insert(migPlacementOf(t, d))
+			}
 		}
 	}
-	if gis := len(mockMIGPlacements(t, e.n)); gis != allocated {
-		t.Errorf("%d MIG devices on the GPUs, %d allocated", gis, allocated)
+	if onGPUs := mockMIGPlacements(t, e.n); !onGPUs.Equal(allocated) {
+		t.Errorf("MIG instances on the GPUs %v, allocated MIG devices in use %v", sets.List(onGPUs), sets.List(allocated))
 	}
+}
+
+// migPlacementOf is "<GPU UUID>/<N>g@<first memory slice>" of a published
+// MIG device: its parent, its profile's compute slices, and its
+// placement's start (the last part of its name, mig.DeviceName).
+func migPlacementOf(t *testing.T, d resourceapi.Device) string {
+	t.Helper()
+	profile := stringAttr(d, "profile")
+	computeSlices, _, ok := strings.Cut(profile, "g.")
+	start := d.Name[strings.LastIndexByte(d.Name, '-')+1:]
+	if !ok || stringAttr(d, "parentUUID") == "" {
+		t.Fatalf("MIG device %s has profile %q and parent %q", d.Name, profile, stringAttr(d, "parentUUID"))
+	}
+	return fmt.Sprintf("%s/%sg@%s", stringAttr(d, "parentUUID"), computeSlices, start)
 }
 
 // giProfileSlices are the compute slices of NVML's GPU instance profiles.
