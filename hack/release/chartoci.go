@@ -44,8 +44,11 @@ func writeChartLayout(chartTgz, dir, tag string, created time.Time) (string, err
 		return "", fmt.Errorf("%s: Chart.yaml: %w", chartTgz, err)
 	}
 	var m struct{ Name, Version, Description string }
-	if err := yaml.Unmarshal(meta, &m); err != nil || m.Name == "" || m.Version == "" {
-		return "", fmt.Errorf("%s: Chart.yaml without name and version (%v)", chartTgz, err)
+	if err := yaml.Unmarshal(meta, &m); err != nil {
+		return "", fmt.Errorf("%s: Chart.yaml: %w", chartTgz, err)
+	}
+	if m.Name == "" || m.Version == "" {
+		return "", fmt.Errorf("%s: Chart.yaml without name and version", chartTgz)
 	}
 	return ociimage.WriteArtifactLayout(dir, ociimage.Artifact{
 		ConfigMediaType: helmConfigMediaType, Config: config,
