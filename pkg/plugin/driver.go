@@ -223,6 +223,13 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d.maint.Watch(ctx)
 	d.watchDevicePlugins(ctx)
 	d.watchClusterSupport(ctx, probe)
+	if opts.KubeClient != nil {
+		watchOwnSlices(ctx, opts.KubeClient, opts.NodeName, func(ctx context.Context) {
+			if err := d.publish(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Publishing again after a slice of this node was deleted")
+			}
+		})
+	}
 	logger.Info("Kubelet plugin started", "node", opts.NodeName, "devices", devices, "counterSets", counterSets)
 	return d, nil
 }

@@ -287,11 +287,16 @@ func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, 
 		t.Fatal(err)
 	}
 	during := e.create(t, ctx, component+"-down", allKinds())
+	gap := watchSliceGap(ctx)
 	if err := start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	when := "after the " + component + " restart"
 	e.waitRunning(t, ctx, during, slicesBefore, when)
+	// How long the node offered nothing: logged, not asserted (a
+	// starting kubelet deletes its node's slices; the plugin publishes
+	// them again).
+	t.Logf("%s: the node published none of its devices for %v", when, gap().Round(time.Millisecond))
 	e.checkUntouched(t, ctx, when)
 	e.checkPreparedOnce(t, ctx)
 	e.deletePods(t, ctx, during)
@@ -535,6 +540,37 @@ func waitSlicesCurrent(t *testing.T, ctx context.Context, before []string, when 
 		t.Fatalf("%s: the node publishes %v, not the %d devices it published before: %v", when, publishedDeviceNames(t, ctx), len(before), err)
 	}
 	t.Logf("%s: the node's %d devices published again (%v after the wait began)", when, len(before), time.Since(start).Round(time.Millisecond))
+}
+
+// watchSliceGap measures how long, from now until done is called, the
+// node published none of its devices; done returns it.
+func watchSliceGap(ctx context.Context) (done func() time.Duration) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan time.Duration, 1)
+	go func() {
+		var gone time.Time
+		var gap time.Duration
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			devices, err := cp.PoolDevices(ctx, realNodeName)
+			switch {
+			case err != nil: // the API answers again in a moment
+			case len(devices) == 0 && gone.IsZero():
+				gone = time.Now()
+			case len(devices) > 0 && !gone.IsZero():
+				gap += time.Since(gone)
+				gone = time.Time{}
+			}
+			return false, nil
+		})
+		if !gone.IsZero() {
+			gap += time.Since(gone)
+		}
+		out <- gap
+	}()
+	return func() time.Duration {
+		cancel()
+		return <-out
+	}
 }
 
 // publishedDeviceNames are the node's published devices, sorted.
