@@ -63,7 +63,8 @@
 //
 // mig-layout does what an admin does with mig-parted before offering a GPU
 // as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
-// profile (e.g. 3g.40gb,2g.20gb,1g.10gb) at its first free placement. On a
+// profile (e.g. 3g.40gb,2g.20gb,1g.10gb), at placements where they all fit
+// beside the MIG devices already there (mig.ApplyLayout). On a
 // state directory no plugin has used yet, --machine and --seed (the
 // plugin's --nvml=mock:<machine> and its node name) create the machine.
 //

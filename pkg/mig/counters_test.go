@@ -141,10 +141,10 @@ func names(ps []mig.Partition) []string {
 	return out
 }
 
-// The mock's H100 1g.20gb has seven placements but four instances: its
-// instance counter stops a fifth, whatever the other counters say. (On the
-// mock's H100 memory stops a fifth too, so the published, pruned set drops
-// the instance counter: TestPrunedCountersAllowTheSamePackings.)
+// An H100's 1g.10gb+me has seven placements but one instance: its
+// instance counter stops a second, whatever the other counters say. (The
+// GPU's one OFA engine stops a second too, so the published, pruned set
+// drops the instance counter: TestPrunedCountersAllowTheSamePackings.)
 func TestCountersInstanceLimit(t *testing.T) {
 	d := gpu(machine(t, h100_80), 0)
 	l, err := mig.BuildDynamicUnpruned(parentOf(t, d), profiles(t, d), true)
@@ -154,32 +154,35 @@ func TestCountersInstanceLimit(t *testing.T) {
 	var devs []resourceapi.Device
 	var p mig.Profile
 	for _, part := range l.Partitions {
-		if part.Profile.Name == "1g.20gb" {
+		if part.Profile.Name == "1g.10gb+me" {
 			devs, p = append(devs, part.Device), part.Profile
 		}
 	}
 	if len(devs) != 7 {
-		t.Fatalf("%d 1g.20gb devices, want the mock's 7", len(devs))
+		t.Fatalf("%d 1g.10gb+me devices, want one per 1g placement, 7", len(devs))
 	}
-	if !fits(l.CounterSet, devs[:4]...) {
-		t.Errorf("four 1g.20gb do not fit: %v", overCommitted(l.CounterSet, devs[:4]...))
+	if !fits(l.CounterSet, devs[0]) {
+		t.Errorf("one 1g.10gb+me does not fit: %v", overCommitted(l.CounterSet, devs[0]))
 	}
-	if over := overCommitted(l.CounterSet, devs[:5]...); !slices.Contains(over, mig.InstancesCounter(p)) {
-		t.Errorf("five 1g.20gb exceed %v, want %s among them", over, mig.InstancesCounter(p))
+	if over := overCommitted(l.CounterSet, devs[:2]...); !slices.Contains(over, mig.InstancesCounter(p)) {
+		t.Errorf("two 1g.10gb+me exceed %v, want %s among them", over, mig.InstancesCounter(p))
 	}
 	published := layout(t, d)
-	var five []resourceapi.Device
+	var two []resourceapi.Device
 	for _, part := range published.Partitions {
-		if part.Profile.Name == "1g.20gb" && len(five) < 5 {
-			five = append(five, part.Device)
+		if part.Profile.Name == "1g.10gb+me" && len(two) < 2 {
+			two = append(two, part.Device)
 		}
 	}
-	if fits(published.CounterSet, five...) {
-		t.Error("five 1g.20gb fit in the published counters")
+	if fits(published.CounterSet, two...) {
+		t.Error("two 1g.10gb+me fit in the published counters")
 	}
-	// Profiles whose placements already bound them get no such counter.
-	if _, ok := l.CounterSet.Counters["instances-1g10gb"]; ok {
-		t.Error("1g.10gb (seven placements, seven instances) has an instance counter")
+	// Profiles whose placements already bound them get no such counter: on
+	// a real H100 1g.20gb has four two-slice placements for four instances.
+	for _, bound := range []string{"instances-1g10gb", "instances-1g20gb"} {
+		if _, ok := l.CounterSet.Counters[bound]; ok {
+			t.Errorf("%s: a profile with as many placements as instances has an instance counter", bound)
+		}
 	}
 }
 

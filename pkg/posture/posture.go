@@ -24,16 +24,17 @@
 //	                    allocated"); for dynamic MIG, no unallocated
 //	                    partition fits in the counters the allocated ones
 //	                    leave (memory slices, compute slices, GPU memory,
-//	                    engines: "3g.40gb@0, 3g.40gb@4 allocated: 1 of 7
-//	                    memory slices free, but no partition fits in them");
+//	                    engines: "1g.10gb@6, 2g.20gb@4, 3g.40gb@0 allocated:
+//	                    1 of 8 memory slices free, but no partition fits in
+//	                    them");
 //	                    for a shared GPU, the memory left is below the
 //	                    smallest share ("2 shares allocated: 0 of 80Gi
 //	                    memory free, less than the smallest share")
 //	PartiallyAllocated  something is allocated and more can be:
 //	                    "3 of 4 replicas allocated",
-//	                    "2g.20gb@4, 3g.40gb@0 allocated: 2 of 7 memory slices free"
+//	                    "2g.20gb@4, 3g.40gb@0 allocated: 2 of 8 memory slices free"
 //	Available           nothing is allocated: "whole GPU free", "4 replicas
-//	                    free", "nothing allocated: 7 of 7 memory slices free"
+//	                    free", "nothing allocated: 8 of 8 memory slices free"
 //
 // Out-of-service reasons add "; N devices still allocated" when work may
 // still run there. A MIG partition is named profile@first memory slice.

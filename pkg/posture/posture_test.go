@@ -29,8 +29,8 @@ import (
 
 const node = "node-a"
 
-// everyMode offers GPU 0 as dynamic MIG (a whole-GPU device and 28
-// partitions over 7 memory slices), GPU 1 as 4 time-slice replicas, GPU 2
+// everyMode offers GPU 0 as dynamic MIG (a whole-GPU device and 25
+// partitions over 8 memory slices), GPU 1 as 4 time-slice replicas, GPU 2
 // shared, GPUs 3-7 whole.
 func everyMode() *configapi.NodeConfig {
 	return &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
@@ -151,7 +151,7 @@ func gpuOf(t *testing.T, np posture.NodePosture, index int) posture.GPU {
 }
 
 // gpu0Devices is how many devices dynamic-MIG GPU 0 is published as.
-const gpu0Devices = 29
+const gpu0Devices = 26
 
 func TestGPUPosture(t *testing.T) {
 	for name, tc := range map[string]struct {
@@ -165,7 +165,7 @@ func TestGPUPosture(t *testing.T) {
 		// Nothing allocated, per mode.
 		"whole free":       {gpu: 3, want: gpuaas.PostureAvailable, reason: "whole GPU free"},
 		"replicas free":    {gpu: 1, want: gpuaas.PostureAvailable, reason: "4 replicas free"},
-		"dynamic MIG free": {gpu: 0, want: gpuaas.PostureAvailable, reason: "nothing allocated: 7 of 7 memory slices free"},
+		"dynamic MIG free": {gpu: 0, want: gpuaas.PostureAvailable, reason: "nothing allocated: 8 of 8 memory slices free"},
 		"shared free":      {gpu: 2, want: gpuaas.PostureAvailable, reason: "80Gi of 80Gi memory free"},
 
 		// Whole GPUs.
@@ -191,29 +191,30 @@ func TestGPUPosture(t *testing.T) {
 		// Dynamic MIG: full when no partition left fits the counters.
 		"one 1g partition": {
 			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-1g10gb-6")},
-			gpu:    0, want: gpuaas.PosturePartiallyAllocated, reason: "1g.10gb@6 allocated: 6 of 7 memory slices free",
+			gpu:    0, want: gpuaas.PosturePartiallyAllocated, reason: "1g.10gb@6 allocated: 7 of 8 memory slices free",
 		},
-		"3g and 2g partitions leave two 1g": {
+		"3g and 2g partitions leave room for a 1g": {
 			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-2g20gb-4")},
-			gpu:    0, want: gpuaas.PosturePartiallyAllocated, reason: "2g.20gb@4, 3g.40gb@0 allocated: 2 of 7 memory slices free",
+			gpu:    0, want: gpuaas.PosturePartiallyAllocated, reason: "2g.20gb@4, 3g.40gb@0 allocated: 2 of 8 memory slices free",
 		},
 		"partitions covering the GPU": {
-			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-2g20gb-4", "gpu-0-mig-1g10gb-3"), claim("c", "gpu-0-mig-1g10gb-6")},
-			gpu:    0, want: gpuaas.PostureFullyAllocated, reason: "1g.10gb@3, 1g.10gb@6, 2g.20gb@4, 3g.40gb@0 allocated: 0 of 7 memory slices free",
+			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-4"), claim("b", "gpu-0-mig-2g20gb-0", "gpu-0-mig-1g10gb-2"), claim("c", "gpu-0-mig-1g10gb-3")},
+			gpu:    0, want: gpuaas.PostureFullyAllocated, reason: "1g.10gb@2, 1g.10gb@3, 2g.20gb@0, 3g.40gb@4 allocated: 0 of 8 memory slices free",
 		},
 		"two 3g partitions take all GPU memory": {
 			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-3g40gb-4")},
-			gpu:    0, want: gpuaas.PostureFullyAllocated,
-			reason: "3g.40gb@0, 3g.40gb@4 allocated: 1 of 7 memory slices free, but no partition fits in them",
+			gpu:    0, want: gpuaas.PostureFullyAllocated, reason: "3g.40gb@0, 3g.40gb@4 allocated: 0 of 8 memory slices free",
 		},
 		"7g partition": {
 			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-7g80gb-0")},
-			gpu:    0, want: gpuaas.PostureFullyAllocated, reason: "7g.80gb@0 allocated: 0 of 7 memory slices free",
+			gpu:    0, want: gpuaas.PostureFullyAllocated, reason: "7g.80gb@0 allocated: 0 of 8 memory slices free",
 		},
-		"memory slices free but GPU memory taken": {
-			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-1g20gb-0", "gpu-0-mig-1g20gb-1", "gpu-0-mig-1g20gb-2", "gpu-0-mig-1g20gb-3")},
+		// No partition starts at memory slice 7 but 1g.20gb@6, which
+		// slice 6 blocks: the last slice is free and useless.
+		"a memory slice free but no partition fits in it": {
+			claims: []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-2g20gb-4"), claim("c", "gpu-0-mig-1g10gb-6")},
 			gpu:    0, want: gpuaas.PostureFullyAllocated,
-			reason: "1g.20gb@0, 1g.20gb@1, 1g.20gb@2, 1g.20gb@3 allocated: 3 of 7 memory slices free, but no partition fits in them",
+			reason: "1g.10gb@6, 2g.20gb@4, 3g.40gb@0 allocated: 1 of 8 memory slices free, but no partition fits in them",
 		},
 
 		// Shared GPU: full when the memory left is below the smallest share.
@@ -451,11 +452,11 @@ func TestWithheldMemorySlices(t *testing.T) {
 		}
 	}
 	g := gpuOf(t, posture.Compute(node, slices, nil, nil), 0)
-	if want := "nothing allocated: 6 of 7 memory slices free (1 withheld by the plugin)"; g.Posture != gpuaas.PostureAvailable || g.Reason != want {
+	if want := "nothing allocated: 7 of 8 memory slices free (1 withheld by the plugin)"; g.Posture != gpuaas.PostureAvailable || g.Reason != want {
 		t.Errorf("GPU 0: %s %q, want Available %q", g.Posture, g.Reason, want)
 	}
-	g = gpuOf(t, posture.Compute(node, slices, []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-2g20gb-4")}, nil), 0)
-	if want := "2g.20gb@4, 3g.40gb@0 allocated: 1 of 7 memory slices free (1 withheld by the plugin)"; g.Posture != gpuaas.PosturePartiallyAllocated || g.Reason != want {
+	g = gpuOf(t, posture.Compute(node, slices, []resourceapi.ResourceClaim{claim("a", "gpu-0-mig-3g40gb-0"), claim("b", "gpu-0-mig-1g10gb-4")}, nil), 0)
+	if want := "1g.10gb@4, 3g.40gb@0 allocated: 2 of 8 memory slices free (1 withheld by the plugin)"; g.Posture != gpuaas.PosturePartiallyAllocated || g.Reason != want {
 		t.Errorf("GPU 0: %s %q, want PartiallyAllocated %q", g.Posture, g.Reason, want)
 	}
 }

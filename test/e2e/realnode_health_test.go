@@ -464,7 +464,7 @@ func testDrain(t *testing.T, n *realNode) {
 	testDrainOneGPU(t, ctx, h)
 }
 
-// testDrainOneGPU drains GPU 6 (dynamic MIG: 29 devices) as docs/health.md
+// testDrainOneGPU drains GPU 6 (dynamic MIG: 26 devices) as docs/health.md
 // says: one DeviceTaintRule per device carrying its index, since a rule
 // selects devices by name only. A new MIG claim then lands on GPU 7.
 func testDrainOneGPU(t *testing.T, ctx context.Context, h *healthRun) {

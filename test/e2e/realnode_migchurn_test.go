@@ -37,7 +37,8 @@ const (
 	// migChurnRounds of create-then-delete; 2-4 pods are created a round.
 	migChurnRounds = 14
 	// migLargest is the largest profile of the mock H100 (go-nvml's
-	// dgxh100: 7 compute and 7 memory slices).
+	// dgxh100 with a real H100's placements: 7 compute and 8 memory
+	// slices).
 	migLargest = "7g.80gb"
 )
 

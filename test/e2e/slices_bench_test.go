@@ -15,7 +15,7 @@ import (
 // BenchmarkSliceAPICost measures what one node's ResourceSlices cost the
 // API (issue 14 item 3), for the node configurations that matter: every
 // GPU whole, the demo's mix (whole, 4 replicas, a share, 2 dynamic MIG) and
-// every GPU in dynamic MIG (29 devices and a counter set per GPU). Per
+// every GPU in dynamic MIG (26 devices and a counter set per GPU). Per
 // node: slices, devices, bytes (protobuf, as etcd stores them, and JSON),
 // the time from starting the plugin to its pool being complete, and, per
 // iteration, a plugin restart: the time until the new plugin is registered

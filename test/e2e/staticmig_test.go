@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +53,13 @@ func TestStaticMIGEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := made[1] // the 2g.20gb device
+	// ApplyLayout makes the layout largest first, wherever it fits: find
+	// the 2g.20gb by its profile, not its position.
+	i := slices.IndexFunc(made, func(inst mig.Instance) bool { return inst.Profile == "2g.20gb" })
+	if i < 0 {
+		t.Fatalf("the layout made %+v, no 2g.20gb", made)
+	}
+	want := made[i]
 	if !strings.Contains(string(spec), want.UUID) {
 		t.Fatalf("CDI spec of the static claim does not name MIG device %s: %s", want.UUID, spec)
 	}

@@ -7,7 +7,9 @@ package migtest
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -48,7 +50,33 @@ func CompleteMock(s *server.Server) {
 	}
 }
 
+// h100GpuInstancePlacements are the GPU instance placements an H100 80GB
+// reports (read through real NVML, driver 580.159.04, on a lent H100): 8
+// memory slices, where go-nvml's mock (v0.13.4-0, gpus/h100.go) has 7, so
+// that its 7g.80gb, 3g.40gb and 1g.20gb sat where no H100 puts them. The
+// mock has the other profiles right.
+var h100GpuInstancePlacements = map[int][]nvml.GpuInstancePlacement{
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2: {{Start: 0, Size: 2}, {Start: 2, Size: 2}, {Start: 4, Size: 2}, {Start: 6, Size: 2}},
+	nvml.GPU_INSTANCE_PROFILE_3_SLICE:      {{Start: 0, Size: 4}, {Start: 4, Size: 4}},
+	nvml.GPU_INSTANCE_PROFILE_7_SLICE:      {{Start: 0, Size: 8}},
+}
+
+// completeGeometry gives a mock H100 the placements of a real one. The
+// mock's tables are go-nvml's package variables, shared by every device,
+// so the device gets a copy.
+func completeGeometry(d *server.Device) {
+	if !strings.Contains(d.Config.Name, "H100") {
+		return
+	}
+	placements := maps.Clone(d.Config.MIGProfiles.GpuInstancePlacements)
+	for id, pls := range h100GpuInstancePlacements {
+		placements[id] = slices.Clone(pls)
+	}
+	d.Config.MIGProfiles.GpuInstancePlacements = placements
+}
+
 func completeDevice(d *server.Device) {
+	completeGeometry(d)
 	// mu makes a check and the creation it allows one step.
 	var mu sync.Mutex
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }

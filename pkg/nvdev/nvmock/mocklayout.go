@@ -12,10 +12,10 @@ import (
 
 // LayoutMIG lays out MIG devices on GPU gpu (an index) of the
 // persistent mock machine in dir, as an admin does with mig-parted before
-// the plugin offers the GPU as static MIG: MIG mode enabled, then each
-// profile at its first free placement. The machine is the one dir holds;
-// on a fresh dir, machine and seed (the plugin's --nvml=mock:<machine>
-// and its node name) create it.
+// the plugin offers the GPU as static MIG: MIG mode enabled, then the
+// profiles where they all fit (mig.ApplyLayout). The machine is the one
+// dir holds; on a fresh dir, machine and seed (the plugin's
+// --nvml=mock:<machine> and its node name) create it.
 func LayoutMIG(dir, machine, seed string, gpu int, profiles []string) ([]mig.Instance, error) {
 	machine, seed, err := mockMachineFor(dir, machine, seed)
 	if err != nil {

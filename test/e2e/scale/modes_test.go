@@ -66,7 +66,7 @@ const (
 	wholeConfig   = ""
 	dynamicConfig = "default: {mig: dynamic}"
 	// fourProfiles offers the MIG profiles a catalog of small, medium and
-	// large slices and whole GPUs sells: 14 devices per GPU instead of 29.
+	// large slices and whole GPUs sells: 14 devices per GPU instead of 26.
 	fourProfilesConfig = "default: {mig: dynamic, migProfiles: [1g.10gb, 2g.20gb, 3g.40gb, 7g.80gb]}"
 	timeSliceConfig    = "default: {timeSlicing: {replicas: 4}}"
 	sharedConfig       = "default: {shared: {memory: {min: 1Gi, step: 1Gi, default: 1Gi}}}"
