@@ -123,6 +123,11 @@ func overLimits(rep admission.TenantReport) []string {
 			out = append(out, fmt.Sprintf("devices of profile %q: %d held, limit %d", class, n, limit))
 		}
 	}
+	for name, limit := range t.Limits.Shapes {
+		if n := total.Shapes[name]; n > limit {
+			out = append(out, fmt.Sprintf("instances of shape %q: %d held, limit %d", name, n, limit))
+		}
+	}
 	if l := t.Limits.Units; l != nil && total.Units.Cmp(*l) > 0 && !mayBorrow(t, t.Borrow.Units, total.Units.Sub(*l)) {
 		out = append(out, fmt.Sprintf("gpuUnits: %s held, limit %s", total.Units, *l))
 	}
@@ -147,16 +152,24 @@ func unitsPtr(n *int64) *quota.Units {
 func usageOf(c quota.Charge) gpuaas.QuotaUsage {
 	units := c.Units.CeilQuantity()
 	u := gpuaas.QuotaUsage{GpuUnits: &units, GpuMemory: resource.NewQuantity(c.Memory, resource.BinarySI)}
-	for class, n := range c.Devices {
+	u.Devices = nonZero(c.Devices)
+	u.Shapes = nonZero(c.Shapes)
+	return u
+}
+
+// nonZero is m without its zero counts; nil when none is left.
+func nonZero(m map[string]int64) map[string]int64 {
+	var out map[string]int64
+	for k, n := range m {
 		if n == 0 {
 			continue
 		}
-		if u.Devices == nil {
-			u.Devices = map[string]int64{}
+		if out == nil {
+			out = map[string]int64{}
 		}
-		u.Devices[class] = n
+		out[k] = n
 	}
-	return u
+	return out
 }
 
 func condition(typ string, ok bool, reason, msg string) metav1.Condition {

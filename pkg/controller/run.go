@@ -205,6 +205,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err != nil {
 		return err
 	}
+	if refuser != nil { // the GpuShape CRD is served: limits.shapes can be charged
+		if err := admission.WatchShapes(ctx, mgr.GetCache(), acct); err != nil {
+			return err
+		}
+	}
 	if err := webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces); err != nil {
 		return err
 	}
@@ -224,7 +229,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		}
 	}
 	if opts.Kueue {
-		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync); err != nil {
+		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync, refuser != nil); err != nil {
 			return err
 		}
 	}

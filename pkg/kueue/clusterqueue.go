@@ -46,9 +46,13 @@ func ClusterQueueSpec(t TenantQueue) (map[string]any, error) {
 		"namespaceSelector": map[string]any{"matchExpressions": []any{map[string]any{
 			"key": "kubernetes.io/metadata.name", "operator": "In", "values": names,
 		}}},
+		// OtherDevicesResource is covered so that workloads of shapes
+		// with other drivers' devices are admissible; its quota never
+		// binds.
 		"resourceGroups": []any{map[string]any{
-			"coveredResources": []any{DefaultResource},
-			"flavors":          []any{map[string]any{"name": Flavor, "resources": []any{quota}}},
+			"coveredResources": []any{DefaultResource, OtherDevicesResource},
+			"flavors": []any{map[string]any{"name": Flavor, "resources": []any{quota,
+				map[string]any{"name": OtherDevicesResource, "nominalQuota": fmt.Sprint(OtherDevicesQuota)}}}},
 		}},
 	}
 	if t.Cohort != "" {

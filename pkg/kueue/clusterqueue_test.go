@@ -37,6 +37,13 @@ func TestClusterQueueSpecMirrorsTheTenant(t *testing.T) {
 	if flavor["name"] != Flavor || quota["name"] != DefaultResource || quota["nominalQuota"] != "1500" || quota["borrowingLimit"] != "500" {
 		t.Errorf("resource group %v", groups[0])
 	}
+	// Workloads of shapes with another driver's devices are admissible:
+	// the queue covers the resource those are counted as, without limit.
+	covered, _ := groups[0].(map[string]any)["coveredResources"].([]any)
+	other, _ := flavor["resources"].([]any)[1].(map[string]any)
+	if len(covered) != 2 || covered[1] != OtherDevicesResource || other["name"] != OtherDevicesResource || other["nominalQuota"] != "1000000" {
+		t.Errorf("resource group %v does not cover %s", groups[0], OtherDevicesResource)
+	}
 	if _, err := ClusterQueueSpec(TenantQueue{GpuUnits: resource.MustParse("1")}); err == nil {
 		t.Error("a tenant without namespaces rendered a ClusterQueue that selects nothing")
 	}

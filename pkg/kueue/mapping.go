@@ -28,6 +28,20 @@ const CounterName = "gpu-milliunits"
 // GpuProfile names another (e.g. one per GPU model).
 const DefaultResource = "gpu.gpuaas.io/gpu-milliunits"
 
+// OtherDevicesResource is the Kueue resource the DeviceClasses a GpuShape
+// names besides our profiles (another driver's NICs) are charged as, by
+// count: Kueue refuses a workload whose claim template names a class its
+// mappings do not list, so a shape's template must have every class
+// mapped; under a resource of their own they add nothing to the GPU units,
+// and a shape costs in Kueue what its GPU parts do.
+const OtherDevicesResource = "gpu.gpuaas.io/other-devices"
+
+// OtherDevicesQuota is the nominal quota of OtherDevicesResource in the
+// ClusterQueues the controller keeps: Kueue admits no workload asking for
+// a resource its ClusterQueue does not cover, and this one is there to be
+// counted, not to limit (a million devices).
+const OtherDevicesQuota = 1_000_000
+
 // Flavor is the ResourceFlavor the controller keeps for our GPU units: it
 // names no node labels, as the devices, not the nodes, tell GPUs apart
 // (a GpuProfile's kueueResource does that, not a flavor).
@@ -75,11 +89,11 @@ func Mappings(charges []Charge) []DeviceClassMapping {
 	out := make([]DeviceClassMapping, 0, len(byResource))
 	for res, classes := range byResource {
 		slices.Sort(classes)
-		out = append(out, DeviceClassMapping{
-			Name:             res,
-			DeviceClassNames: slices.Compact(classes),
-			Sources:          []SourceConfig{{Counter: counterSource()}},
-		})
+		m := DeviceClassMapping{Name: res, DeviceClassNames: slices.Compact(classes)}
+		if res != OtherDevicesResource { // other drivers' devices carry no counter of ours
+			m.Sources = []SourceConfig{{Counter: counterSource()}}
+		}
+		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b DeviceClassMapping) int { return cmp.Compare(a.Name, b.Name) })
 	return out

@@ -33,3 +33,22 @@ func ChargedAs(p *gpuaas.GpuProfile) (string, bool) {
 	}
 	return cmp.Or(ptr.Deref(p.Spec.KueueResource, ""), DefaultResource), true
 }
+
+// ShapeCharges are the charges of the DeviceClasses that shapes name
+// besides profiles (a profile's class is mapped by ChargedAs): each by
+// count as OtherDevicesResource, once, and none that profiles already map.
+func ShapeCharges(shapes []gpuaas.GpuShape, profiles map[string]bool) []Charge {
+	var out []Charge
+	seen := map[string]bool{}
+	for i := range shapes {
+		for _, r := range shapes[i].Spec.Requests {
+			c := r.DeviceClassName
+			if r.Profile != "" || c == "" || profiles[c] || seen[c] {
+				continue
+			}
+			seen[c] = true
+			out = append(out, Charge{DeviceClass: c, Resource: OtherDevicesResource})
+		}
+	}
+	return out
+}

@@ -26,8 +26,9 @@ func (p *Pricer) Cost(ctx context.Context, claim *resourceapi.ResourceClaim) Cha
 
 // AllocatedCost trues a claim up from its allocation: each allocated device
 // of our driver at its own weight (a shared device at the memory it
-// consumed), counted against the class of the request that got it. Admin
-// access results cost nothing.
+// consumed), counted against the class of the request that got it, and
+// the shapes its spec is an instance of. Admin access results cost
+// nothing.
 func (p *Pricer) AllocatedCost(ctx context.Context, claim *resourceapi.ResourceClaim) Charge {
 	var total Charge
 	driver := p.inv.Driver()
@@ -37,6 +38,9 @@ func (p *Pricer) AllocatedCost(ctx context.Context, claim *resourceapi.ResourceC
 		}
 		total = total.Add(p.resultCharge(ctx, claim, &res))
 	}
+	// An allocated instance of a shape is still one, whichever devices
+	// it got.
+	total.Shapes = p.shapes(&claim.Spec)
 	return total
 }
 

@@ -11,18 +11,21 @@ import (
 )
 
 // Charge is an amount of the quota's resources: what a claim costs or what a
-// tenant holds. Devices counts devices per DeviceClass (= GpuProfile) name.
+// tenant holds. Devices counts devices per DeviceClass (= GpuProfile) name;
+// Shapes counts instances per GpuShape name (a claim of a shape is one).
 // Charges are values: methods return new ones.
 type Charge struct {
 	Units   Units
 	Memory  int64 // bytes
 	Devices map[string]int64
+	Shapes  map[string]int64
 }
 
 // Add returns c+d.
 func (c Charge) Add(d Charge) Charge {
 	out := Charge{Units: c.Units.Add(d.Units), Memory: c.Memory + d.Memory}
 	out.Devices = mergeDevices(c.Devices, d.Devices, func(a, b int64) int64 { return a + b })
+	out.Shapes = mergeDevices(c.Shapes, d.Shapes, func(a, b int64) int64 { return a + b })
 	return out
 }
 
@@ -30,6 +33,7 @@ func (c Charge) Add(d Charge) Charge {
 func (c Charge) Sub(d Charge) Charge {
 	out := Charge{Units: c.Units.Sub(d.Units), Memory: c.Memory - d.Memory}
 	out.Devices = mergeDevices(c.Devices, d.Devices, func(a, b int64) int64 { return a - b })
+	out.Shapes = mergeDevices(c.Shapes, d.Shapes, func(a, b int64) int64 { return a - b })
 	return out
 }
 
@@ -38,17 +42,25 @@ func (c Charge) Sub(d Charge) Charge {
 func (c Charge) Max(d Charge) Charge {
 	out := Charge{Units: MaxUnits(c.Units, d.Units), Memory: max(c.Memory, d.Memory)}
 	out.Devices = mergeDevices(c.Devices, d.Devices, func(a, b int64) int64 { return max(a, b) })
+	out.Shapes = mergeDevices(c.Shapes, d.Shapes, func(a, b int64) int64 { return max(a, b) })
 	return out
 }
 
 // Times returns c*n.
 func (c Charge) Times(n int64) Charge {
 	out := Charge{Units: c.Units.Mul(n), Memory: c.Memory * n}
-	if len(c.Devices) > 0 {
-		out.Devices = make(map[string]int64, len(c.Devices))
-		for k, v := range c.Devices {
-			out.Devices[k] = v * n
-		}
+	out.Devices = timesCounts(c.Devices, n)
+	out.Shapes = timesCounts(c.Shapes, n)
+	return out
+}
+
+func timesCounts(m map[string]int64, n int64) map[string]int64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v * n
 	}
 	return out
 }
@@ -58,26 +70,34 @@ func (c Charge) IsZero() bool {
 	if !c.Units.IsZero() || c.Memory != 0 {
 		return false
 	}
-	for _, v := range c.Devices {
-		if v != 0 {
-			return false
+	for _, m := range []map[string]int64{c.Devices, c.Shapes} {
+		for _, v := range m {
+			if v != 0 {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-// String is a compact form for logs: "units=3/7 (~0.429) memory=30Gi devices=[mig-1g:3]".
+// String is a compact form for logs: "units=3/7 (~0.429) memory=30Gi devices=[mig-1g:3] shapes=[slot:1]".
 func (c Charge) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "units=%s memory=%s", c.Units, FormatMemory(c.Memory))
-	if len(c.Devices) > 0 {
-		parts := make([]string, 0, len(c.Devices))
-		for _, k := range slices.Sorted(maps.Keys(c.Devices)) {
-			parts = append(parts, fmt.Sprintf("%s:%d", k, c.Devices[k]))
-		}
-		fmt.Fprintf(&b, " devices=[%s]", strings.Join(parts, " "))
-	}
+	writeCounts(&b, "devices", c.Devices)
+	writeCounts(&b, "shapes", c.Shapes)
 	return b.String()
+}
+
+func writeCounts(b *strings.Builder, name string, m map[string]int64) {
+	if len(m) == 0 {
+		return
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s:%d", k, m[k]))
+	}
+	fmt.Fprintf(b, " %s=[%s]", name, strings.Join(parts, " "))
 }
 
 func mergeDevices(a, b map[string]int64, op func(x, y int64) int64) map[string]int64 {
@@ -135,6 +155,7 @@ type tallyPart struct {
 	units   big.Rat
 	memory  int64
 	devices map[string]int64
+	shapes  map[string]int64
 }
 
 func (p *tallyPart) add(c Charge) {
@@ -142,16 +163,24 @@ func (p *tallyPart) add(c Charge) {
 		p.units.Add(&p.units, c.Units.r)
 	}
 	p.memory += c.Memory
-	for k, v := range c.Devices {
-		if p.devices == nil {
-			p.devices = map[string]int64{}
+	p.devices = addCounts(p.devices, c.Devices)
+	p.shapes = addCounts(p.shapes, c.Shapes)
+}
+
+// addCounts adds m to sum, made when first needed.
+func addCounts(sum, m map[string]int64) map[string]int64 {
+	for k, v := range m {
+		if sum == nil {
+			sum = map[string]int64{}
 		}
-		p.devices[k] += v
+		sum[k] += v
 	}
+	return sum
 }
 
 func (p *tallyPart) charge() Charge {
-	return Charge{Units: Units{r: new(big.Rat).Set(&p.units)}, Memory: p.memory, Devices: maps.Clone(p.devices)}
+	return Charge{Units: Units{r: new(big.Rat).Set(&p.units)}, Memory: p.memory,
+		Devices: maps.Clone(p.devices), Shapes: maps.Clone(p.shapes)}
 }
 
 // Add counts one claim's charge.

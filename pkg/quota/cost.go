@@ -26,6 +26,8 @@ type Pricer struct {
 	inv      *Inventory
 	classes  map[string]*resourceapi.DeviceClass
 	profiles map[string]bool
+	// shapesOf names the shapes a claim is an instance of (WithShapes).
+	shapesOf ShapesOf
 
 	mu         sync.Mutex
 	memo       map[shapeHash]*price  // see remember
@@ -111,6 +113,27 @@ func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, prof
 	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[shapeHash]*price{}, profilesOf: map[DeviceID][]string{}}
 }
 
+// ShapesOf names the GpuShapes a claim's spec is an instance of (each
+// counts one), nil for none. pkg/shape knows what makes a claim a shape's
+// and imports this package, so the pricer is handed the test.
+type ShapesOf func(spec *resourceapi.ResourceClaimSpec) map[string]int64
+
+// WithShapes has the pricer charge every claim one instance of each shape
+// f names (Charge.Shapes), allocated or not; it returns p. Call it before
+// the pricer is used.
+func (p *Pricer) WithShapes(f ShapesOf) *Pricer {
+	p.shapesOf = f
+	return p
+}
+
+// shapes is what spec counts in instances of shapes.
+func (p *Pricer) shapes(spec *resourceapi.ResourceClaimSpec) map[string]int64 {
+	if p.shapesOf == nil {
+		return nil
+	}
+	return p.shapesOf(spec)
+}
+
 // Inventory is the device snapshot the pricer uses.
 func (p *Pricer) Inventory() *Inventory { return p.inv }
 
@@ -124,6 +147,7 @@ func (p *Pricer) ClaimCost(ctx context.Context, spec *resourceapi.ResourceClaimS
 	for i := range spec.Devices.Requests {
 		total = total.Add(p.RequestCost(ctx, &spec.Devices.Requests[i]))
 	}
+	total.Shapes = p.shapes(spec)
 	return total
 }
 

@@ -46,11 +46,22 @@ func DecideUnpriced(t Tenant, parts []Unpriced) Decision {
 		Reason: fmt.Sprintf("TenantQuota %q cannot charge the claim yet: %s", t.Name, strings.Join(reasons, "; "))}
 }
 
+// ShapeResource is the Decision.Resource of a claim refused by the limit
+// on a shape's instances.
+func ShapeResource(shape string) string { return shapePrefix + shape }
+
+// IsShapeResource tells a refusal by a shape limit.
+func IsShapeResource(resource string) bool { return strings.HasPrefix(resource, shapePrefix) }
+
+const shapePrefix = "shapes/"
+
 // Limits of a tenant; nil means not enforced.
 type Limits struct {
 	Units   *Units
 	Memory  *int64
 	Devices map[string]int64
+	// Shapes caps instances per GpuShape name; never borrowed.
+	Shapes map[string]int64
 }
 
 // Tenant is what admission needs of a TenantQuota.
@@ -67,6 +78,7 @@ type Tenant struct {
 func TenantFromQuota(q *gpuaas.TenantQuota) Tenant {
 	t := Tenant{Name: q.Name, Cohort: q.Spec.Cohort}
 	t.Limits.Devices = q.Spec.Limits.Devices
+	t.Limits.Shapes = q.Spec.Limits.Shapes
 	if u := q.Spec.Limits.GpuUnits; u != nil {
 		t.Limits.Units = ptrTo(UnitsFromQuantity(*u))
 	}
@@ -97,7 +109,7 @@ type Peer struct {
 type Decision struct {
 	Allowed bool
 	// Resource is the first resource that was exceeded ("gpuUnits",
-	// "gpuMemory", "devices/<profile>").
+	// "gpuMemory", "devices/<profile>", "shapes/<shape>").
 	Resource string
 	// Reason explains a denial: tenant, resource, used, reserved,
 	// requested and limit, and why borrowing did not help.
@@ -118,6 +130,7 @@ type Decision struct {
 // strict; gpuUnits and gpuMemory beyond the limit may be borrowed from the
 // cohort: up to t's borrowing limit. Every admission, borrowing or not,
 // keeps the cohort as a whole within the sum of its members' limits.
+// Shape limits, like device limits, are strict.
 func Decide(t Tenant, usage Usage, req Charge, peers []Peer) Decision {
 	return DecideIdle(t, usage, req, IdleOf(t, peers))
 }
@@ -170,7 +183,18 @@ func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 				class, used, reserved, req.Devices[class], limit))
 		}
 	}
-	onlyLent := d.Allowed // no device limit refused it
+	for _, name := range slices.Sorted(maps.Keys(req.Shapes)) {
+		limit, ok := t.Limits.Shapes[name]
+		if !ok || req.Shapes[name] <= 0 {
+			continue
+		}
+		used, reserved := usage.Used.Shapes[name], usage.Reserved.Shapes[name]
+		if used+reserved+req.Shapes[name] > limit {
+			fail(ShapeResource(name), fmt.Sprintf("instances of shape %q: used %d, reserved %d, requested %d, limit %d (%d of %d in use)",
+				name, used, reserved, req.Shapes[name], limit, used+reserved, limit))
+		}
+	}
+	onlyLent := d.Allowed // no device or shape limit refused it
 	var lent [2]Units
 	for i, dim := range dimensions {
 		ok, borrows, reason, owed := dim.check(t, usage, req, dim.idle(peers))

@@ -29,9 +29,11 @@ type kueueHelper struct {
 	queues map[string]*unstructured.Unstructured
 }
 
-// jobSpec is a Job of pods that each hold one device of a class.
+// jobSpec is a Job of pods that each hold one device of a class, or
+// what claim says.
 type jobSpec struct {
 	class    string
+	claim    *resourceapi.ResourceClaimSpec
 	pods     int32
 	priority string
 }
@@ -86,11 +88,13 @@ func (kq *kueueHelper) team(prefix, cohort string, nominal int64, preemption map
 	kq.deleteJobsAtCleanup(ns)
 	spec := map[string]any{
 		"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}},
+		// Covering other drivers' devices, as the ClusterQueues the
+		// controller keeps do (docs/kueue.md).
 		"resourceGroups": []any{map[string]any{
-			"coveredResources": []any{kueue.DefaultResource},
+			"coveredResources": []any{kueue.DefaultResource, kueue.OtherDevicesResource},
 			"flavors": []any{map[string]any{"name": "gpuaas", "resources": []any{map[string]any{
 				"name": kueue.DefaultResource, "nominalQuota": fmt.Sprint(nominal),
-			}}}},
+			}, map[string]any{"name": kueue.OtherDevicesResource, "nominalQuota": fmt.Sprint(kueue.OtherDevicesQuota)}}}},
 		}},
 	}
 	if cohort != "" {
@@ -158,6 +162,9 @@ func (kq *kueueHelper) job(ctx context.Context, ns, name string, spec jobSpec) {
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: spec.class}}},
 		}}},
+	}
+	if spec.claim != nil {
+		tmpl.Spec.Spec = *spec.claim
 	}
 	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		kq.t.Fatalf("creating template %s: %v", name, err)

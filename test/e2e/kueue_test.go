@@ -3,23 +3,37 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
-// kueueCharges are the catalog's classes, all charged in GPU milli-units.
-var kueueCharges = []kueue.Charge{
+// kueueCharges are the catalog's classes, all charged in GPU milli-units,
+// and the NIC class of kueueSlot, as the controller renders them.
+var kueueCharges = append([]kueue.Charge{
 	{DeviceClass: "gpu.gpuaas.io"}, {DeviceClass: "mig.gpuaas.io"},
 	{DeviceClass: "mig-1g.10gb.gpuaas.io"}, {DeviceClass: "timeslice.gpuaas.io"},
-}
+}, kueue.ShapeCharges([]gpuaas.GpuShape{kueueSlot}, nil)...)
+
+// kueueNICClass is another driver's NICs, for kueueSlot.
+const kueueNICClass = "e2e-kueue-nic"
+
+// kueueSlot is a slot shape: a whole GPU of the catalog and a NIC of
+// another driver on its PCIe root.
+var kueueSlot = gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "kueue-slot"}, Spec: gpuaas.GpuShapeSpec{
+	Requests:  []gpuaas.ShapeRequest{{Name: "gpu", Profile: "gpu.gpuaas.io"}, {Name: "nic", DeviceClassName: kueueNICClass}},
+	Alignment: gpuaas.AlignPCIeRoot,
+}}
 
 // TestKueue runs the real Kueue manager (hack/build-kueue.sh) against the
 // control plane, configured with the deviceClassMappings pkg/kueue renders,
@@ -37,6 +51,43 @@ func TestKueue(t *testing.T) {
 	t.Run("FairShare", func(t *testing.T) { testKueueFairShare(t, &kueueHelper{t: t}) })
 	t.Run("TenantQuota", func(t *testing.T) { testKueueTenantQuota(t, &kueueHelper{t: t}) })
 	t.Run("BackedQueue", func(t *testing.T) { testKueueBackedQueue(t, &kueueHelper{t: t}) })
+	t.Run("Shape", func(t *testing.T) { testKueueShape(t, &kueueHelper{t: t}) })
+}
+
+// testKueueShape (issue 38 item 5): Kueue charges a job of the slot
+// shape's template (a GPU and another driver's NIC) what the GPU alone
+// costs, 1000 milli-units, the NIC class being mapped by count under a
+// resource of its own. A whole-node lease (allocationMode All) Kueue
+// v0.19.2 does not charge at all: it holds the workload as inadmissible,
+// which docs/kueue.md says.
+func testKueueShape(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 3*time.Minute)
+	createObject(t, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: kueueNICClass},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == %q", e2eNICDriver)}}}}})
+	ns := kq.team("shape", "", 1000, nil)
+	slot := shape.ClaimSpec(&kueueSlot)
+	kq.job(ctx, ns, "slot", jobSpec{claim: &slot})
+	if got := kq.waitAdmitted(ctx, ns, "slot"); got != 1000 {
+		t.Errorf("a GPU+NIC slot was charged %d milli-units, want 1000, its GPU's", got)
+	}
+	lease := shape.ClaimSpec(&gpuaas.GpuShape{Spec: gpuaas.GpuShapeSpec{Requests: []gpuaas.ShapeRequest{
+		{Name: "gpus", Profile: "gpu.gpuaas.io", AllocationMode: gpuaas.ShapeAll}}}})
+	kq.job(ctx, ns, "lease", jobSpec{claim: &lease})
+	kq.poll(ctx, "the lease's workload held as inadmissible", func(ctx context.Context) (bool, error) {
+		wl, err := kq.workload(ctx, ns, "lease")
+		if wl == nil || err != nil {
+			return false, err
+		}
+		conds, _, _ := unstructured.NestedSlice(wl.Object, "status", "conditions")
+		for _, c := range conds {
+			if msg, _ := c.(map[string]any)["message"].(string); strings.Contains(msg, "AllocationMode 'All' is not supported") {
+				t.Logf("Kueue on the whole-node lease: %s", msg)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }
 
 // testKueueGPUUnits: a ClusterQueue of one GPU unit (1000 milli-units)

@@ -101,6 +101,18 @@ type QuotaLimits struct {
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="gpuMemory must not be negative"
 	// +optional
 	GpuMemory *resource.Quantity `json:"gpuMemory,omitempty"`
+
+	// Shapes is the most instances of each GpuShape (by name) the tenant
+	// may hold at once: claims in its namespaces whose spec is the shape's
+	// template's, admitted or allocated. What makes a claim an instance
+	// is its spec alone, never its labels, annotations or name, so a claim
+	// written by hand to the template's spec is charged as one. A shape
+	// limit is strict: it is never borrowed from the cohort, and a Kueue
+	// overrule does not lift it. The instances' devices are charged in
+	// devices, gpuUnits and gpuMemory as well, as their parts.
+	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k] >= 0)",message="shape limits must not be negative"
+	// +optional
+	Shapes map[string]int64 `json:"shapes,omitempty"`
 }
 
 // BorrowingLimit caps borrowing from the cohort.
@@ -126,6 +138,10 @@ type QuotaUsage struct {
 	// Devices per GpuProfile (DeviceClass) name.
 	// +optional
 	Devices map[string]int64 `json:"devices,omitempty"`
+	// Shapes is instances per GpuShape name: claims whose spec is the
+	// shape's template's.
+	// +optional
+	Shapes map[string]int64 `json:"shapes,omitempty"`
 }
 
 // TenantQuotaStatus is what the dra-controller observed.

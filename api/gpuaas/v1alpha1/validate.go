@@ -27,6 +27,7 @@ func (q *TenantQuota) Validate() field.ErrorList {
 	errs = append(errs, nonNegative(limits.Child("gpuUnits"), q.Spec.Limits.GpuUnits)...)
 	errs = append(errs, nonNegative(limits.Child("gpuMemory"), q.Spec.Limits.GpuMemory)...)
 	errs = append(errs, validDeviceLimits(limits.Child("devices"), q.Spec.Limits.Devices)...)
+	errs = append(errs, validDeviceLimits(limits.Child("shapes"), q.Spec.Limits.Shapes)...)
 	if b := q.Spec.BorrowingLimit; b != nil {
 		path := spec.Child("borrowingLimit")
 		if q.Spec.Cohort == "" {

@@ -25,6 +25,8 @@ func TestTenantQuotaValidate(t *testing.T) {
 			[]string{"spec.limits.gpuUnits", "must not be negative"}},
 		{"negative device limit", TenantQuotaSpec{Namespaces: []string{"a"}, Limits: QuotaLimits{Devices: map[string]int64{"h100": -1}}},
 			[]string{"spec.limits.devices[h100]"}},
+		{"negative shape limit", TenantQuotaSpec{Namespaces: []string{"a"}, Limits: QuotaLimits{Shapes: map[string]int64{"h100-slot": -1}}},
+			[]string{"spec.limits.shapes[h100-slot]", "must not be negative"}},
 		{"borrowing without cohort", TenantQuotaSpec{Namespaces: []string{"a"}, BorrowingLimit: &BorrowingLimit{GpuMemory: qty("-1Gi")}},
 			[]string{"spec.cohort", "spec.borrowingLimit.gpuMemory"}},
 		{"bad selector", TenantQuotaSpec{NamespaceSelector: &metav1.LabelSelector{

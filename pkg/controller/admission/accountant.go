@@ -64,6 +64,9 @@ type Accountant struct {
 	// Which reservations a total holds needs none: each decision's pass
 	// over the book recomputes it (holdLocked).
 	catalogGen, tenancyGen atomic.Int64
+	// countShapes: the GpuShape CRD is served and watched (WatchShapes),
+	// so the catalog lists shapes and claims are charged their instances.
+	countShapes atomic.Bool
 
 	mu  sync.Mutex
 	cat *priceList
@@ -212,7 +215,14 @@ func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
 	if err := a.reader.List(ctx, &profiles, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing GpuProfiles: %w", err)
 	}
+	var shapes gpuaas.GpuShapeList
+	if a.countShapes.Load() {
+		if err := a.reader.List(ctx, &shapes, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("listing GpuShapes: %w", err)
+		}
+	}
 	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
+	a.cat.pricer.WithShapes(shapesOf(shapes.Items))
 	return a.cat, nil
 }
 

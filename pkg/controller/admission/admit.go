@@ -187,9 +187,11 @@ const resourceLedger = "reservations"
 
 // overrulable: a refusal for a limit, which whoever may admit past the
 // quota (Kueue) can overrule; not one for the tenancy, nor one for a claim
-// that cannot be priced, whose cost nobody could cap.
+// that cannot be priced, whose cost nobody could cap, nor one for a
+// shape's instances (Kueue charges devices, not shapes).
 func overrulable(resource string) bool {
-	return resource != resourceTenant && resource != quota.ResourceUnpriced && resource != resourceLedger
+	return resource != resourceTenant && resource != quota.ResourceUnpriced && resource != resourceLedger &&
+		!quota.IsShapeResource(resource)
 }
 
 // overruling is what lets a claim past its tenant's limits: who decided
@@ -237,6 +239,9 @@ func (o *overruling) refusal(lifted Admission, tenant string) string {
 	if lifted.Resource == quota.ResourceGpuUnits && o.charged != nil {
 		return fmt.Sprintf("; %s, but Kueue charged the active workloads of TenantQuota %q %s GPU units (%s with its rounding), "+
 			"and its claims outside them (bare pods, claims of ended workloads) count against that too", o.by, tenant, o.charged, o.capped)
+	}
+	if quota.IsShapeResource(lifted.Resource) {
+		return fmt.Sprintf("; %s, which does not lift the limits on shapes' instances", o.by)
 	}
 	return fmt.Sprintf("; %s, which does not lift the limits of other profiles", o.by)
 }

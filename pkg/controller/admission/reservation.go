@@ -54,6 +54,7 @@ type reservation struct {
 	Units     string           `json:"units"` // exact: "3/7"
 	Memory    int64            `json:"memory,omitempty"`
 	Devices   map[string]int64 `json:"devices,omitempty"`
+	Shapes    map[string]int64 `json:"shapes,omitempty"`
 	At        time.Time        `json:"at"`
 	// Reclaim marks quota reclaimed from borrowers for the tenant of
 	// Namespace (reclaim.go): no claim of that name; it counts for every
@@ -177,12 +178,17 @@ func covers(c, d quota.Charge) bool {
 			return false
 		}
 	}
+	for name, n := range d.Shapes {
+		if c.Shapes[name] < n {
+			return false
+		}
+	}
 	return true
 }
 
 func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, at time.Time) reservation {
 	return reservation{UID: uid, Namespace: claim.Namespace, Name: claim.Name,
-		Units: c.Units.Exact(), Memory: c.Memory, Devices: c.Devices, At: at}
+		Units: c.Units.Exact(), Memory: c.Memory, Devices: c.Devices, Shapes: c.Shapes, At: at}
 }
 
 // sizeBound is at least the length of r in a book's JSON (with its
@@ -190,10 +196,12 @@ func newReservation(claim types.NamespacedName, uid types.UID, c quota.Charge, a
 // names and units need no escaping (the API server validated them), an
 // int64 has at most 20 characters and a time in RFC 3339 at most 35.
 func (r reservation) sizeBound() int {
-	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"at":"","reclaim":true},`) + 20 + 35
+	const fixed = len(`{"uid":"","namespace":"","name":"","units":"","memory":,"devices":{},"shapes":{},"at":"","reclaim":true},`) + 20 + 35
 	n := fixed + len(r.UID) + len(r.Namespace) + len(r.Name) + len(r.Units)
-	for class := range r.Devices {
-		n += len(`"":,`) + len(class) + 20
+	for _, m := range []map[string]int64{r.Devices, r.Shapes} {
+		for name := range m {
+			n += len(`"":,`) + len(name) + 20
+		}
 	}
 	return n
 }
@@ -207,5 +215,5 @@ func (r reservation) charge() (quota.Charge, error) {
 	if err != nil {
 		return quota.Charge{}, fmt.Errorf("reservation of claim %s: %w", r.key(), err)
 	}
-	return quota.Charge{Units: u, Memory: r.Memory, Devices: r.Devices}, nil
+	return quota.Charge{Units: u, Memory: r.Memory, Devices: r.Devices, Shapes: r.Shapes}, nil
 }

@@ -13,9 +13,11 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	"sigs.k8s.io/yaml"
@@ -46,15 +48,22 @@ type kueueMappingsReconciler struct {
 	// informer (and the RBAC that would need).
 	direct    client.Client
 	namespace string
+	// shapes: the GpuShape CRD is served, so the classes shapes name
+	// are mapped too.
+	shapes bool
 }
 
 // kueueMappingsKey is the one key every profile event maps to.
 var kueueMappingsKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: MappingsConfigMap}}
 
 func (r *kueueMappingsReconciler) setup(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").
-		Watches(&gpuaas.GpuProfile{}, handler.EnqueueRequestsFromMapFunc(
-			func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{kueueMappingsKey} })).
+	every := handler.EnqueueRequestsFromMapFunc(
+		func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{kueueMappingsKey} })
+	b := ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").Watches(&gpuaas.GpuProfile{}, every)
+	if r.shapes {
+		b = b.Watches(&gpuaas.GpuShape{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	}
+	return b.
 		// Once at start: an empty catalog has no profile event.
 		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 			q.Add(kueueMappingsKey)
@@ -68,7 +77,13 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 	if err := r.profiles.List(ctx, &profiles); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing GpuProfiles: %w", err)
 	}
-	rendered, err := renderKueueMappings(profiles.Items)
+	var shapes gpuaas.GpuShapeList
+	if r.shapes {
+		if err := r.profiles.List(ctx, &shapes); err != nil {
+			return reconcile.Result{}, fmt.Errorf("listing GpuShapes: %w", err)
+		}
+	}
+	rendered, err := renderKueueMappings(profiles.Items, shapes.Items)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -111,16 +126,20 @@ func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
 	return nil
 }
 
-// renderKueueMappings renders the enabled profiles' mappings as the YAML of
-// Kueue's resources section.
-func renderKueueMappings(profiles []gpuaas.GpuProfile) (string, error) {
+// renderKueueMappings renders the enabled profiles' mappings, and those
+// of the other classes shapes name, as the YAML of Kueue's resources
+// section.
+func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape) (string, error) {
 	charges := make([]kueue.Charge, 0, len(profiles))
+	names := make(map[string]bool, len(profiles))
 	for i := range profiles {
 		p := &profiles[i]
+		names[p.Name] = true
 		if res, ok := kueue.ChargedAs(p); ok {
 			charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: res})
 		}
 	}
+	charges = append(charges, kueue.ShapeCharges(shapes, names)...)
 	out, err := yaml.Marshal(kueue.Resources(charges))
 	if err != nil {
 		return "", fmt.Errorf("rendering Kueue's deviceClassMappings: %w", err)

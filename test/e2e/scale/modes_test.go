@@ -39,6 +39,9 @@ type mode struct {
 	name   string
 	config string
 	claims []resourceapi.DeviceRequest
+	// spec, when set, is the one claim every measured pod gets (a
+	// multi-request claim, such as a shape's), instead of claims.
+	spec *resourceapi.ResourceClaimSpec
 	// prefillGPUs, when set, is how many whole GPUs of every node are
 	// taken before the measurement (prefillWholeGPUs), to leave the nodes
 	// part full.
@@ -47,6 +50,19 @@ type mode struct {
 	// (every full GPU's devices are checked before a free one) that the
 	// full count would take most of the run.
 	fewerPods bool
+}
+
+// templates are the claims of the measured pods, one template each:
+// spec, or one per request of claims.
+func (m mode) templates() []resourceapi.ResourceClaimSpec {
+	if m.spec != nil {
+		return []resourceapi.ResourceClaimSpec{*m.spec}
+	}
+	out := make([]resourceapi.ResourceClaimSpec, 0, len(m.claims))
+	for _, req := range m.claims {
+		out = append(out, resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}})
+	}
+	return out
 }
 
 func (m mode) podsDivisor() int {

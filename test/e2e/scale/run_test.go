@@ -108,18 +108,19 @@ func (r *runner) run(tb testing.TB, m mode) result {
 	if m.prefillGPUs > 0 {
 		r.prefillWholeGPUs(tb, ns, m.prefillGPUs)
 	}
-	r.createTemplates(tb, ns, "claim", m.claims)
+	templates := m.templates()
+	r.createTemplates(tb, ns, "claim", templates)
 	rec := watchBinds(tb, r.client, ns, "claim")
 	profiled := profileScheduler(tb, fmt.Sprintf("nodes=%d-%s", r.nodes, m.name))
 	pods := max(1, r.pods/m.podsDivisor())
 	start := time.Now()
-	created := r.createPods(tb, ns, "claim", pods, len(m.claims))
+	created := r.createPods(tb, ns, "claim", pods, len(templates))
 	last := rec.waitAll(tb, pods)
 	profiled()
 	res := result{mode: m.name, pods: pods, podsPerSec: float64(pods) / last.Sub(start).Seconds(),
 		slices: r.fleet.Slices(), publish: publish}
 	res.p50, res.p99 = rec.latencies(created)
-	if len(m.claims) > 0 {
+	if len(templates) > 0 {
 		checkAllocations(tb, r.client, ns, m.name == "memory-share")
 	}
 	if err := cp.DeleteNamespace(ctx, ns); err != nil {
@@ -129,16 +130,14 @@ func (r *runner) run(tb testing.TB, m mode) result {
 	return res
 }
 
-// createTemplates makes one ResourceClaimTemplate per request, named
+// createTemplates makes one ResourceClaimTemplate per spec, named
 // prefix-0, prefix-1, ...
-func (r *runner) createTemplates(tb testing.TB, ns, prefix string, reqs []resourceapi.DeviceRequest) {
+func (r *runner) createTemplates(tb testing.TB, ns, prefix string, specs []resourceapi.ResourceClaimSpec) {
 	ctx := framework.Context(tb, time.Minute)
-	for i, req := range reqs {
+	for i, spec := range specs {
 		tmpl := &resourceapi.ResourceClaimTemplate{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i), Namespace: ns},
-			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-				Requests: []resourceapi.DeviceRequest{req},
-			}}},
+			Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: spec},
 		}
 		if _, err := r.client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, createOpts); err != nil {
 			tb.Fatalf("creating ResourceClaimTemplate: %v", err)

@@ -23,7 +23,7 @@ func (r *runner) steady(tb testing.TB, load steadyLoad) result {
 	publish := r.configure(tb, dynamicConfig)
 	ctx := framework.Context(tb, 30*time.Minute)
 	ns := cp.CreateNamespace(tb, "scale-steady")
-	r.createTemplates(tb, ns, "claim", []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")})
+	r.createTemplates(tb, ns, "claim", mode{claims: []resourceapi.DeviceRequest{exactly("mig-1g.10gb.gpuaas.io")}}.templates())
 	rec := watchBinds(tb, r.client, ns, "claim")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

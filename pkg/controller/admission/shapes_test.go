@@ -1,0 +1,97 @@
+package admission
+
+import (
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
+)
+
+func slotShape() *gpuaas.GpuShape {
+	return &gpuaas.GpuShape{
+		ObjectMeta: metav1.ObjectMeta{Name: "h100-slot", Generation: 1},
+		Spec: gpuaas.GpuShapeSpec{
+			Requests:  []gpuaas.ShapeRequest{{Name: "gpu", Profile: "h100"}, {Name: "nic", DeviceClassName: "nic.example.com"}},
+			Alignment: gpuaas.AlignPCIeRoot,
+		},
+	}
+}
+
+// slotClaim is a claim with the shape's template's spec, under whatever
+// name and labels its author chose.
+func slotClaim(name string, labels map[string]string) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, UID: types.UID("uid-" + name), Labels: labels},
+		Spec:       shape.ClaimSpec(slotShape()),
+	}
+}
+
+// TestAdmitShapeLimit (issue 38 item 5): limits.shapes caps the claims of
+// a shape a tenant holds, whatever their names and labels say: a claim
+// written by hand to the template's spec is one; reserved and allocated
+// ones count, a deleted one frees its slot, a cohort lends none, and a
+// claim of the same devices under another spec is charged its devices
+// only. The status shows the instances.
+func TestAdmitShapeLimit(t *testing.T) {
+	objs := append(world(t), nicClass(), slotShape(), ns("a", nil), ns("b", nil),
+		tenantQuota("team-a", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"}, Cohort: "research",
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("4"), Shapes: map[string]int64{"h100-slot": 2}}}),
+		tenantQuota("team-b", 1, gpuaas.TenantQuotaSpec{Namespaces: []string{"b"}, Cohort: "research",
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("4"), Shapes: map[string]int64{"h100-slot": 8}}}))
+	acct, c := newAccountant(t, objs...)
+	acct.countShapes.Store(true) // as WatchShapes does, which needs an informer
+	admit := func(cl *resourceapi.ResourceClaim) Admission {
+		t.Helper()
+		adm, err := acct.Admit(ctx(t), cl, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return adm
+	}
+
+	first := allocatedTo(slotClaim("first", map[string]string{gpuaas.ShapeLabel: "h100-slot"}), "node-a", "gpu-0")
+	if adm := admit(first); !adm.Allowed {
+		t.Fatalf("first instance refused: %s", adm.Reason)
+	}
+	if err := c.Create(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	// No label, another name: the spec makes it an instance.
+	if adm := admit(slotClaim("by-hand", nil)); !adm.Allowed || adm.Cost.Shapes["h100-slot"] != 1 {
+		t.Fatalf("hand-written instance: allowed %v (%s), charged %v; want admitted as one instance", adm.Allowed, adm.Reason, adm.Cost.Shapes)
+	}
+	adm := admit(slotClaim("third", map[string]string{gpuaas.ShapeLabel: "something-else"}))
+	want := `TenantQuota "team-a" exceeded: instances of shape "h100-slot": used 1, reserved 1, requested 1, limit 2 (2 of 2 in use)`
+	if adm.Allowed || adm.Reason != want {
+		t.Fatalf("third instance: allowed %v, %q\nwant refused: %q", adm.Allowed, adm.Reason, want)
+	}
+	// The same GPU without the NIC is another spec: not an instance.
+	if adm := admit(claim("a", "plain", "h100", 1)); !adm.Allowed || len(adm.Cost.Shapes) != 0 {
+		t.Fatalf("plain GPU claim: allowed %v (%s), charged shapes %v", adm.Allowed, adm.Reason, adm.Cost.Shapes)
+	}
+	rep, err := acct.Report(ctx(t), "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := rep.Usage; u.Used.Shapes["h100-slot"] != 1 || u.Reserved.Shapes["h100-slot"] != 1 {
+		t.Errorf("status shapes: used %v, reserved %v; want 1 and 1", u.Used.Shapes, u.Reserved.Shapes)
+	}
+
+	// Deleting the allocated instance frees a slot.
+	if err := c.Delete(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	acct.forgetClaim(first.UID)
+	if adm := admit(slotClaim("fourth", nil)); !adm.Allowed {
+		t.Fatalf("after a delete: refused: %s", adm.Reason)
+	}
+	adm = admit(slotClaim("fifth", nil))
+	if adm.Allowed || !strings.Contains(adm.Reason, "used 0, reserved 2, requested 1, limit 2") {
+		t.Fatalf("fifth instance: allowed %v, %q; want refused with 2 reserved", adm.Allowed, adm.Reason)
+	}
+}

@@ -1,0 +1,71 @@
+package kueuemirror
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
+)
+
+// TestKueueChargesAShapeAsItsGPUParts (issue 38 item 5): Kueue (v0.19.2,
+// pkg/dra GetResourceRequestsForResourceClaimTemplates) marks a workload
+// Inadmissible ("DeviceClass nic is not mapped in DRA configuration") when
+// its claim template names a class the deviceClassMappings do not list, so
+// the mappings must list every class of a shape's template: our profiles
+// under the GPU-unit counter, another driver's NIC class by count under a
+// resource of its own, so the shape costs in GPU units what its GPU part
+// does alone.
+func TestKueueChargesAShapeAsItsGPUParts(t *testing.T) {
+	slot := &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "h100-slot"}, Spec: gpuaas.GpuShapeSpec{
+		Requests:  []gpuaas.ShapeRequest{{Name: "gpu", Profile: "h100"}, {Name: "nic", DeviceClassName: "nic"}},
+		Alignment: gpuaas.AlignPCIeRoot,
+	}}
+	c := newFakeClient(t, append(catalog(), slot)...)
+	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas", shapes: true}
+	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	rendered := cm.Data[MappingsKey]
+	var res struct {
+		DeviceClassMappings []kueue.DeviceClassMapping `json:"deviceClassMappings"`
+	}
+	if err := yaml.Unmarshal([]byte(rendered), &res); err != nil {
+		t.Fatal(err)
+	}
+	mapped := map[string]kueue.DeviceClassMapping{}
+	for _, m := range res.DeviceClassMappings {
+		for _, c := range m.DeviceClassNames {
+			mapped[c] = m
+		}
+	}
+	gpuPart := map[string]bool{"h100": true}
+	spec := shape.ClaimSpec(slot)
+	for _, r := range spec.Devices.Requests {
+		m, ok := mapped[r.Exactly.DeviceClassName]
+		switch {
+		case !ok:
+			t.Errorf("class %s of the shape's template is not mapped: Kueue refuses the workload", r.Exactly.DeviceClassName)
+		case gpuPart[r.Exactly.DeviceClassName] && (m.Name != kueue.DefaultResource || len(m.Sources) != 1):
+			t.Errorf("GPU part %s charged as %s with %d sources, want the GPU-unit counter", r.Exactly.DeviceClassName, m.Name, len(m.Sources))
+		case !gpuPart[r.Exactly.DeviceClassName] && (m.Name != kueue.OtherDevicesResource || len(m.Sources) != 0):
+			t.Errorf("another driver's class %s charged as %s with %d sources, want %s by count", r.Exactly.DeviceClassName, m.Name, len(m.Sources), kueue.OtherDevicesResource)
+		}
+	}
+	// The same class in two shapes, or a profile's class named as a
+	// class, is mapped once: Kueue refuses a class listed twice.
+	twice := kueue.ShapeCharges([]gpuaas.GpuShape{*slot, *slot, {Spec: gpuaas.GpuShapeSpec{
+		Requests: []gpuaas.ShapeRequest{{Name: "gpu", DeviceClassName: "h100"}}}}}, map[string]bool{"h100": true})
+	if len(twice) != 1 || twice[0].DeviceClass != "nic" {
+		t.Errorf("shape charges %+v, want nic once", twice)
+	}
+}
