@@ -21,17 +21,7 @@ func BenchmarkScale(b *testing.B) {
 	for _, n := range envInts(b, "SCALE_NODES", []int{100, 500}) {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			r := startRunner(b, n, podsFor(b, n))
-			var results []result
-			for _, m := range modes() {
-				b.Run(m.name, func(b *testing.B) {
-					var res result
-					for b.Loop() {
-						res = r.run(b, m)
-					}
-					report(b, res)
-					results = append(results, res)
-				})
-			}
+			results := r.runModes(b, modes())
 			b.Run("steady-state-dynamic-mig-1g", func(b *testing.B) {
 				var res result
 				for b.Loop() {
@@ -79,6 +69,23 @@ func steadyRate(results []result) float64 {
 		}
 	}
 	return 1
+}
+
+// runModes runs each mode as a sub-benchmark on r and returns their
+// results in order.
+func (r *runner) runModes(b *testing.B, ms []mode) []result {
+	var results []result
+	for _, m := range ms {
+		b.Run(m.name, func(b *testing.B) {
+			var res result
+			for b.Loop() {
+				res = r.run(b, m)
+			}
+			report(b, res)
+			results = append(results, res)
+		})
+	}
+	return results
 }
 
 func report(b *testing.B, res result) {

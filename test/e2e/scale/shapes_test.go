@@ -51,17 +51,7 @@ func BenchmarkShapeScale(b *testing.B) {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			r := startRunner(b, n, podsFor(b, n))
 			publishNICs(b, r)
-			var results []result
-			for _, m := range shapeModes() {
-				b.Run(m.name, func(b *testing.B) {
-					var res result
-					for b.Loop() {
-						res = r.run(b, m)
-					}
-					report(b, res)
-					results = append(results, res)
-				})
-			}
+			results := r.runModes(b, shapeModes())
 			b.Logf("%d nodes x 8 GPUs and 8 NICs, %d pods per mode:\n%s", n, r.pods, table(results))
 		})
 	}
