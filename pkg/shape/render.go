@@ -6,6 +6,7 @@ package shape
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -134,6 +135,54 @@ func Describe(s *gpuaas.GpuShape) string {
 		out += " on one NUMA node"
 	}
 	return out
+}
+
+// InstanceOf reports whether a claim asks for what the shape sells: the
+// same requests (class, mode and count) and the same alignment, whatever
+// the requests are named and in whatever order. A TenantQuota's cap on a
+// shape's instances counts these: with SameClaim, a tenant who renamed or
+// reordered the template's requests got the same devices uncounted.
+// Selectors, tolerations and config a claim adds are not compared, as in
+// SameClaim: such a claim asks for the shape's devices or fewer.
+func InstanceOf(s *gpuaas.GpuShape, spec *resourceapi.ResourceClaimSpec) bool {
+	want := ClaimSpec(s)
+	return sameKeys(requestKeys(want.Devices.Requests), requestKeys(spec.Devices.Requests)) &&
+		sameKeys(constraintKeys(want.Devices.Constraints), constraintKeys(spec.Devices.Constraints))
+}
+
+// requestKeys describe each request by what it asks for, not its name;
+// a request of alternatives (firstAvailable) is never the shape's.
+func requestKeys(rs []resourceapi.DeviceRequest) []string {
+	keys := make([]string, 0, len(rs))
+	for _, r := range rs {
+		if r.Exactly == nil || len(r.FirstAvailable) > 0 {
+			keys = append(keys, "alternatives")
+			continue
+		}
+		// The API's defaults: ExactCount, one device.
+		mode, count := resourceapi.DeviceAllocationModeExactCount, max(r.Exactly.Count, 1)
+		if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
+			mode, count = resourceapi.DeviceAllocationModeAll, 0
+		}
+		keys = append(keys, fmt.Sprintf("%s/%s/%d", r.Exactly.DeviceClassName, mode, count))
+	}
+	return keys
+}
+
+func constraintKeys(cs []resourceapi.DeviceConstraint) []string {
+	keys := make([]string, 0, len(cs))
+	for _, c := range cs {
+		keys = append(keys, string(ptr.Deref(c.MatchAttribute, "")))
+	}
+	return keys
+}
+
+// sameKeys compares two lists as multisets.
+func sameKeys(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // SameClaim reports whether a claim's spec is the shape's rendered spec:

@@ -138,6 +138,45 @@ func TestSameClaim(t *testing.T) {
 	}
 }
 
+// InstanceOf is what a TenantQuota's shape cap counts: the shape's requests
+// and alignment under any names, in any order; SameClaim (Refuse) keeps
+// names and order.
+func TestInstanceOf(t *testing.T) {
+	s := slot()
+	spec := ClaimSpec(s)
+	if !InstanceOf(s, &spec) {
+		t.Fatal("the rendered spec is not an instance")
+	}
+	disguised := ClaimSpec(s)
+	disguised.Devices.Requests[0].Name, disguised.Devices.Requests[1].Name = "b", "a"
+	disguised.Devices.Requests[0], disguised.Devices.Requests[1] = disguised.Devices.Requests[1], disguised.Devices.Requests[0]
+	if !InstanceOf(s, &disguised) {
+		t.Error("renamed and reordered requests: not an instance")
+	}
+	defaulted := ClaimSpec(s)
+	defaulted.Devices.Requests[0].Exactly.AllocationMode, defaulted.Devices.Requests[0].Exactly.Count = "", 0
+	if !InstanceOf(s, &defaulted) {
+		t.Error("a request left to the API's defaults (one device): not an instance")
+	}
+	for name, edit := range map[string]func(*resourceapi.ResourceClaimSpec){
+		"count":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 },
+		"class":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[1].Exactly.DeviceClassName = "other" },
+		"no align": func(c *resourceapi.ResourceClaimSpec) { c.Devices.Constraints = nil },
+		"one more": func(c *resourceapi.ResourceClaimSpec) {
+			c.Devices.Requests = append(c.Devices.Requests, c.Devices.Requests[0])
+		},
+		"numa align": func(c *resourceapi.ResourceClaimSpec) {
+			c.Devices.Constraints[0].MatchAttribute = ptr.To[resourceapi.FullyQualifiedName](numaNode)
+		},
+	} {
+		c := ClaimSpec(s)
+		edit(&c)
+		if InstanceOf(s, &c) {
+			t.Errorf("%s: a different claim counts as an instance", name)
+		}
+	}
+}
+
 func TestMissingParts(t *testing.T) {
 	s := slot()
 	s.Spec.Requests = append(s.Spec.Requests, gpuaas.ShapeRequest{Name: "mig", Profile: "mig-1g"}, gpuaas.ShapeRequest{Name: "x", Profile: "gone"})

@@ -14,7 +14,7 @@ import (
 )
 
 // WatchShapes has the accountant charge every claim one instance of each
-// GpuShape whose template's spec it has (shape.SameClaim), against the
+// GpuShape whose requests and alignment it has (shape.InstanceOf), against the
 // shape limits of TenantQuotas (limits.shapes). It is called only where
 // the GpuShape CRD is served: without it there are no shapes to count.
 // Only a shape's spec changes what a claim is an instance of, so its
@@ -45,9 +45,11 @@ func WatchShapes(ctx context.Context, c cache.Cache, acct *Accountant) error {
 }
 
 // shapesOf is the test the pricer charges shape instances by: the shapes
-// whose template's spec the claim's is. Only the spec decides; labels,
-// annotations and names are the tenant's to write and prove nothing, so a
-// claim written by hand to a shape's spec is one of it.
+// whose requests and alignment the claim has (shape.InstanceOf), under any
+// request names, in any order. Only the spec decides; labels, annotations
+// and names are the tenant's to write and prove nothing, so a claim
+// written by hand to a shape's spec is one of it, and so is one whose
+// requests were renamed to slip past the cap.
 func shapesOf(shapes []gpuaas.GpuShape) quota.ShapesOf {
 	if len(shapes) == 0 {
 		return nil
@@ -55,7 +57,7 @@ func shapesOf(shapes []gpuaas.GpuShape) quota.ShapesOf {
 	return func(spec *resourceapi.ResourceClaimSpec) map[string]int64 {
 		var out map[string]int64
 		for i := range shapes {
-			if !shape.SameClaim(&shapes[i], spec) {
+			if !shape.InstanceOf(&shapes[i], spec) {
 				continue
 			}
 			if out == nil {

@@ -65,6 +65,16 @@ func TestAdmitShapeLimit(t *testing.T) {
 	if adm := admit(slotClaim("by-hand", nil)); !adm.Allowed || adm.Cost.Shapes["h100-slot"] != 1 {
 		t.Fatalf("hand-written instance: allowed %v (%s), charged %v; want admitted as one instance", adm.Allowed, adm.Reason, adm.Cost.Shapes)
 	}
+	// The template's requests renamed and reordered ask for the same
+	// devices: an instance all the same, not a way around the cap.
+	disguised := slotClaim("disguised", nil)
+	reqs := disguised.Spec.Devices.Requests
+	reqs[0].Name, reqs[1].Name = "b", "a"
+	reqs[0], reqs[1] = reqs[1], reqs[0]
+	disguised.Spec.Devices.Constraints[0].Requests = []string{"a", "b"}
+	if adm := admit(disguised); adm.Allowed || !strings.Contains(adm.Reason, `instances of shape "h100-slot"`) {
+		t.Fatalf("renamed and reordered requests: allowed %v (%s), charged %v; want refused by the shape limit", adm.Allowed, adm.Reason, adm.Cost.Shapes)
+	}
 	adm := admit(slotClaim("third", map[string]string{gpuaas.ShapeLabel: "something-else"}))
 	want := `TenantQuota "team-a" exceeded: instances of shape "h100-slot": used 1, reserved 1, requested 1, limit 2 (2 of 2 in use)`
 	if adm.Allowed || adm.Reason != want {
