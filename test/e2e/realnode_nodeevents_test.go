@@ -532,12 +532,22 @@ func checkOutageLog(t *testing.T, n *realNode, w outageWitness, names []string, 
 // them again.
 func waitSlicesCurrent(t *testing.T, ctx context.Context, before []string, when string) {
 	t.Helper()
+	waitSlicesCurrentWhere(t, ctx, before, when, func(string) bool { return true })
+}
+
+// waitSlicesCurrentWhere is waitSlicesCurrent for the devices keep selects.
+func waitSlicesCurrentWhere(t *testing.T, ctx context.Context, before []string, when string, keep func(string) bool) {
+	t.Helper()
+	before = slices.DeleteFunc(slices.Clone(before), func(name string) bool { return !keep(name) })
+	published := func() []string {
+		return slices.DeleteFunc(publishedDeviceNames(t, ctx), func(name string) bool { return !keep(name) })
+	}
 	start := time.Now()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		return slices.Equal(publishedDeviceNames(t, ctx), before), nil
+		return slices.Equal(published(), before), nil
 	})
 	if err != nil {
-		t.Fatalf("%s: the node publishes %v, not the %d devices it published before: %v", when, publishedDeviceNames(t, ctx), len(before), err)
+		t.Fatalf("%s: the node publishes %v, not the %d devices it published before: %v", when, published(), len(before), err)
 	}
 	t.Logf("%s: the node's %d devices published again (%v after the wait began)", when, len(before), time.Since(start).Round(time.Millisecond))
 }

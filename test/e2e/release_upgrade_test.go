@@ -219,7 +219,12 @@ func (u *upgrade) roll(t *testing.T, ctx context.Context, what string, rel pushe
 		t.Fatal(err)
 	}
 	when := "after " + what + " to " + rel.version
-	waitSlicesCurrent(t, ctx, slicesBefore, when)
+	// The simulated H100 is compiled into each release's plugin, and its
+	// MIG geometry changed after 0.0.0-321-g52b18a6 (7 memory slices then,
+	// a real H100's 8 now), so the dynamic MIG placements each publishes
+	// differ; on a real GPU both read NVML's. Every other device must be
+	// the same, and the kept MIG pods' devices are checked below.
+	waitSlicesCurrentWhere(t, ctx, slicesBefore, when, func(name string) bool { return !strings.Contains(name, "-mig-") })
 	t.Logf("%s to %s: new plugin pod %s publishing, controller ready in %.1fs", what, rel.version, newPlugin.Name, time.Since(begin).Seconds())
 	u.checkRunning(t, ctx, rel)
 	u.checkUntouched(t, ctx, when)
