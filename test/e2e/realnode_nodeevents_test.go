@@ -282,6 +282,11 @@ func testContainerdRestart(t *testing.T, e *nodeEvents) {
 // ones and that no claim was prepared twice.
 func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, start func(context.Context) error) {
 	ctx := framework.Context(t, 8*time.Minute)
+	// The controller runs on this node: after the step before (a kubelet
+	// restart) its pod may be out of the webhook's endpoints for a moment,
+	// and the fail-closed webhook refuses claims until it is back ("no
+	// endpoints available"). Wait for it, as a user would retry.
+	waitClaimWebhookServes(t, ctx)
 	slicesBefore := publishedDeviceNames(t, ctx)
 	if err := stop(); err != nil {
 		t.Fatal(err)
