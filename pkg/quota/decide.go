@@ -162,6 +162,21 @@ func IdleOf(t Tenant, peers []Peer) PeersIdle {
 	return PeersIdle{Units: idle[0], Memory: idle[1]}
 }
 
+// overCounts calls over, in name order, for each strict per-name limit
+// (devices of a profile, instances of a shape) that the request would
+// pass; names without a limit are not enforced.
+func overCounts(limits, used, reserved, req map[string]int64, over func(name string, used, reserved, requested, limit int64)) {
+	for _, name := range slices.Sorted(maps.Keys(req)) {
+		limit, ok := limits[name]
+		if !ok || req[name] <= 0 {
+			continue
+		}
+		if u, r := used[name], reserved[name]; u+r+req[name] > limit {
+			over(name, u, r, req[name], limit)
+		}
+	}
+}
+
 // DecideIdle is Decide with the peers summed up beforehand.
 func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 	var violations []string
@@ -172,28 +187,14 @@ func DecideIdle(t Tenant, usage Usage, req Charge, peers PeersIdle) Decision {
 		}
 		violations = append(violations, reason)
 	}
-	for _, class := range slices.Sorted(maps.Keys(req.Devices)) {
-		limit, ok := t.Limits.Devices[class]
-		if !ok || req.Devices[class] <= 0 {
-			continue
-		}
-		used, reserved := usage.Used.Devices[class], usage.Reserved.Devices[class]
-		if used+reserved+req.Devices[class] > limit {
-			fail("devices/"+class, fmt.Sprintf("devices of profile %q: used %d, reserved %d, requested %d, limit %d",
-				class, used, reserved, req.Devices[class], limit))
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(req.Shapes)) {
-		limit, ok := t.Limits.Shapes[name]
-		if !ok || req.Shapes[name] <= 0 {
-			continue
-		}
-		used, reserved := usage.Used.Shapes[name], usage.Reserved.Shapes[name]
-		if used+reserved+req.Shapes[name] > limit {
-			fail(ShapeResource(name), fmt.Sprintf("instances of shape %q: used %d, reserved %d, requested %d, limit %d (%d of %d in use)",
-				name, used, reserved, req.Shapes[name], limit, used+reserved, limit))
-		}
-	}
+	overCounts(t.Limits.Devices, usage.Used.Devices, usage.Reserved.Devices, req.Devices, func(class string, used, reserved, requested, limit int64) {
+		fail("devices/"+class, fmt.Sprintf("devices of profile %q: used %d, reserved %d, requested %d, limit %d",
+			class, used, reserved, requested, limit))
+	})
+	overCounts(t.Limits.Shapes, usage.Used.Shapes, usage.Reserved.Shapes, req.Shapes, func(name string, used, reserved, requested, limit int64) {
+		fail(ShapeResource(name), fmt.Sprintf("instances of shape %q: used %d, reserved %d, requested %d, limit %d (%d of %d in use)",
+			name, used, reserved, requested, limit, used+reserved, limit))
+	})
 	onlyLent := d.Allowed // no device or shape limit refused it
 	var lent [2]Units
 	for i, dim := range dimensions {

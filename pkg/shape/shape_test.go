@@ -118,18 +118,9 @@ func TestSameClaim(t *testing.T) {
 	if !SameClaim(s, &spec) {
 		t.Fatal("the rendered spec is not the shape's")
 	}
-	for name, edit := range map[string]func(*resourceapi.ResourceClaimSpec){
-		"count":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 },
-		"class":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[1].Exactly.DeviceClassName = "other" },
-		"no align": func(c *resourceapi.ResourceClaimSpec) { c.Devices.Constraints = nil },
-		"renamed":  func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Name = "x" },
-		"one more": func(c *resourceapi.ResourceClaimSpec) {
-			c.Devices.Requests = append(c.Devices.Requests, c.Devices.Requests[0])
-		},
-		"numa align": func(c *resourceapi.ResourceClaimSpec) {
-			c.Devices.Constraints[0].MatchAttribute = ptr.To[resourceapi.FullyQualifiedName](numaNode)
-		},
-	} {
+	edits := otherClaims()
+	edits["renamed"] = func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Name = "x" }
+	for name, edit := range edits {
 		c := ClaimSpec(s)
 		edit(&c)
 		if SameClaim(s, &c) {
@@ -158,7 +149,19 @@ func TestInstanceOf(t *testing.T) {
 	if !InstanceOf(s, &defaulted) {
 		t.Error("a request left to the API's defaults (one device): not an instance")
 	}
-	for name, edit := range map[string]func(*resourceapi.ResourceClaimSpec){
+	for name, edit := range otherClaims() {
+		c := ClaimSpec(s)
+		edit(&c)
+		if InstanceOf(s, &c) {
+			t.Errorf("%s: a different claim counts as an instance", name)
+		}
+	}
+}
+
+// otherClaims edit the slot's rendered spec into claims of other devices
+// or another alignment: neither the shape's claim nor an instance of it.
+func otherClaims() map[string]func(*resourceapi.ResourceClaimSpec) {
+	return map[string]func(*resourceapi.ResourceClaimSpec){
 		"count":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 },
 		"class":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[1].Exactly.DeviceClassName = "other" },
 		"no align": func(c *resourceapi.ResourceClaimSpec) { c.Devices.Constraints = nil },
@@ -168,12 +171,6 @@ func TestInstanceOf(t *testing.T) {
 		"numa align": func(c *resourceapi.ResourceClaimSpec) {
 			c.Devices.Constraints[0].MatchAttribute = ptr.To[resourceapi.FullyQualifiedName](numaNode)
 		},
-	} {
-		c := ClaimSpec(s)
-		edit(&c)
-		if InstanceOf(s, &c) {
-			t.Errorf("%s: a different claim counts as an instance", name)
-		}
 	}
 }
 

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,16 +178,4 @@ func (s *soak) leaks(t *testing.T) []string {
 		}
 	}
 	return out
-}
-
-// httpGet does req with a short timeout and returns the status and body.
-func httpGet(req *http.Request) (int, string, error) {
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), err
 }

@@ -201,27 +201,22 @@ func (s *soak) cycle(t *testing.T, ctx context.Context) {
 // freeWholeGPU is a whole GPU (0-3) that no kept pod holds.
 func (s *soak) freeWholeGPU(t *testing.T, ctx context.Context, rng *rand.Rand) string {
 	t.Helper()
+	devices, err := cp.PoolDevices(ctx, realNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
 	held := s.e.views["kept-whole-gpu"].uuids
 	var free []string
-	for i := range 4 {
-		uuid := gpuUUIDOfIndex(t, ctx, int64(i))
-		if !held.Has(uuid) {
-			free = append(free, strconv.Itoa(i))
+	for _, d := range devices {
+		if i, ok := intAttr(d, "index"); ok && i < 4 && stringAttr(d, "type") == "gpu" && !held.Has(stringAttr(d, "uuid")) {
+			free = append(free, strconv.FormatInt(i, 10))
 		}
 	}
+	if len(free) == 0 {
+		t.Fatal("no whole GPU of 0-3 is published and free")
+	}
+	slices.Sort(free)
 	return free[rng.IntN(len(free))]
-}
-
-// gpuUUIDOfIndex is the UUID the node publishes for the GPU of an index.
-func gpuUUIDOfIndex(t *testing.T, ctx context.Context, index int64) string {
-	t.Helper()
-	for name := range devicesOfGPU(t, ctx, index) {
-		if d := publishedDevice(t, ctx, name); stringAttr(d, "type") == "gpu" {
-			return stringAttr(d, "uuid")
-		}
-	}
-	t.Fatalf("no whole GPU of index %d published", index)
-	return ""
 }
 
 // transientXID logs XID 62 on a free whole GPU and waits until its device
@@ -396,7 +391,7 @@ func scrapeComponent(ctx context.Context, p *v1.Pod, component, token string) (s
 	if err != nil {
 		return "", err
 	}
-	code, body, err := httpGet(req)
+	code, body, err := httpGet(&http.Client{Timeout: 10 * time.Second}, req)
 	if err == nil && code != http.StatusOK {
 		err = fmt.Errorf("HTTP %d", code)
 	}
