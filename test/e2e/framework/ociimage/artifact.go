@@ -74,15 +74,7 @@ func WriteArtifactLayout(dir string, a Artifact) (string, error) {
 			return "", err
 		}
 	}
-	for name, data := range map[string][]byte{"index.json": top.data, "oci-layout": []byte(`{"imageLayoutVersion":"1.0.0"}`)} {
-		if err := os.WriteFile(filepath.Join(tmp, name), data, 0o644); err != nil {
-			return "", fmt.Errorf("artifact layout: %w", err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return "", fmt.Errorf("artifact layout: %w", err)
-	}
-	if err := os.Rename(tmp, dir); err != nil {
+	if err := finishLayout(tmp, dir, top); err != nil {
 		return "", fmt.Errorf("artifact layout: %w", err)
 	}
 	return mf.digest, nil

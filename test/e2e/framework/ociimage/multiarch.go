@@ -86,19 +86,25 @@ func WriteIndexLayout(dir, name string, imgs []Image) (IndexLayout, error) {
 	if err != nil {
 		return IndexLayout{}, fmt.Errorf("image index: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "index.json"), top.data, 0o644); err != nil {
-		return IndexLayout{}, fmt.Errorf("image index: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644); err != nil {
-		return IndexLayout{}, fmt.Errorf("image index: %w", err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return IndexLayout{}, fmt.Errorf("image index: %w", err)
-	}
-	if err := os.Rename(tmp, dir); err != nil {
+	if err := finishLayout(tmp, dir, top); err != nil {
 		return IndexLayout{}, fmt.Errorf("image index: %w", err)
 	}
 	return out, nil
+}
+
+// finishLayout writes the layout files of tmp (its index.json, top, and
+// oci-layout) and puts tmp in dir's place.
+func finishLayout(tmp, dir string, top blob) error {
+	if err := os.WriteFile(filepath.Join(tmp, "index.json"), top.data, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
 }
 
 // imageIndex is an OCI image index with annotations (index.json has none).
