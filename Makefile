@@ -117,17 +117,20 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 ## own): what each API server keeps of the plugin's slices, and what a user asks (whole, replica, share,
 ## dynamic MIG, firstAvailable, pods queued through a plugin restart) under that version's scheduler and
 ## controller-manager: docs/install.md's table, and docs/reference/version-matrix.md (written when all pass)
-## Then TestRealNode (the chart on a real node: that version's kubelet, containerd, runc) once per
-## version with its documented gates, the whole suite's control plane of that version (REAL_NODE_VERSIONS)
+## Then TestRealNode (the chart on a real node: that version's kubelet, containerd, runc) per version
+## (REAL_NODE_VERSIONS) and gate setting (REAL_NODE_GATES: documented, defaults), the whole suite's control plane of that version
 REAL_NODE_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
+# docs: the gates docs/install.md names for the version; defaults: none set
+REAL_NODE_GATES ?= docs defaults
 test-versions: k8s-bins node-bins helm driver-userspace image-base cdi-hook
 	$(MAKE) k8s-versions K8S_VERSION_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" E2E_MATRIX_OUT=$(CURDIR)/docs/reference/version-matrix.md \
 		$(GO) test -count=1 -timeout 40m ./test/e2e -run 'TestSlicesOnEachAPIServer|TestUserCasesOnEachControlPlane' -v
-	for v in $(REAL_NODE_VERSIONS); do \
-		E2E_REQUIRED=1 E2E_SUITE_K8S=$$v E2E_SUITE_GATES=docs $(GO) test -count=1 -timeout 30m ./test/e2e \
+	for v in $(REAL_NODE_VERSIONS); do for g in $(REAL_NODE_GATES); do \
+		echo "== TestRealNode on $$v, gates: $$g"; \
+		E2E_REQUIRED=1 E2E_SUITE_K8S=$$v E2E_SUITE_GATES=$$g $(GO) test -count=1 -timeout 30m ./test/e2e \
 			-run 'TestRealNode$$' -v || exit 1; \
-	done
+	done; done
 
 ## e2e-repeat: the e2e suite RUNS times (default 5), then each test's pass rate (hack/flakereport); LOAD=N
 ## busy loops beside it, RUN=regexp and COUNT=n to repeat a few tests. Streams in _output/e2e-repeat/

@@ -296,7 +296,7 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
 	h := newHealthRun(t, n)
 	replica := `device.attributes["gpu.gpuaas.io"].type == "timeslice"`
-	reports := suiteShape(t).kubeletHealth
+	reports, faults := suiteShape(t).kubeletHealth, suiteFaultView(t)
 	running, claim := h.reportedPod(t, ctx, "running", replica, reports)
 	_, data := deviceStatus(t, ctx, h.ns, claim, "Ready and Healthy", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Ready", metav1.ConditionTrue) && conditionIs(d, "Healthy", metav1.ConditionTrue)
@@ -310,9 +310,9 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	if err := nvmock.InjectEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 62, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
-	took := waitTaints(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
+	took := faults.waitFaulted(t, ctx, "gpu.gpuaas.io/xid", "every replica of GPU 4 tainted", gpu4)
 	// How fast is the machine's speed as much as ours: logged, not asserted.
-	t.Logf("XID 62 on GPU 4: its %d devices tainted after %v", len(gpu4), took)
+	t.Logf("XID 62 on GPU 4: its %d devices kept off (taints kept: %v) after %v", len(gpu4), faults.taints, took)
 	st, _ := deviceStatus(t, ctx, h.ns, claim, "Healthy=False", func(d resourceapi.AllocatedDeviceStatus) bool {
 		return conditionIs(d, "Healthy", metav1.ConditionFalse)
 	})
@@ -322,11 +322,14 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	} else {
 		t.Logf("kubelet: %s; the claim's Healthy condition says it", reports)
 	}
-	waitGPUPosture(t, ctx, 4, gpuaas.PostureUnhealthy)
+	faults.waitFaultyGPU(t, ctx, 4, gpuaas.PostureUnhealthy)
+	if !faults.taints {
+		checkGpuNodeNamesGaps(ctx, t, cp, realNodeName, suiteCase(t))
+	}
 
 	waiting := h.pod(t, ctx, "waiting", replica)
 	t.Logf("new pod while tainted: %s", stayPending(t, ctx, waiting, 5*time.Second))
-	took = waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", func(got map[string]bool) bool { return len(got) == 0 })
+	took = faults.waitCleared(t, ctx, "gpu.gpuaas.io/xid", "the quiet period to clear the taint", gpu4)
 	t.Logf("taint cleared %v later", took)
 	runningPod(t, ctx, h.ns, waiting.Name)
 	deviceStatus(t, ctx, h.ns, claim, "Healthy again", func(d resourceapi.AllocatedDeviceStatus) bool {
@@ -345,11 +348,11 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 	if err := nvmock.InjectEvent(h.stateDir, data.GPUUUID, nvml.EventTypeXidCriticalError, 48, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
 		t.Fatal(err)
 	}
-	waitTaints(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", func(got map[string]bool) bool { return maps.Equal(got, gpu4) })
+	faults.waitFaulted(t, ctx, "gpu.gpuaas.io/xid", "XID 48 (reset-required) tainting GPU 4", gpu4)
 	if err := health.RequestClear(filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "health-clear"), data.GPUUUID); err != nil {
 		t.Fatal(err)
 	}
-	took = waitTaints(t, ctx, "gpu.gpuaas.io/xid", "the operator's clear request to remove it", func(got map[string]bool) bool { return len(got) == 0 })
+	took = faults.waitCleared(t, ctx, "gpu.gpuaas.io/xid", "the operator's clear request to remove it", gpu4)
 	t.Logf("XID 48 cleared at an operator's request %v later", took)
 }
 
@@ -358,6 +361,13 @@ func testDeviceHealth(t *testing.T, n *realNode) {
 // until the kubelet's retry of unprepare succeeds.
 func testMIGHealth(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 5*time.Minute)
+	if !suiteShape(t).dynamicMIG {
+		checkNoMIGOffered(t, ctx)
+		return
+	}
+	if !suiteShape(t).taints {
+		t.Fatal("dynamic MIG without device taints is no case of the version matrix; this step has no expectations for it")
+	}
 	h := newHealthRun(t, n)
 	pod := h.pod(t, ctx, "mig", `device.attributes["gpu.gpuaas.io"].type == "mig" && device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
 	pod = runningPod(t, ctx, h.ns, pod.Name)

@@ -103,6 +103,8 @@ func specOutcome(t *testing.T, file string, shape storedShape) outcome {
 		return outcomeWaits
 	case (strings.Contains(spec, "deviceClassName: mig.gpuaas.io") || strings.Contains(spec, "deviceClassName: mig-")) && !shape.dynamicMIG:
 		return outcomeWaits // the real node's MIG is GPUs 6 and 7, dynamic
+	case strings.Contains(spec, extendedResource+": ") && !shape.extendedResource:
+		return outcomeWaits // the API server dropped the class's extendedResourceName
 	case strings.Contains(spec, "matchAttribute: gpu.gpuaas.io/parentUUID") && shape.keepsRejectedCounters:
 		return outcomeWaitsAllocator
 	}
@@ -114,14 +116,20 @@ func specOutcome(t *testing.T, file string, shape storedShape) outcome {
 // each), by default the newest version with its default gates.
 func suiteShape(t *testing.T) storedShape {
 	t.Helper()
-	version, gates := os.Getenv(framework.SuiteVersionEnv), os.Getenv(framework.SuiteGatesEnv)
+	return suiteCase(t).want
+}
+
+// suiteCase is the version matrix's case of the suite's own control plane.
+func suiteCase(t *testing.T) apiServerCase {
+	t.Helper()
+	version, gates := os.Getenv(framework.SuiteVersionEnv), framework.SuiteGates()
 	for _, c := range apiServerCases {
 		if c.version == version && c.gates == gates {
-			return c.want
+			return c
 		}
 	}
 	t.Fatalf("no case of the version matrix for %s=%q %s=%q", framework.SuiteVersionEnv, version, framework.SuiteGatesEnv, gates)
-	return storedShape{}
+	return apiServerCase{}
 }
 
 // readWorkloadSpec reads a spec file's objects, with each pod's image

@@ -282,11 +282,41 @@ func runTemplatePod(t *testing.T, ctx context.Context, n *realNode, ns, name, te
 func testExtendedResourceContainer(t *testing.T, n *realNode) {
 	file := filepath.Join(repoRoot, "demo", "extended-resource", "extended-resource.yaml")
 	pods := runSpecOnRealNode(t, t, n, file)
+	if !suiteShape(t).extendedResource {
+		checkExtendedResourceDropped(t, file, pods)
+		return
+	}
 	if len(pods) != 1 {
 		t.Fatalf("%s runs %d pods, want 1", file, len(pods))
 	}
 	if pods[0].Status.ExtendedResourceClaimStatus == nil {
 		t.Fatalf("pod %s has no extendedResourceClaimStatus: %s was not satisfied through DRA", pods[0].Name, extendedResource)
+	}
+}
+
+// checkExtendedResourceDropped: where DRAExtendedResource is off, the API
+// server stores the spec's DeviceClass without its extendedResourceName, as
+// a user reads it back, and the pod written for the device-plugin world
+// waits (runSpecOnRealNode checked it is unschedulable) instead of running
+// on a GPU no claim accounts for.
+func checkExtendedResourceDropped(t *testing.T, file string, running []*v1.Pod) {
+	t.Helper()
+	if len(running) != 0 {
+		t.Fatalf("%s runs %d pods where extended resources are not served by DRA", file, len(running))
+	}
+	ctx := framework.Context(t, time.Minute)
+	for _, obj := range readWorkloadSpec(t, file) {
+		if obj.GetKind() != "DeviceClass" {
+			continue
+		}
+		class, err := cp.Client.ResourceV1().DeviceClasses().Get(ctx, obj.GetName(), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if class.Spec.ExtendedResourceName != nil {
+			t.Fatalf("DeviceClass %s kept extendedResourceName %q, but this version's matrix case drops it", class.Name, *class.Spec.ExtendedResourceName)
+		}
+		t.Logf("DeviceClass %s stored without its extendedResourceName (DRAExtendedResource off)", class.Name)
 	}
 }
 

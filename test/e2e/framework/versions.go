@@ -21,7 +21,19 @@ const (
 	SuiteGatesEnv = "E2E_SUITE_GATES"
 	// DocGates stands for docs/install.md's gates of a version.
 	DocGates = "docs"
+	// DefaultGates stands for the version's own defaults (no
+	// --feature-gates), as an empty SuiteGatesEnv does: a name make can
+	// loop over.
+	DefaultGates = "defaults"
 )
+
+// SuiteGates is SuiteGatesEnv, with DefaultGates as "".
+func SuiteGates() string {
+	if g := os.Getenv(SuiteGatesEnv); g != DefaultGates {
+		return g
+	}
+	return ""
+}
 
 // VersionBinDir is where hack/build-k8s-version.sh puts version's binaries.
 func VersionBinDir(version string) (string, error) {
@@ -34,7 +46,7 @@ func VersionBinDir(version string) (string, error) {
 
 // suiteVersion fills opts from SuiteVersionEnv and SuiteGatesEnv.
 func suiteVersion(opts *Options) error {
-	version, gates := os.Getenv(SuiteVersionEnv), os.Getenv(SuiteGatesEnv)
+	version, gates := os.Getenv(SuiteVersionEnv), SuiteGates()
 	if version != "" {
 		dir, err := VersionBinDir(version)
 		if err != nil {
