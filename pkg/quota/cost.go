@@ -183,6 +183,33 @@ func (p *Pricer) Unpriced(ctx context.Context, spec *resourceapi.ResourceClaimSp
 	return out
 }
 
+// Guessed lists, sorted and once each, the classes of a claim's requests
+// (firstAvailable alternatives included) that no published device matches,
+// so that ClaimCost priced each of their devices as a whole GPU (fallback):
+// a refusal must say its price is a guess, or a tenant asking for a 1/7
+// slice reads "requested 1" and nothing else.
+func (p *Pricer) Guessed(ctx context.Context, spec *resourceapi.ResourceClaimSpec) []string {
+	var out []string
+	check := func(class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements, admin *bool) {
+		if ptr.Deref(admin, false) {
+			return
+		}
+		if pr := p.priceOf(ctx, class, sel, capReq); pr.ours && pr.guessed && !pr.interrupted {
+			out = append(out, class)
+		}
+	}
+	for _, r := range spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			check(e.DeviceClassName, e.Selectors, e.Capacity, e.AdminAccess)
+		}
+		for _, sub := range r.FirstAvailable {
+			check(sub.DeviceClassName, sub.Selectors, sub.Capacity, nil)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // RequestCost prices one request of a claim (see ClaimCost).
 func (p *Pricer) RequestCost(ctx context.Context, r *resourceapi.DeviceRequest) Charge {
 	if r.Exactly != nil {

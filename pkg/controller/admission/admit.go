@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -329,7 +330,21 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 		return adm, err
 	}
 	adm.Decision = quota.DecideIdle(tenant, usage, adm.Cost, peers)
+	if !adm.Allowed {
+		adm.Reason += guessNote(pc.guessed)
+	}
 	return adm, nil
+}
+
+// guessNote tells a refused tenant which of its classes were priced as a
+// whole GPU for want of a published device (none yet, or none this cluster
+// can publish: a GpuNode's status.missingFeatures says which).
+func guessNote(classes []string) string {
+	if len(classes) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (no published device matches class %q, so each of its devices is priced as a whole GPU:"+
+		" see the nodes' GpuNode status for what this cluster does not offer)", strings.Join(classes, `", "`))
 }
 
 // TenantReport is what the quota reconciler writes to a TenantQuota's
@@ -479,6 +494,8 @@ type priced struct {
 	pricer   *quota.Pricer
 	cost     quota.Charge
 	unpriced []quota.Unpriced
+	// guessed: classes priced at the fallback of a whole GPU (Guessed).
+	guessed []string
 }
 
 // price prices a claim with the caller's context against the current
@@ -497,5 +514,6 @@ func (a *Accountant) price(ctx context.Context, claim *resourceapi.ResourceClaim
 func priceWith(ctx context.Context, p *quota.Pricer, claim *resourceapi.ResourceClaim) *priced {
 	ctx, stop := quota.WithCELBudget(ctx, quota.MaxCELCostPerClaim)
 	defer stop()
-	return &priced{pricer: p, cost: p.ClaimCost(ctx, &claim.Spec), unpriced: p.Unpriced(ctx, &claim.Spec)}
+	return &priced{pricer: p, cost: p.ClaimCost(ctx, &claim.Spec), unpriced: p.Unpriced(ctx, &claim.Spec),
+		guessed: p.Guessed(ctx, &claim.Spec)}
 }

@@ -382,3 +382,27 @@ func nicClass() *resourceapi.DeviceClass {
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 			Expression: `device.driver == "nic.example.com"`}}}}}
 }
+
+// Issue 35: where no device of a profile is published (dynamic MIG on a
+// cluster without partitionable devices, 1.34 and 1.35 by default), its
+// claim is priced as a whole GPU, so a small quota refuses it. The refusal
+// says so, or the tenant reads only "requested 1" for a 1/7 slice.
+func TestAdmitSaysAGuessedPriceIsAGuess(t *testing.T) {
+	p := gpuProfile("mig-3g", gpuaas.ProfileSelector{MigProfile: "3g.40gb"})
+	acct, _ := newAccountant(t, append(world(t), p, classOf(t, p), ns("a", nil), teamQuota("team-a", "a", "0.5"))...)
+	adm, err := acct.Admit(ctx(t), claim("a", "x", "mig-3g", 1), false)
+	if err != nil || adm.Allowed {
+		t.Fatalf("%+v, %v: want refused at the fallback price of a whole GPU", adm.Decision, err)
+	}
+	if !strings.Contains(adm.Reason, `no published device matches class "mig-3g"`) {
+		t.Errorf("refusal %q does not say that the price is a guess", adm.Reason)
+	}
+	adm, err = acct.Admit(ctx(t), claim("a", "y", "mig-1g", 1), false)
+	if err != nil || !adm.Allowed {
+		t.Fatalf("a claim priced by a published device: %+v, %v", adm.Decision, err)
+	}
+	adm, _ = acct.Admit(ctx(t), claim("a", "z", "h100", 1), false)
+	if adm.Allowed || strings.Contains(adm.Reason, "no published device") {
+		t.Errorf("a claim priced by a published H100: %+v; want refused without a word of guessing", adm.Decision)
+	}
+}
