@@ -105,6 +105,9 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 		if err := measureSerial(ctx, t, node, d, level); err != nil {
 			return err
 		}
+		if err := measureSyscalls(ctx, t, node, d, level); err != nil {
+			return err
+		}
 		switch level {
 		case 0:
 			if err := measureConcurrent(ctx, t, node, d); err != nil {
