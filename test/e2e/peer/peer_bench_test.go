@@ -105,8 +105,10 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 		if err := measureSerial(ctx, t, node, d, level); err != nil {
 			return err
 		}
-		if err := measureSyscalls(ctx, t, node, d, level); err != nil {
-			return err
+		if os.Getenv(syscallsEnv) != "" {
+			if err := measureSyscalls(ctx, t, node, d, level); err != nil {
+				return err
+			}
 		}
 		switch level {
 		case 0:

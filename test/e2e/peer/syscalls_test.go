@@ -21,6 +21,11 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
+// syscallsEnv set (PEER_SYSCALLS=1 make bench-peer ...) adds the fsync and
+// lock rows. Off by default until a run has shown them: they need strace
+// and attach it to both plugins.
+const syscallsEnv = "PEER_SYSCALLS"
+
 // tracedSyscalls are what the fsync and lock rows count: the calls that
 // make a prepare durable and the calls that serialize it. Both plugins are
 // Go: a lock between goroutines of one process (a sync.Mutex) is a futex
