@@ -43,11 +43,18 @@ func testDemoSpecsOnRealNode(t *testing.T, n *realNode) {
 // file declares are deleted when parent ends.
 func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod {
 	ctx := framework.Context(t, 3*time.Minute)
-	applied := applySpec(t, parent, file, readWorkloadSpec(t, file), "real-spec")
-	want := specOutcome(t, file, suiteShape(t))
+	shape := suiteShape(t)
+	applied, refused := applySpecRefusing(t, parent, file, readWorkloadSpec(t, file), "real-spec", claimOfUnoffered(shape))
+	checkRefusedAsUnoffered(t, refused)
+	want := specOutcome(t, file, shape)
 	var pods []*v1.Pod
 	for _, obj := range applied {
 		if obj.GetKind() != "Pod" {
+			continue
+		}
+		if claim, ok := namesRefusedClaim(obj, refused); ok {
+			p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: obj.GetNamespace(), Name: obj.GetName()}}
+			t.Logf("pod %s stays pending without its refused claim %s: %s", obj.GetName(), claim, stayPending(t, ctx, p, 5*time.Second))
 			continue
 		}
 		if want == outcomeWaitsAllocator && !waitsOrRuns(t, ctx, obj.GetNamespace(), obj.GetName()) {
@@ -68,6 +75,66 @@ func runSpecOnRealNode(t, parent *testing.T, n *realNode, file string) []*v1.Pod
 		pods = append(pods, pod)
 	}
 	return pods
+}
+
+// claimOfUnoffered picks, where the pool offers no MIG device (no
+// partitionable devices: 1.34 and 1.35 by default), the claims that ask
+// for a MIG class: the quota prices such a claim as a whole GPU, nothing
+// published telling it more, and may refuse it (checkRefusedAsUnoffered).
+func claimOfUnoffered(shape storedShape) func(*unstructured.Unstructured) bool {
+	if shape.dynamicMIG {
+		return nil
+	}
+	return func(obj *unstructured.Unstructured) bool {
+		if obj.GetKind() != "ResourceClaim" {
+			return false
+		}
+		requests, _, _ := unstructured.NestedSlice(obj.Object, "spec", "devices", "requests")
+		for _, r := range requests {
+			req, _ := r.(map[string]any)
+			classes := []string{}
+			if c, ok, _ := unstructured.NestedString(req, "exactly", "deviceClassName"); ok {
+				classes = append(classes, c)
+			}
+			subs, _, _ := unstructured.NestedSlice(req, "firstAvailable")
+			for _, sub := range subs {
+				m, _ := sub.(map[string]any)
+				c, _ := m["deviceClassName"].(string)
+				classes = append(classes, c)
+			}
+			for _, c := range classes {
+				if c == "mig.gpuaas.io" || strings.HasPrefix(c, "mig-") {
+					return true
+				}
+			}
+		}
+		return false
+	}
+}
+
+// checkRefusedAsUnoffered: a claim refused for a class the pool does not
+// offer is refused with a message that says its price is a guess.
+func checkRefusedAsUnoffered(t *testing.T, refused map[string]string) {
+	t.Helper()
+	for claim, msg := range refused {
+		if !strings.Contains(msg, "no published device matches class") {
+			t.Fatalf("claim %s refused without saying that nothing of its class is published: %s", claim, msg)
+		}
+		t.Logf("claim %s refused, as a class this version does not offer: %s", claim, msg)
+	}
+}
+
+// namesRefusedClaim reports the refused claim a pod names, if any.
+func namesRefusedClaim(pod *unstructured.Unstructured, refused map[string]string) (string, bool) {
+	claims, _, _ := unstructured.NestedSlice(pod.Object, "spec", "resourceClaims")
+	for _, c := range claims {
+		m, _ := c.(map[string]any)
+		name, _ := m["resourceClaimName"].(string)
+		if key := pod.GetNamespace() + "/" + name; name != "" && refused[key] != "" {
+			return key, true
+		}
+	}
+	return "", false
 }
 
 // waitsOrRuns waits until the pod runs (true) or is unschedulable (false):

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"path/filepath"
 	"testing"
 	"time"
@@ -64,23 +65,53 @@ func checkSpecFile(t, parent *testing.T, node *framework.Node, file string) {
 // deletes the declared namespaces when parent ends.
 func applySpec(t, parent *testing.T, file string, objs []*unstructured.Unstructured, prefix string) []*unstructured.Unstructured {
 	t.Helper()
+	applied, _ := applySpecRefusing(t, parent, file, objs, prefix, nil)
+	return applied
+}
+
+// applySpecRefusing is applySpec where the objects mayRefuse picks may be
+// refused at admission: it returns those refused, by namespace/name, with
+// the refusal, and applies the rest in the file's order.
+func applySpecRefusing(t, parent *testing.T, file string, objs []*unstructured.Unstructured, prefix string,
+	mayRefuse func(*unstructured.Unstructured) bool) ([]*unstructured.Unstructured, map[string]string) {
+	t.Helper()
 	defaultNS := ""
 	if needsNamespace(objs) {
 		defaultNS = cp.CreateNamespace(parent, prefix)
 	}
-	applied, denials, err := cp.ApplyObjects(framework.Context(t, time.Minute), file, objs, defaultNS)
-	if err != nil {
-		t.Fatal(err)
+	ctx := framework.Context(t, time.Minute)
+	var applied, pending []*unstructured.Unstructured
+	refused := map[string]string{}
+	flush := func() {
+		out, denials, err := cp.ApplyObjects(ctx, file, pending, defaultNS)
+		applied, pending = append(applied, out...), nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range denials {
+			t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
+		}
 	}
-	for _, d := range denials {
-		t.Logf("%s %s denied as expected: %s", d.Object.GetKind(), d.Object.GetName(), d.Message)
+	for _, obj := range objs {
+		if mayRefuse == nil || !mayRefuse(obj) {
+			pending = append(pending, obj)
+			continue
+		}
+		flush()
+		out, err := cp.ApplyObject(ctx, obj, defaultNS)
+		if err != nil {
+			refused[cmp.Or(obj.GetNamespace(), defaultNS)+"/"+obj.GetName()] = err.Error()
+			continue
+		}
+		applied = append(applied, out)
 	}
+	flush()
 	for _, obj := range applied {
 		if obj.GetKind() == "Namespace" {
 			cp.DeleteNamespaceAtCleanup(parent, obj.GetName())
 		}
 	}
-	return applied
+	return applied, refused
 }
 
 // needsNamespace reports whether a file has namespaced objects (we only
