@@ -125,9 +125,7 @@ e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base c
 ## (REAL_NODE_VERSIONS) and gate setting (REAL_NODE_GATES: documented, defaults), the whole suite's control plane of that version
 REAL_NODE_VERSIONS ?= v1.34.4 v1.35.4 v1.36.3
 # docs: the gates docs/install.md names for the version; defaults: none set
-# (REAL_NODE_GATES="docs defaults"; 1.35 with defaults stops at the quota demo:
-# docs/development.md)
-REAL_NODE_GATES ?= docs
+REAL_NODE_GATES ?= docs defaults
 test-versions: k8s-bins node-bins helm driver-userspace image-base cdi-hook
 	$(MAKE) k8s-versions K8S_VERSION_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS="v1.34.4 v1.35.4 v1.36.3" E2E_MATRIX_OUT=$(CURDIR)/docs/reference/version-matrix.md \
