@@ -89,23 +89,11 @@ func (f faultView) waitFaultyGPU(t *testing.T, ctx context.Context, index int32,
 // published devices, and returns how long that took.
 func waitPublished(t *testing.T, ctx context.Context, what string, cond func(published map[string]bool) bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	var last map[string]bool
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		taints, err := publishedTaints(ctx)
-		if err != nil {
-			return false, err
-		}
-		last = map[string]bool{}
-		for d := range taints {
-			last[d] = true
-		}
-		return cond(last), nil
-	})
+	took, last, err := waitDevices(ctx, func([]string) bool { return true }, cond)
 	if err != nil {
 		t.Fatalf("waiting for %s: %v; %d devices published", what, err, len(last))
 	}
-	return time.Since(start)
+	return took
 }
 
 // checkNoMIGOffered: where the API server cannot keep dynamic MIG apart

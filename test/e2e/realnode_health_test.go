@@ -12,6 +12,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +155,18 @@ func publishedTaints(ctx context.Context) (map[string][]string, error) {
 // returns how long that took.
 func waitTaints(t *testing.T, ctx context.Context, key, what string, cond func(tainted map[string]bool) bool) time.Duration {
 	t.Helper()
+	took, last, err := waitDevices(ctx, func(keys []string) bool {
+		return slices.ContainsFunc(keys, func(k string) bool { return strings.HasPrefix(k, key+"=") })
+	}, cond)
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; tainted with %s: %v", what, err, key, last)
+	}
+	return took
+}
+
+// waitDevices polls the node's published devices until cond holds of those
+// whose taint keys pick, and returns how long that took and the last set.
+func waitDevices(ctx context.Context, pick func(keys []string) bool, cond func(picked map[string]bool) bool) (time.Duration, map[string]bool, error) {
 	start := time.Now()
 	var last map[string]bool
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -163,18 +176,13 @@ func waitTaints(t *testing.T, ctx context.Context, key, what string, cond func(t
 		}
 		last = map[string]bool{}
 		for dev, keys := range taints {
-			for _, k := range keys {
-				if strings.HasPrefix(k, key+"=") {
-					last[dev] = true
-				}
+			if pick(keys) {
+				last[dev] = true
 			}
 		}
 		return cond(last), nil
 	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; tainted with %s: %v", what, err, key, last)
-	}
-	return time.Since(start)
+	return time.Since(start), last, err
 }
 
 // devicesOfGPU are the published devices whose index attribute is index.
