@@ -69,6 +69,9 @@ func TestSimulatedNVMLLibrary(t *testing.T) {
 	kills := killRandomly(t, run.ctx, node, run.seed)
 	runPodCycles(t, run.ctx, run.ns, run.cycles, rand.New(rand.NewPCG(run.seed, 1)), crashKinds)
 	n := kills.stop()
+	// The last restart may still be starting: an XID logged before its
+	// health monitor registers for events is never delivered, as in NVML.
+	waitPluginStarted(t, ctx, node)
 	leaks := map[string]int{}
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		leaks = crashLeaks(t, node, run.tsUUID)
@@ -177,4 +180,22 @@ func firstDifference(got, want []string) string {
 		}
 	}
 	return fmt.Sprintf("lengths %d and %d", len(got), len(want))
+}
+
+// waitPluginStarted waits until the plugin's newest process logged that it
+// started, which it does once its health monitor watches for events.
+func waitPluginStarted(t *testing.T, ctx context.Context, node *framework.Node) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		data, err := os.ReadFile(node.Plugin.LogPath)
+		if err != nil {
+			return false, err
+		}
+		log := string(data)
+		last := strings.LastIndex(log, `step="opening NVML"`)
+		return last >= 0 && strings.Contains(log[last:], "Kubelet plugin started"), nil
+	})
+	if err != nil {
+		t.Fatalf("the plugin's last start did not finish (log %s): %v", node.Plugin.LogPath, err)
+	}
 }
