@@ -142,7 +142,13 @@ func namesRefusedClaim(pod *unstructured.Unstructured, refused map[string]string
 // tries first (storedShape.keepsRejectedCounters), either is right.
 func waitsOrRuns(t *testing.T, ctx context.Context, namespace, name string) bool {
 	t.Helper()
-	pod, err := cp.WaitForPod(ctx, namespace, name, "running or unschedulable", func(p *v1.Pod) bool {
+	return waitsOrRunsOn(t, ctx, cp, namespace, name)
+}
+
+// waitsOrRunsOn is waitsOrRuns on another control plane.
+func waitsOrRunsOn(t *testing.T, ctx context.Context, api *framework.ControlPlane, namespace, name string) bool {
+	t.Helper()
+	pod, err := api.WaitForPod(ctx, namespace, name, "running or unschedulable", func(p *v1.Pod) bool {
 		return p.Status.Phase == v1.PodRunning || slices.ContainsFunc(p.Status.Conditions, func(c v1.PodCondition) bool {
 			return c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable
 		})
