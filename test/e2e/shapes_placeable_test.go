@@ -54,29 +54,30 @@ func TestShapePlaceableMatchesScheduler(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := range 4 {
-		wctx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err := cp.WaitForPodRunning(wctx, ns, fmt.Sprintf("pair-%d", i))
-		cancel()
-		if err != nil {
-			t.Fatalf("pod pair-%d of the 4 placeable: %v", i, err)
-		}
-	}
-	waitForShape(t, name, "placeable 0", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
+	// The scheduler picks the order, not the pod names: any four run and
+	// the one left over waits (the CI run here had pair-4 run and pair-2 wait).
+	running, waiting := 0, ""
 	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, "pair-4", metav1.GetOptions{})
+		pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
-				t.Logf("the fifth pod waits: %s", c.Message)
-				return true, nil
+		running, waiting = 0, ""
+		for _, p := range pods.Items {
+			if p.Status.Phase == v1.PodRunning {
+				running++
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+					waiting = p.Name + ": " + c.Message
+				}
 			}
 		}
-		return false, nil
+		return running == 4 && waiting != "", nil
 	})
 	if err != nil {
-		t.Fatalf("the fifth pod is not waiting unschedulable: %v", err)
+		t.Fatalf("want 4 of the 5 pods running and the fifth unschedulable, have %d running, waiting %q: %v", running, waiting, err)
 	}
+	t.Logf("4 pods run; the fifth waits: %s", waiting)
+	waitForShape(t, name, "placeable 0", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
 }
