@@ -35,9 +35,12 @@ func ChargedAs(p *gpuaas.GpuProfile) (string, bool) {
 }
 
 // ShapeCharges are the charges of the DeviceClasses that shapes name
-// besides profiles (a profile's class is mapped by ChargedAs): each by
-// count as OtherDevicesResource, once, and none that profiles already map.
-func ShapeCharges(shapes []gpuaas.GpuShape, profiles map[string]bool) []Charge {
+// besides profiles (a profile's class is mapped by ChargedAs), once each
+// and none that profiles already map: a class of ours (ours reports it)
+// in GPU units, as our admission prices it, so a shape naming our devices
+// by class costs in Kueue what they are worth; any other by count as
+// OtherDevicesResource. ours may be nil: no class is ours.
+func ShapeCharges(shapes []gpuaas.GpuShape, profiles map[string]bool, ours func(class string) bool) []Charge {
 	var out []Charge
 	seen := map[string]bool{}
 	for i := range shapes {
@@ -47,7 +50,11 @@ func ShapeCharges(shapes []gpuaas.GpuShape, profiles map[string]bool) []Charge {
 				continue
 			}
 			seen[c] = true
-			out = append(out, Charge{DeviceClass: c, Resource: OtherDevicesResource})
+			res := OtherDevicesResource
+			if ours != nil && ours(c) {
+				res = DefaultResource
+			}
+			out = append(out, Charge{DeviceClass: c, Resource: res})
 		}
 	}
 	return out

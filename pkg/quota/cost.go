@@ -368,14 +368,19 @@ func (p *Pricer) isOurs(class string) bool {
 // that selects a published device of ours or does not exist yet) and the
 // webhook's matchCondition of foreign classes both use it.
 func (p *Pricer) ClassIsOurs(dc *resourceapi.DeviceClass) bool {
-	if p.profiles[dc.Name] {
-		return true
-	}
+	return p.profiles[dc.Name] || ClassNamesDriver(dc, p.inv.Driver())
+}
+
+// ClassNamesDriver is ClassIsOurs without the catalog: the class carries
+// the label of the classes profiles render, or a selector names driver.
+// The Kueue mappings use it to charge a class of ours that a shape names
+// in GPU units.
+func ClassNamesDriver(dc *resourceapi.DeviceClass, driver string) bool {
 	if _, ok := dc.Labels[gpuaas.ProfileLabel]; ok {
 		return true
 	}
 	for _, s := range dc.Spec.Selectors {
-		if s.CEL != nil && strings.Contains(s.CEL.Expression, `"`+p.inv.Driver()+`"`) {
+		if s.CEL != nil && strings.Contains(s.CEL.Expression, `"`+driver+`"`) {
 			return true
 		}
 	}

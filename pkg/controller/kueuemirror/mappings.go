@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // MappingsConfigMap holds the deviceClassMappings rendered for Kueue,
@@ -61,7 +63,11 @@ func (r *kueueMappingsReconciler) setup(mgr ctrl.Manager) error {
 		func(context.Context, client.Object) []reconcile.Request { return []reconcile.Request{kueueMappingsKey} })
 	b := ctrl.NewControllerManagedBy(mgr).Named("kueue-mappings").Watches(&gpuaas.GpuProfile{}, every)
 	if r.shapes {
-		b = b.Watches(&gpuaas.GpuShape{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		b = b.Watches(&gpuaas.GpuShape{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+			// A class a shape names decides how it is charged, and may
+			// come after the shape.
+			Watches(&resourceapi.DeviceClass{}, every, builder.WithPredicates(predicate.Or(
+				predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})))
 	}
 	return b.
 		// Once at start: an empty catalog has no profile event.
@@ -83,7 +89,13 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 			return reconcile.Result{}, fmt.Errorf("listing GpuShapes: %w", err)
 		}
 	}
-	rendered, err := renderKueueMappings(profiles.Items, shapes.Items)
+	var classes resourceapi.DeviceClassList
+	if r.shapes {
+		if err := r.profiles.List(ctx, &classes); err != nil {
+			return reconcile.Result{}, fmt.Errorf("listing DeviceClasses: %w", err)
+		}
+	}
+	rendered, err := renderKueueMappings(profiles.Items, shapes.Items, classes.Items)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -127,9 +139,9 @@ func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
 }
 
 // renderKueueMappings renders the enabled profiles' mappings, and those
-// of the other classes shapes name, as the YAML of Kueue's resources
-// section.
-func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape) (string, error) {
+// of the other classes shapes name (among classes), as the YAML of Kueue's
+// resources section.
+func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, classes []resourceapi.DeviceClass) (string, error) {
 	charges := make([]kueue.Charge, 0, len(profiles))
 	names := make(map[string]bool, len(profiles))
 	for i := range profiles {
@@ -139,7 +151,15 @@ func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape)
 			charges = append(charges, kueue.Charge{DeviceClass: p.Name, Resource: res})
 		}
 	}
-	charges = append(charges, kueue.ShapeCharges(shapes, names)...)
+	byName := make(map[string]*resourceapi.DeviceClass, len(classes))
+	for i := range classes {
+		byName[classes[i].Name] = &classes[i]
+	}
+	ours := func(class string) bool {
+		dc := byName[class]
+		return dc != nil && quota.ClassNamesDriver(dc, kueue.Driver)
+	}
+	charges = append(charges, kueue.ShapeCharges(shapes, names, ours)...)
 	out, err := yaml.Marshal(kueue.Resources(charges))
 	if err != nil {
 		return "", fmt.Errorf("rendering Kueue's deviceClassMappings: %w", err)

@@ -4,8 +4,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -26,28 +29,7 @@ func TestKueueChargesAShapeAsItsGPUParts(t *testing.T) {
 		Requests:  []gpuaas.ShapeRequest{{Name: "gpu", Profile: "h100"}, {Name: "nic", DeviceClassName: "nic"}},
 		Alignment: gpuaas.AlignPCIeRoot,
 	}}
-	c := newFakeClient(t, append(catalog(), slot)...)
-	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas", shapes: true}
-	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	rendered := cm.Data[MappingsKey]
-	var res struct {
-		DeviceClassMappings []kueue.DeviceClassMapping `json:"deviceClassMappings"`
-	}
-	if err := yaml.Unmarshal([]byte(rendered), &res); err != nil {
-		t.Fatal(err)
-	}
-	mapped := map[string]kueue.DeviceClassMapping{}
-	for _, m := range res.DeviceClassMappings {
-		for _, c := range m.DeviceClassNames {
-			mapped[c] = m
-		}
-	}
+	mapped := renderedMappings(t, append(catalog(), slot)...)
 	gpuPart := map[string]bool{"h100": true}
 	spec := shape.ClaimSpec(slot)
 	for _, r := range spec.Devices.Requests {
@@ -64,8 +46,80 @@ func TestKueueChargesAShapeAsItsGPUParts(t *testing.T) {
 	// The same class in two shapes, or a profile's class named as a
 	// class, is mapped once: Kueue refuses a class listed twice.
 	twice := kueue.ShapeCharges([]gpuaas.GpuShape{*slot, *slot, {Spec: gpuaas.GpuShapeSpec{
-		Requests: []gpuaas.ShapeRequest{{Name: "gpu", DeviceClassName: "h100"}}}}}, map[string]bool{"h100": true})
+		Requests: []gpuaas.ShapeRequest{{Name: "gpu", DeviceClassName: "h100"}}}}}, map[string]bool{"h100": true}, nil)
 	if len(twice) != 1 || twice[0].DeviceClass != "nic" {
 		t.Errorf("shape charges %+v, want nic once", twice)
 	}
+}
+
+// TestKueueChargesOurClassNamedByAShapeInGPUUnits (issue 38 item 5): a
+// shape may name a DeviceClass of ours that no profile renders (the demo
+// catalog's gpu.gpuaas.io) by deviceClassName. Kueue must charge it in GPU
+// units, as our admission prices it (kueueResourceOf), not by count as
+// another driver's device: mapped as other devices, two whole GPUs of it
+// cost a ClusterQueue no GPU units at all.
+func TestKueueChargesOurClassNamedByAShapeInGPUUnits(t *testing.T) {
+	pair := &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "pair"}, Spec: gpuaas.GpuShapeSpec{
+		Requests: []gpuaas.ShapeRequest{
+			{Name: "gpus", DeviceClassName: "gpu.gpuaas.io", Count: ptr.To[int64](2)},
+			{Name: "labelled", DeviceClassName: "renamed"},
+			{Name: "nic", DeviceClassName: "nic"},
+			{Name: "later", DeviceClassName: "not-created-yet"},
+		},
+	}}
+	renamed := deviceClass("renamed", `device.attributes["example.com"].x == "y"`)
+	renamed.Labels = map[string]string{gpuaas.ProfileLabel: "h100"}
+	mapped := renderedMappings(t, append(catalog(), pair, renamed,
+		deviceClass("gpu.gpuaas.io", `device.driver == "gpu.gpuaas.io"`),
+		deviceClass("nic", `device.driver == "nic.example.com"`))...)
+	for class, want := range map[string]string{
+		"gpu.gpuaas.io":   kueue.DefaultResource, // a selector naming our driver
+		"renamed":         kueue.DefaultResource, // the label of the classes profiles render
+		"nic":             kueue.OtherDevicesResource,
+		"not-created-yet": kueue.OtherDevicesResource, // rendered again when it is created
+	} {
+		m, ok := mapped[class]
+		switch {
+		case !ok:
+			t.Errorf("class %s is not mapped", class)
+		case m.Name != want:
+			t.Errorf("class %s charged as %s, want %s", class, m.Name, want)
+		case want == kueue.DefaultResource && len(m.Sources) != 1:
+			t.Errorf("class %s charged without the GPU-unit counter: %+v", class, m.Sources)
+		}
+	}
+}
+
+// renderedMappings reconciles the mappings over objs and returns the
+// rendered deviceClassMappings by class.
+func renderedMappings(t *testing.T, objs ...client.Object) map[string]kueue.DeviceClassMapping {
+	t.Helper()
+	c := newFakeClient(t, objs...)
+	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas", shapes: true}
+	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		DeviceClassMappings []kueue.DeviceClassMapping `json:"deviceClassMappings"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data[MappingsKey]), &res); err != nil {
+		t.Fatal(err)
+	}
+	mapped := map[string]kueue.DeviceClassMapping{}
+	for _, m := range res.DeviceClassMappings {
+		for _, c := range m.DeviceClassNames {
+			mapped[c] = m
+		}
+	}
+	return mapped
+}
+
+func deviceClass(name, cel string) *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}},
+	}}
 }
