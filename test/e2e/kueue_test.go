@@ -23,7 +23,7 @@ import (
 var kueueCharges = append([]kueue.Charge{
 	{DeviceClass: "gpu.gpuaas.io"}, {DeviceClass: "mig.gpuaas.io"},
 	{DeviceClass: "mig-1g.10gb.gpuaas.io"}, {DeviceClass: "timeslice.gpuaas.io"},
-}, kueue.ShapeCharges([]gpuaas.GpuShape{kueueSlot}, nil)...)
+}, kueue.ShapeCharges([]gpuaas.GpuShape{kueueSlot}, nil, nil)...)
 
 // kueueNICClass is another driver's NICs, for kueueSlot.
 const kueueNICClass = "e2e-kueue-nic"
