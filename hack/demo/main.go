@@ -10,7 +10,9 @@
 // the dra-controller binary beside them; one line says why. Both nodes run
 // the mock machine of --nvml with the GPU modes of --node-config.
 // With the built-in specs it ends with the built-in scenarios (--scenarios):
-// health (an XID and a drain on the real node, then the posture table) and
+// health (an XID and a drain on the real node, then the posture table),
+// shapes (demo/shapes: a NUMA pair that runs, a whole-node lease and a
+// GPU + NIC slot that are refused with the count that says why) and
 // queueing (demo/queueing: Kueue's manager in front of the GPU quota,
 // charging GPU units); with specs of one's own they run only when asked.
 // On the real node a Prometheus scrapes the chart throughout (make
@@ -70,7 +72,7 @@ func parseFlags() options {
 	flag.BoolVar(&o.keep, "keep", false, "leave the cluster up when the demo ends, also after a failure, until Ctrl-C (prints the kubeconfig path)")
 	flag.StringVar(&o.pluginBinary, "plugin-binary", "", "dra-kubelet-plugin to run; default: build ./cmd/dra-kubelet-plugin")
 	flag.StringVar(&o.specs, "specs", "", "directory of specs to apply; default: <repo>/demo/specs")
-	scenariosFlag := flag.String("scenarios", "", "built-in scenarios to run after the specs: all, none, or a list of health,queueing; default: all with the built-in specs, none with --specs of one's own")
+	scenariosFlag := flag.String("scenarios", "", "built-in scenarios to run after the specs: all, none, or a list of health,shapes,queueing; default: all with the built-in specs, none with --specs of one's own")
 	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
 	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered); \"\" offers every GPU whole")
 	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
@@ -170,6 +172,8 @@ type demo struct {
 	// prom scrapes the chart on the real node; promErr is why it did not start.
 	prom    *framework.Prometheus
 	promErr error
+	// specPodsDeleted: the scenarios freed the specs' GPUs already.
+	specPodsDeleted bool
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -203,13 +207,18 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.reportPosture(ctx, scen.health && d.real != nil); err != nil {
 		return err
 	}
+	if scen.shapes {
+		if err := d.shapesScenario(ctx, objs); err != nil {
+			return err
+		}
+	}
 	if scen.queueing {
 		if err := d.queueingScenario(ctx, objs); err != nil {
 			return err
 		}
 	}
-	if !scen.health && !scen.queueing {
-		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=health,queueing runs them).\n")
+	if !scen.health && !scen.shapes && !scen.queueing {
+		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=%s runs them).\n", strings.Join(scenarioNames, ","))
 	}
 	d.reportMonitoring(ctx)
 	return nil

@@ -60,14 +60,9 @@ func (d *demo) healthScenario(ctx context.Context) error {
 // `kubectl get gpunode <node> -o yaml` would; with faults (the health
 // scenario ran) once the controller has seen the faults the demo injected.
 func (d *demo) reportPosture(ctx context.Context, faults bool) error {
-	crlog.SetLogger(klog.Background().WithName("controller-runtime"))
-	scheme, err := controller.Scheme()
+	c, err := d.client()
 	if err != nil {
 		return err
-	}
-	c, err := client.New(d.cp.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
 	}
 	var node gpuaas.GpuNode
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -95,4 +90,18 @@ func firstClause(s string) string {
 		return strings.TrimSpace(s[:107]) + "..."
 	}
 	return s
+}
+
+// client reads the controller's kinds (GpuNode, GpuShape).
+func (d *demo) client() (client.Client, error) {
+	crlog.SetLogger(klog.Background().WithName("controller-runtime"))
+	scheme, err := controller.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(d.cp.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	return c, nil
 }

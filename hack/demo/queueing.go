@@ -149,23 +149,39 @@ func profilesFor(classes []string, catalog []*unstructured.Unstructured) []*unst
 	return out
 }
 
-// deletePods deletes the pods among objs and waits until they are gone.
+// deletePods deletes the pods among objs and waits until they are gone;
+// once: the shapes and the queueing scenario both want the GPUs free.
 func (d *demo) deletePods(ctx context.Context, objs []*unstructured.Unstructured) error {
-	namespaces := map[string]bool{}
+	if d.specPodsDeleted {
+		return nil
+	}
+	seen := map[string]bool{}
+	var namespaces []string
 	for _, o := range objs {
-		if o.GetKind() == "Pod" {
-			namespaces[o.GetNamespace()] = true
+		if o.GetKind() == "Pod" && !seen[o.GetNamespace()] {
+			seen[o.GetNamespace()] = true
+			namespaces = append(namespaces, o.GetNamespace())
 		}
 	}
-	d.out.printf("\nDeleting the pods of the specs above, so that the queueing scenario has free GPUs ...\n")
-	for ns := range namespaces {
+	d.out.printf("\nDeleting the pods of the specs above, so that the scenarios below have free GPUs ...\n")
+	if err := d.deletePodsIn(ctx, namespaces); err != nil {
+		return err
+	}
+	d.specPodsDeleted = true
+	return nil
+}
+
+// deletePodsIn deletes every pod of the namespaces and waits until they
+// are gone, which frees their GPUs.
+func (d *demo) deletePodsIn(ctx context.Context, namespaces []string) error {
+	for _, ns := range namespaces {
 		if err := d.cp.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			return fmt.Errorf("deleting the pods of %s: %w", ns, err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	for ns := range namespaces {
+	for _, ns := range namespaces {
 		if err := d.cp.WaitForNoPods(ctx, ns); err != nil {
 			return err
 		}

@@ -15,16 +15,18 @@ type scenarios struct {
 	// health injects an XID and drains a device on the real node, and the
 	// posture table waits until it shows both.
 	health bool
+	// shapes applies demo/shapes and reports each shape's pod.
+	shapes bool
 	// queueing runs Kueue's manager and demo/queueing.
 	queueing bool
-	// freeSpecPods lets the queueing scenario delete the specs' pods so
+	// freeSpecPods lets the shapes and queueing scenarios delete the specs' pods so
 	// that its jobs find free GPUs: only the built-in specs' pods, which
 	// are the demo's own; one's own pods are never deleted.
 	freeSpecPods bool
 }
 
 // scenarioNames are the values --scenarios takes, besides all and none.
-var scenarioNames = []string{"health", "queueing"}
+var scenarioNames = []string{"health", "shapes", "queueing"}
 
 // parseScenarios reads --scenarios: "" (the default) runs every scenario
 // with the built-in specs and none with one's own; otherwise "all",
@@ -41,13 +43,15 @@ func parseScenarios(value string, builtinSpecs bool) (scenarios, error) {
 		return scenarios{}, nil
 	}
 	if value == "all" {
-		s.health, s.queueing = true, true
+		s.health, s.shapes, s.queueing = true, true, true
 		return s, nil
 	}
 	for _, name := range strings.Split(value, ",") {
 		switch name {
 		case "health":
 			s.health = true
+		case "shapes":
+			s.shapes = true
 		case "queueing":
 			s.queueing = true
 		default:
