@@ -22,7 +22,7 @@ const (
 	outcomeWaits outcome = "waits"
 	// outcomeWaitsAllocator: the pool offers it, but the version's
 	// allocator refuses it (storedShape.keepsRejectedCounters).
-	outcomeWaitsAllocator outcome = "waits: allocator bug, fixed in 1.36"
+	outcomeWaitsAllocator outcome = "may wait: allocator bug, fixed in 1.36"
 	outcomeFallsBack      outcome = "falls back to a whole GPU"
 	outcomeStaysPending   outcome = "stays pending"
 )
@@ -134,10 +134,11 @@ replicas, 5 shared, 6-7 dynamic MIG); "gates" is the defaults or the gates and `
 - **waits**: the pod stays Pending with the scheduler's reason ` + "`cannot allocate all claims`" + `; the
   node's Warning event ` + "`ClusterFeatureMissing`" + ` and the metric ` + "`gpuaas_dra_plugin_cluster_feature_missing`" + `
   name the gate that is off. Never another device.
-- **waits: allocator bug, fixed in 1.36**: the pool offers it, but the scheduler's allocator of 1.34 and 1.35
+- **may wait: allocator bug, fixed in 1.36**: the pool offers it, but the scheduler's allocator of 1.34 and 1.35
   keeps the counters of a device a claim constraint rejected, so a claim of several MIG devices of one GPU
-  (` + "`matchAttribute`" + `) is refused once the first GPU it tried could not hold them all
-  ([install.md](../install.md#what-each-kubernetes-version-keeps) has the workaround).
+  (` + "`matchAttribute`" + `) is refused once the first GPU it tried could not hold them all, and runs
+  where the first GPU it tries is the free one (both seen on 1.34.4;
+  [install.md](../install.md#what-each-kubernetes-version-keeps) has the workaround).
 - **falls back to a whole GPU**: ` + "`firstAvailable`" + ` asked for a MIG device first; with none offered it gets GPU 1.
 - **queued-through-restart**: a dynamic-MIG pod queued behind a pod holding GPU 7 whole **stays pending**
   through a plugin restart, and no GPU is ever allocated whole and in part.
