@@ -697,48 +697,80 @@ func testReboot(t *testing.T, e *nodeEvents) {
 // checkMIGAllocated checks that the MIG instances on the simulated GPUs
 // are exactly the MIG devices allocated to the namespace's claims in use:
 // the same GPU, profile and placement each, and every instance with its
-// compute instance (after a power cycle the plugin makes them again).
+// compute instance (after a power cycle the plugin makes them again). A
+// claim is in use while a pod it is reserved for exists and is not being
+// deleted: after a reboot, the claim of a pod deleted before it may still
+// name that pod for a moment (a run here: 3 claims reserved, 1 pod left),
+// so the two sides are compared until they agree, for up to 30 s.
 func checkMIGAllocated(t *testing.T, ctx context.Context, e *nodeEvents) {
 	t.Helper()
-	claims, err := cp.Client.ResourceV1().ResourceClaims(e.h.ns).List(ctx, metav1.ListOptions{})
+	var onGPUs, allocated sets.Set[string]
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if allocated, err = migAllocatedInUse(ctx, e.h.ns); err != nil {
+			return false, err
+		}
+		onGPUs = mockMIGPlacements(t, e.n)
+		return onGPUs.Equal(allocated), nil
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("MIG instances on the GPUs %v, allocated MIG devices in use %v (%v)", sets.List(onGPUs), sets.List(allocated), err)
+	}
+}
+
+// migAllocatedInUse are the MIG devices (migPlacement) allocated to the
+// claims of ns that a live pod uses.
+func migAllocatedInUse(ctx context.Context, ns string) (sets.Set[string], error) {
+	claims, err := cp.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	live := sets.New[types.UID]()
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			live.Insert(p.UID)
+		}
 	}
 	devices, err := cp.PoolDevices(ctx, realNodeName)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	published := deviceAttrs(devices)
 	allocated := sets.New[string]()
 	for _, c := range claims.Items {
-		// A claim whose pod is gone may keep its allocation for a while,
-		// but it is unprepared: dynamic MIG destroyed its instance.
-		if c.Status.Allocation == nil || len(c.Status.ReservedFor) == 0 {
+		if c.Status.Allocation == nil || !slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool {
+			return live.Has(r.UID)
+		}) {
 			continue
 		}
 		for _, r := range c.Status.Allocation.Devices.Results {
 			if d, ok := published[r.Device]; ok && stringAttr(d, "type") == "mig" {
-				allocated.Insert(migPlacementOf(t, d))
+				p, err := migPlacement(d)
+				if err != nil {
+					return nil, err
+				}
+				allocated.Insert(p)
 			}
 		}
 	}
-	if onGPUs := mockMIGPlacements(t, e.n); !onGPUs.Equal(allocated) {
-		t.Errorf("MIG instances on the GPUs %v, allocated MIG devices in use %v", sets.List(onGPUs), sets.List(allocated))
-	}
+	return allocated, nil
 }
 
-// migPlacementOf is "<GPU UUID>/<N>g@<first memory slice>" of a published
+// migPlacement is "<GPU UUID>/<N>g@<first memory slice>" of a published
 // MIG device: its parent, its profile's compute slices, and its
 // placement's start (the last part of its name, mig.DeviceName).
-func migPlacementOf(t *testing.T, d resourceapi.Device) string {
-	t.Helper()
+func migPlacement(d resourceapi.Device) (string, error) {
 	profile := stringAttr(d, "profile")
 	computeSlices, _, ok := strings.Cut(profile, "g.")
 	start := d.Name[strings.LastIndexByte(d.Name, '-')+1:]
 	if !ok || stringAttr(d, "parentUUID") == "" {
-		t.Fatalf("MIG device %s has profile %q and parent %q", d.Name, profile, stringAttr(d, "parentUUID"))
+		return "", fmt.Errorf("MIG device %s has profile %q and parent %q", d.Name, profile, stringAttr(d, "parentUUID"))
 	}
-	return fmt.Sprintf("%s/%sg@%s", stringAttr(d, "parentUUID"), computeSlices, start)
+	return fmt.Sprintf("%s/%sg@%s", stringAttr(d, "parentUUID"), computeSlices, start), nil
 }
 
 // giProfileSlices are the compute slices of NVML's GPU instance profiles.
@@ -750,7 +782,7 @@ var giProfileSlices = map[uint32]int{
 }
 
 // mockMIGPlacements are the GPU instances on the node's simulated GPUs, as
-// migPlacementOf writes them; an instance without a compute instance (half
+// migPlacement writes them; an instance without a compute instance (half
 // made) is marked so.
 func mockMIGPlacements(t *testing.T, n *realNode) sets.Set[string] {
 	t.Helper()
