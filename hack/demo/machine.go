@@ -57,9 +57,12 @@ func readNodeConfig(path string) (map[string]any, error) {
 	return out, nil
 }
 
-// withMachine sets the plugin's mock machine (--nvml) and node
+// withMachine sets the plugin's simulated machine (--nvml) and node
 // configuration (--node-config) in the real node's chart values, which
 // otherwise always describe the 8 x H100 layout of demo/node-config.yaml.
+// On the simulated NVML library (the framework's values run the plugin on
+// --nvml real) the machine is the library's GPUAAS_MOCK_NVML_MACHINE;
+// otherwise the plugin's in-process mock is --nvml itself.
 // The chart merges nodeConfig into its defaults key by key, so a file
 // without gpus offers every GPU whole, as the plugin does with that file.
 func withMachine(values, nvml string, nodeConfig map[string]any) (string, error) {
@@ -72,11 +75,30 @@ func withMachine(values, nvml string, nodeConfig map[string]any) (string, error)
 		kp = map[string]any{}
 		v["kubeletPlugin"] = kp
 	}
-	kp["nvmlBackend"] = nvml
+	if kp["nvmlBackend"] == "real" {
+		if err := setLibraryMachine(v, strings.TrimPrefix(nvml, "mock:")); err != nil {
+			return "", err
+		}
+	} else {
+		kp["nvmlBackend"] = nvml
+	}
 	kp["nodeConfig"] = nodeConfig
 	out, err := yaml.Marshal(v)
 	if err != nil {
 		return "", fmt.Errorf("writing the chart values: %w", err)
 	}
 	return string(out), nil
+}
+
+// setLibraryMachine sets GPUAAS_MOCK_NVML_MACHINE among the values'
+// extraEnv, where the framework names the library's machine.
+func setLibraryMachine(v map[string]any, machine string) error {
+	env, _ := v["extraEnv"].([]any)
+	for _, e := range env {
+		if m, ok := e.(map[string]any); ok && m["name"] == "GPUAAS_MOCK_NVML_MACHINE" {
+			m["value"] = machine
+			return nil
+		}
+	}
+	return fmt.Errorf("the chart values run the plugin on the simulated NVML library but name no GPUAAS_MOCK_NVML_MACHINE in extraEnv")
 }

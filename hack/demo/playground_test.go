@@ -205,6 +205,36 @@ func TestChartValuesHonourMachine(t *testing.T) {
 	}
 }
 
+// TestChartValuesHonourMachineOnTheLibrary: on the simulated NVML library
+// (the framework's values say nvmlBackend real), --nvml picks the
+// library's machine; the backend stays real.
+func TestChartValuesHonourMachineOnTheLibrary(t *testing.T) {
+	base := "kubeletPlugin:\n  nvmlBackend: real\nextraEnv:\n- {name: GPUAAS_MOCK_NVML_MACHINE, value: dgxh100}\n- {name: GPUAAS_MOCK_NVML_STATE_DIR, value: /s}\n"
+	out, err := withMachine(base, "mock:dgxb200", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		KubeletPlugin struct {
+			NVMLBackend string `json:"nvmlBackend"`
+		} `json:"kubeletPlugin"`
+		ExtraEnv []map[string]string `json:"extraEnv"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &values); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, e := range values.ExtraEnv {
+		env[e["name"]] = e["value"]
+	}
+	if values.KubeletPlugin.NVMLBackend != "real" || env["GPUAAS_MOCK_NVML_MACHINE"] != "dgxb200" || env["GPUAAS_MOCK_NVML_STATE_DIR"] != "/s" {
+		t.Errorf("values %s: want nvmlBackend real, the library's machine dgxb200, the state dir kept", out)
+	}
+	if _, err := withMachine("kubeletPlugin: {nvmlBackend: real}\n", "mock:dgxb200", nil); err == nil {
+		t.Error("values on the library without its machine variable were accepted")
+	}
+}
+
 func TestReadNodeConfigRefusesBadFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "node-config.yaml")
 	if err := os.WriteFile(file, []byte("kind: NodeConfig\napiVersion: gpu.gpuaas.io/v1alpha1\ngpus:\n- indexes: [0]\n  mig: sometimes\n"), 0o600); err != nil {

@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpuaas/gpu-dra-driver/hack/nvmlshim/shimbuild"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -49,9 +50,21 @@ func (d *demo) startRealNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.out.printf("Starting real node %s (containerd, runc, kubelet; plugin with --nvml=%s) ...\n", d.opts.nodeName, d.opts.nvml)
+	// The plugin runs the production NVML path, go-nvml over a
+	// libnvidia-ml.so.1 in its driver root, here the simulated one.
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return err
+	}
+	d.out.printf("Building the simulated NVML library (hack/nvmlshim, cached) ...\n")
+	lib, _, err := shimbuild.Library(root)
+	if err != nil {
+		return err
+	}
+	d.out.printf("Starting real node %s (containerd, runc, kubelet; plugin with --nvml real on the simulated NVML library, machine %s) ...\n",
+		d.opts.nodeName, strings.TrimPrefix(d.opts.nvml, "mock:"))
 	begin := time.Now()
-	d.real, err = d.cp.StartRealNode(ctx, framework.RealNodeOptions{Name: d.opts.nodeName, Images: images})
+	d.real, err = d.cp.StartRealNode(ctx, framework.RealNodeOptions{Name: d.opts.nodeName, Images: images, NVMLLibrary: lib})
 	if err != nil {
 		return err
 	}

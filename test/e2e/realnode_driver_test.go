@@ -122,13 +122,12 @@ func testRealDriverTools(t *testing.T, n *realNode) {
 }
 
 // testRealNVMLStopsCleanly starts the plugin as the chart runs it, from the
-// release image, but with the real NVML backend on the real driver root:
-// it must stop with one line naming NVML's answer and what to do, not
-// crash (a static build segfaulted in nvmlInit) or print stack traces.
+// release image, but with the real NVML backend on NVIDIA's own driver
+// userspace without its kernel module: it must stop with one line naming
+// NVML's answer and what to do, not crash (a static build segfaulted in
+// nvmlInit) or print stack traces. Where the node's plugin runs on the
+// simulated library, this pod gets a driver root of NVIDIA's files only.
 func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
-	if n.SimulatedNVML {
-		t.Skip("the driver root's libnvidia-ml.so.1 is the simulated library, not NVIDIA's")
-	}
 	ctx := framework.Context(t, 3*time.Minute)
 	plugin := waitForPluginPod(t, ctx, "")
 	pod := &v1.Pod{
@@ -136,9 +135,14 @@ func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
 		Spec:       *plugin.Spec.DeepCopy(),
 	}
 	pod.Spec.RestartPolicy = v1.RestartPolicyNever
+	if n.SimulatedNVML {
+		useNVIDIAOnlyDriverRoot(t, ctx, n, &pod.Spec)
+	}
 	ctr := &pod.Spec.Containers[0]
 	ctr.LivenessProbe = nil
-	ctr.Env = slices.DeleteFunc(ctr.Env, func(e v1.EnvVar) bool { return e.Name == "MOCK_NVML_STATE_DIR" })
+	ctr.Env = slices.DeleteFunc(ctr.Env, func(e v1.EnvVar) bool {
+		return e.Name == "MOCK_NVML_STATE_DIR" || strings.HasPrefix(e.Name, "GPUAAS_MOCK_NVML_")
+	})
 	for i := range ctr.Env {
 		if ctr.Env[i].Name == "NVML_BACKEND" {
 			ctr.Env[i].Value = "real"
@@ -178,6 +182,23 @@ func testRealNVMLStopsCleanly(t *testing.T, n *realNode) {
 		t.Fatalf("plugin waiting for the driver: %v", err)
 	}
 	t.Logf("plugin with real NVML on the driver root, waiting: %s", waitLine)
+}
+
+// useNVIDIAOnlyDriverRoot points a plugin pod's driver-root volume at a
+// root of NVIDIA's userspace without the simulated library.
+func useNVIDIAOnlyDriverRoot(t *testing.T, ctx context.Context, n *realNode, spec *v1.PodSpec) {
+	t.Helper()
+	root, err := n.NVIDIADriverRoot(ctx, "nvidia-only-driver", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range spec.Volumes {
+		if v := &spec.Volumes[i]; v.Name == "driver-root" && v.HostPath != nil {
+			v.HostPath.Path = root
+			return
+		}
+	}
+	t.Fatalf("the plugin pod has no driver-root hostPath volume: %+v", spec.Volumes)
 }
 
 // checkOperatorDriverRoot runs a GPU container after the plugin moved to

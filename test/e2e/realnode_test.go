@@ -111,16 +111,14 @@ func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *r
 		t.Fatal(err)
 	}
 	opts := framework.RealNodeOptions{Name: realNodeName, Images: images}
-	if os.Getenv(realNodeNVMLEnv) == "simulated" {
-		lib, took, err := shimbuild.Library(repoRoot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("real node on --nvml real with the simulated NVML library %s (built in %s)", lib, took.Round(time.Second))
-		opts.NVMLLibrary = lib
+	if realNodeOnSimulatedLibrary() {
+		options = append([]func(*framework.RealNodeOptions){onSimulatedLibrary(t)}, options...)
 	}
 	for _, o := range options {
 		o(&opts)
+	}
+	if opts.NVMLLibrary != "" {
+		t.Logf("real node on --nvml real with the simulated NVML library %s", opts.NVMLLibrary)
 	}
 	rn, err := cp.StartRealNode(ctx, opts)
 	if err != nil {
@@ -146,10 +144,36 @@ func stopAtCleanup(t *testing.T, ctx context.Context, rn *framework.RealNode) {
 	})
 }
 
-// realNodeNVMLEnv set to "simulated" makes the real node's plugin run the
-// production NVML path, --nvml real, on the simulated library
-// (hack/nvmlshim) in its driver root instead of the in-process mock.
+// realNodeNVMLEnv set to "mock" makes the real node's plugin run the
+// in-process mock (--nvml mock:dgxh100). By default ("" or "simulated")
+// it runs the production NVML path, --nvml real, on the simulated library
+// (hack/nvmlshim) in its driver root: go-nvml's dlopen and cgo calls, as
+// on a GPU node (issue 37).
 const realNodeNVMLEnv = "E2E_REAL_NODE_NVML"
+
+// onSimulatedLibrary is a startRealNode option: the node's plugin runs
+// --nvml real on the simulated library, built (or taken from its cache)
+// now.
+func onSimulatedLibrary(t *testing.T) func(*framework.RealNodeOptions) {
+	t.Helper()
+	lib, took, err := shimbuild.Library(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > 0 {
+		t.Logf("built the simulated NVML library in %s", took.Round(time.Second))
+	}
+	return func(o *framework.RealNodeOptions) { o.NVMLLibrary = lib }
+}
+
+// onInProcessMock is a startRealNode option: the node's plugin runs the
+// in-process mock whatever realNodeNVMLEnv says, for a test that needs
+// what only the mock simulates.
+func onInProcessMock(o *framework.RealNodeOptions) { o.NVMLLibrary = "" }
+
+// realNodeOnSimulatedLibrary says whether the real node's plugin runs
+// --nvml real on the simulated library (realNodeNVMLEnv).
+func realNodeOnSimulatedLibrary() bool { return os.Getenv(realNodeNVMLEnv) != "mock" }
 
 // helmOnCluster runs helm against the e2e control plane.
 // uninstallOnCleanup removes the suite's release when the test ends,

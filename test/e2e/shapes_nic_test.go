@@ -35,7 +35,10 @@ const noGPURoot = "pci0000:e0"
 // refused (whenUnavailable: Refuse).
 func TestShapeGPUNICSlot(t *testing.T) {
 	requireRealNode(t)
-	n := startRealNode(t)
+	// The in-process mock: a GPU's PCIe root comes from sysfs on the real
+	// NVML path (deviceattribute reads /sys/bus/pci), where the simulated
+	// GPUs have none; the mock derives one per GPU.
+	n := startRealNode(t, onInProcessMock)
 	installChartForTest(t, n)
 	installCRDs(t) // the typed client of waitForShape; the chart's CRDs are the same
 	ctx := framework.Context(t, 6*time.Minute)

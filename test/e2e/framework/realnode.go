@@ -181,17 +181,23 @@ func (n *RealNode) start(ctx context.Context, opts RealNodeOptions) error {
 // node's directory (on a GPU node: /run/nvidia/driver): the same userspace
 // and device nodes, the stand-in nvidia-smi. It returns the root.
 func (n *RealNode) OperatorDriverRoot(ctx context.Context, gpus int) (string, error) {
-	root := filepath.Join(n.Dir, "run", "nvidia", "driver")
+	root, err := n.NVIDIADriverRoot(ctx, filepath.Join("run", "nvidia", "driver"), gpus)
+	if err != nil || !n.SimulatedNVML {
+		return root, err
+	}
+	return root, installSimulatedNVML(ctx, n.nvmlLibrary, root)
+}
+
+// NVIDIADriverRoot makes a driver root at dir (relative to the node's
+// directory) with NVIDIA's real userspace and device nodes only, never the
+// simulated NVML library, whatever the node's plugin runs on: the root of
+// a node whose kernel module is missing. It returns the root.
+func (n *RealNode) NVIDIADriverRoot(ctx context.Context, dir string, gpus int) (string, error) {
+	root := filepath.Join(n.Dir, dir)
 	if err := MakeDriverRoot(root, gpus); err != nil {
 		return "", err
 	}
-	if err := n.fillDriverRoot(ctx, root); err != nil {
-		return "", err
-	}
-	if n.SimulatedNVML {
-		return root, installSimulatedNVML(ctx, n.nvmlLibrary, root)
-	}
-	return root, nil
+	return root, n.fillDriverRoot(ctx, root)
 }
 
 // installSimulatedNVML copies the simulated NVML library into a driver
