@@ -89,13 +89,15 @@ func (d *demo) applyShape(ctx context.Context, c client.Client, file string) ([]
 	if _, _, err := d.cp.ApplyObjects(ctx, file, rest, "default"); err != nil {
 		return nil, err
 	}
+	before := map[string]int32{}
 	for _, name := range shapes {
-		s, err := waitShape(ctx, c, name, func(s *gpuaas.GpuShape) bool {
+		s, err := waitShape(ctx, c, name, time.Minute, func(s *gpuaas.GpuShape) bool {
 			return s.Status.ObservedGeneration == s.Generation && s.Status.Templates > 0
 		})
 		if err != nil {
 			return nil, err
 		}
+		before[name] = s.Status.Placeable
 		d.out.printf("\n  %s (%s, %s): placeable %d: %s\n", s.Name, s.Spec.DisplayName,
 			s.Spec.WhenUnavailable, s.Status.Placeable, s.Status.PlaceableMessage)
 	}
@@ -108,18 +110,26 @@ func (d *demo) applyShape(ctx context.Context, c client.Client, file string) ([]
 		return nil, err
 	}
 	var namespaces []string
+	ran := false
 	for _, p := range pods {
 		namespaces = append(namespaces, p.GetNamespace())
 		line, err := d.shapePodOutcome(ctx, p.GetNamespace(), p.GetName())
 		if err != nil {
 			return nil, err
 		}
+		ran = ran || strings.HasPrefix(line, "Running")
 		d.out.printf("    pod %s/%s: %s\n", p.GetNamespace(), p.GetName(), line)
 	}
+	if !ran {
+		return namespaces, nil
+	}
 	for _, name := range shapes {
-		var s gpuaas.GpuShape
-		if err := c.Get(ctx, types.NamespacedName{Name: name}, &s); err != nil {
-			return nil, fmt.Errorf("reading GpuShape %s: %w", name, err)
+		// The count follows the allocation within about a second
+		// (coalesced recounts); a pod that took its devices lowers it.
+		s, err := waitShape(ctx, c, name, 15*time.Second, func(s *gpuaas.GpuShape) bool { return s.Status.Placeable != before[name] })
+		if err != nil {
+			d.out.printf("    placeable still %d after its pod runs: %v\n", before[name], err)
+			continue
 		}
 		d.out.printf("    then placeable %d: %s\n", s.Status.Placeable, s.Status.PlaceableMessage)
 	}
@@ -210,17 +220,17 @@ func (d *demo) shapePodDevices(ctx context.Context, pod *v1.Pod) (string, error)
 	return "Running on " + strings.Join(got, ", "), nil
 }
 
-// waitShape waits up to a minute for the GpuShape name to satisfy cond.
-func waitShape(ctx context.Context, c client.Client, name string, cond func(*gpuaas.GpuShape) bool) (*gpuaas.GpuShape, error) {
+// waitShape waits up to timeout for the GpuShape name to satisfy cond.
+func waitShape(ctx context.Context, c client.Client, name string, timeout time.Duration, cond func(*gpuaas.GpuShape) bool) (*gpuaas.GpuShape, error) {
 	var s gpuaas.GpuShape
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.Get(ctx, types.NamespacedName{Name: name}, &s); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
 		return cond(&s), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("waiting for GpuShape %s to render its templates: %w", name, err)
+		return nil, fmt.Errorf("waiting for GpuShape %s: %w", name, err)
 	}
 	return &s, nil
 }

@@ -66,7 +66,7 @@ func (s *scheduler) allocate(name string, req resourceapi.ExactDeviceRequest) bo
 // placeable is shape.Placeable of one request of expr on the node.
 func (s *scheduler) placeable(expr string, all bool) int {
 	q := shape.Query{Requests: []shape.Request{{Name: "r", Selectors: []string{expr}, All: all, Count: 1}}}
-	return shape.Placeable(context.Background(), q, s.published, s.allocated).Placeable
+	return shape.Placeable(context.Background(), q, s.published, s.allocated, nil).Placeable
 }
 
 var (

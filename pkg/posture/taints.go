@@ -65,19 +65,30 @@ func keepsWorkOff(e resourceapi.DeviceTaintEffect) bool {
 }
 
 // ruleSelects reports whether a rule taints a device of our driver in the
-// pool. Without a selector a rule selects nothing; each set field of the
-// selector must match. (The selector's CEL selectors were tombstoned in
-// resource.k8s.io/v1 before they went GA, so driver, pool and device are
-// all there is to match.)
+// pool.
 func ruleSelects(r *resourceapi.DeviceTaintRule, pool, device string) bool {
+	return RuleSelects(r, DriverName, pool, device)
+}
+
+// RuleSelects reports whether a DeviceTaintRule taints a device of a
+// driver's pool. Without a selector a rule selects nothing; each set field
+// of the selector must match. (The selector's CEL selectors were
+// tombstoned in resource.k8s.io/v1 before they went GA, so driver, pool
+// and device are all there is to match.)
+func RuleSelects(r *resourceapi.DeviceTaintRule, driver, pool, device string) bool {
 	s := r.Spec.DeviceSelector
 	if s == nil {
 		return false
 	}
-	return (s.Driver == nil || *s.Driver == DriverName) &&
+	return (s.Driver == nil || *s.Driver == driver) &&
 		(s.Pool == nil || *s.Pool == pool) &&
 		(s.Device == nil || *s.Device == device)
 }
+
+// KeepsWorkOff reports whether a taint of this effect keeps new claims
+// away: NoSchedule and NoExecute do; None is informational, and the API
+// says unknown effects count as None.
+func KeepsWorkOff(e resourceapi.DeviceTaintEffect) bool { return keepsWorkOff(e) }
 
 func taintString(t resourceapi.DeviceTaint) string {
 	s := t.Key

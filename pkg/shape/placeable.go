@@ -11,6 +11,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/posture"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -55,7 +56,8 @@ func (c Count) Message(described string) string {
 // (only each pool's newest generation) and the claims' allocations. Per
 // node, it takes instances greedily: for each value of the alignment
 // attribute (or the node as a whole), devices that are not allocated, not
-// tainted NoSchedule or NoExecute, and whose counters (our partitionable
+// tainted NoSchedule or NoExecute (in their slice, or by a DeviceTaintRule
+// among rules: an admin's drain), and whose counters (our partitionable
 // devices' shared counters) fit in what the node's allocated devices leave
 // (a whole GPU is not free while one of its MIG devices is allocated); a
 // request with All takes every matching untainted device of the node, so
@@ -64,12 +66,12 @@ func (c Count) Message(described string) string {
 // set-packing problem), but with the shapes sold (one or all of a kind per
 // root or NUMA node) it is.
 //
-// What it does not see, and so overstates: cordoned nodes, devices an
-// admin's DeviceTaintRule drains, multi-allocatable devices with room for
-// another share (counted as taken once allocated, which understates), and
-// slices that are not node-local (network-attached devices).
-func Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) Count {
-	return NewMatcher().Placeable(ctx, q, slices, claims)
+// What it does not see, and so overstates: cordoned nodes and slices
+// that are not node-local (network-attached devices); and it counts a
+// multi-allocatable device with room for another share as taken once
+// allocated, which understates.
+func Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim, rules []*resourceapi.DeviceTaintRule) Count {
+	return NewMatcher().Placeable(ctx, q, slices, claims, rules)
 }
 
 // Matcher remembers which devices a request's selectors match across
@@ -90,10 +92,10 @@ func NewMatcher() *Matcher {
 }
 
 // Placeable is the package's Placeable with m's memory of matches.
-func (m *Matcher) Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) Count {
+func (m *Matcher) Placeable(ctx context.Context, q Query, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim, rules []*resourceapi.DeviceTaintRule) Count {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	nodes := readNodes(slices, allocated(claims))
+	nodes := readNodes(slices, allocated(claims), drains(rules))
 	keys := make([]string, len(q.Requests))
 	for i := range q.Requests {
 		keys[i] = strings.Join(q.Requests[i].Selectors, "\x00")
@@ -166,7 +168,7 @@ type device struct {
 	grouped bool
 }
 
-func readNodes(list []*resourceapi.ResourceSlice, taken map[quota.DeviceID]bool) map[string]*node {
+func readNodes(list []*resourceapi.ResourceSlice, taken map[quota.DeviceID]bool, drained func(quota.DeviceID) bool) map[string]*node {
 	newest := map[poolKey]int64{}
 	for _, s := range list {
 		k := poolKey{s.Spec.Driver, s.Spec.Pool.Name}
@@ -194,7 +196,7 @@ func readNodes(list []*resourceapi.ResourceSlice, taken map[quota.DeviceID]bool)
 		for i := range s.Spec.Devices {
 			d := &s.Spec.Devices[i]
 			id := quota.DeviceID{Driver: s.Spec.Driver, Pool: s.Spec.Pool.Name, Device: d.Name}
-			n.devs = append(n.devs, &device{id: id, api: d, taken: taken[id], healthy: untainted(d)})
+			n.devs = append(n.devs, &device{id: id, api: d, taken: taken[id], healthy: untainted(d) && !drained(id)})
 		}
 	}
 	for _, n := range nodes {
@@ -211,11 +213,25 @@ func counterSetKey(driver, pool, set string) string { return driver + "/" + pool
 
 func untainted(d *resourceapi.Device) bool {
 	for _, t := range d.Taints {
-		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
+		if posture.KeepsWorkOff(t.Effect) {
 			return false
 		}
 	}
 	return true
+}
+
+// drains says which devices the DeviceTaintRules keep new claims off (an
+// admin's drain), as the scheduler applies them: any driver's device a
+// rule with a NoSchedule or NoExecute taint selects.
+func drains(rules []*resourceapi.DeviceTaintRule) func(quota.DeviceID) bool {
+	return func(id quota.DeviceID) bool {
+		for _, r := range rules {
+			if posture.KeepsWorkOff(r.Spec.Taint.Effect) && posture.RuleSelects(r, id.Driver, id.Pool, id.Device) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // consume takes (sign 1) or gives back (-1) a device's counters.

@@ -74,7 +74,7 @@ func BenchmarkPlaceable500Nodes(b *testing.B) {
 		// first count, or every device's slice republished).
 		b.Run(tc.name+"/cold", func(b *testing.B) {
 			for b.Loop() {
-				if got := Placeable(b.Context(), tc.q, slices, claims); got.Placeable != tc.want {
+				if got := Placeable(b.Context(), tc.q, slices, claims, nil); got.Placeable != tc.want {
 					b.Fatalf("placeable %d, want %d", got.Placeable, tc.want)
 				}
 			}
@@ -83,9 +83,9 @@ func BenchmarkPlaceable500Nodes(b *testing.B) {
 		// allocated or freed since the last count).
 		b.Run(tc.name+"/warm", func(b *testing.B) {
 			m := NewMatcher()
-			m.Placeable(b.Context(), tc.q, slices, claims)
+			m.Placeable(b.Context(), tc.q, slices, claims, nil)
 			for b.Loop() {
-				if got := m.Placeable(b.Context(), tc.q, slices, claims); got.Placeable != tc.want {
+				if got := m.Placeable(b.Context(), tc.q, slices, claims, nil); got.Placeable != tc.want {
 					b.Fatalf("placeable %d, want %d", got.Placeable, tc.want)
 				}
 			}

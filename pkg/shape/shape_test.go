@@ -210,7 +210,7 @@ func TestPlaceableAlignedSlots(t *testing.T) {
 		slice(nicDriver, "d", nic(0, "r0"), nic(1, "r1"), nic(2, "r2"), nic(3, "r3")),
 	}
 	claims := []*resourceapi.ResourceClaim{claimOn(ourDriver, "b", "gpu-0")}
-	got := Placeable(t.Context(), slotQuery(), slices, claims)
+	got := Placeable(t.Context(), slotQuery(), slices, claims, nil)
 	if got != (Count{Placeable: 6, Nodes: 4, NodesWithRoom: 3}) {
 		t.Fatalf("Placeable = %+v", got)
 	}
@@ -220,13 +220,49 @@ func TestPlaceableAlignedSlots(t *testing.T) {
 	// Without alignment, node a's GPU of r1 pairs too... but it has one NIC.
 	q := slotQuery()
 	q.Align = ""
-	if got := Placeable(t.Context(), q, slices, claims); got.Placeable != 1+1+1+4 {
+	if got := Placeable(t.Context(), q, slices, claims, nil); got.Placeable != 1+1+1+4 {
 		t.Errorf("unaligned Placeable = %+v", got)
 	}
 	// NUMA: d has two NUMA nodes, each with two GPUs; two GPUs per instance.
 	two := Query{Align: numaNode, Requests: []Request{{Name: "gpu", Selectors: gpuSel, Count: 2}}}
-	if got := Placeable(t.Context(), two, slices, claims); got.Placeable != 2 || got.NodesWithRoom != 1 {
+	if got := Placeable(t.Context(), two, slices, claims, nil); got.Placeable != 2 || got.NodesWithRoom != 1 {
 		t.Errorf("2 GPUs per NUMA node: %+v", got)
+	}
+}
+
+// TestPlaceableLeavesOutDrainedDevices: an admin's DeviceTaintRule keeps
+// new claims off what it selects (any driver's device), as the scheduler
+// applies it, so the count does not offer it (make demo showed a NUMA pair
+// placeable on a GPU drained by a rule); a rule with effect None, or one
+// selecting another pool, changes nothing.
+func TestPlaceableLeavesOutDrainedDevices(t *testing.T) {
+	slices := []*resourceapi.ResourceSlice{
+		slice(ourDriver, "d", gpu(0, "r0", 0), gpu(1, "r1", 0), gpu(2, "r2", 1), gpu(3, "r3", 1)),
+		slice(nicDriver, "d", nic(0, "r0"), nic(1, "r1"), nic(2, "r2"), nic(3, "r3")),
+	}
+	rule := func(effect resourceapi.DeviceTaintEffect, driver, pool, device string) *resourceapi.DeviceTaintRule {
+		return &resourceapi.DeviceTaintRule{Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(pool), Device: ptr.To(device)},
+			Taint:          resourceapi.DeviceTaint{Key: "example.com/drain", Effect: effect},
+		}}
+	}
+	two := Query{Align: numaNode, Requests: []Request{{Name: "gpu", Selectors: gpuSel, Count: 2}}}
+	for _, tc := range []struct {
+		name  string
+		q     Query
+		rules []*resourceapi.DeviceTaintRule
+		want  int
+	}{
+		{"no rule", two, nil, 2},
+		{"gpu-3 drained", two, []*resourceapi.DeviceTaintRule{rule(resourceapi.DeviceTaintEffectNoSchedule, ourDriver, "d", "gpu-3")}, 1},
+		{"gpu-3 evicted", two, []*resourceapi.DeviceTaintRule{rule(resourceapi.DeviceTaintEffectNoExecute, ourDriver, "d", "gpu-3")}, 1},
+		{"informational", two, []*resourceapi.DeviceTaintRule{rule(resourceapi.DeviceTaintEffectNone, ourDriver, "d", "gpu-3")}, 2},
+		{"another pool", two, []*resourceapi.DeviceTaintRule{rule(resourceapi.DeviceTaintEffectNoSchedule, ourDriver, "e", "gpu-3")}, 2},
+		{"a NIC drained", slotQuery(), []*resourceapi.DeviceTaintRule{rule(resourceapi.DeviceTaintEffectNoSchedule, nicDriver, "d", nic(0, "r0").Name)}, 3},
+	} {
+		if got := Placeable(t.Context(), tc.q, slices, nil, tc.rules); got.Placeable != tc.want {
+			t.Errorf("%s: placeable %d, want %d", tc.name, got.Placeable, tc.want)
+		}
 	}
 }
 
@@ -251,18 +287,18 @@ func TestPlaceableCountersAndAll(t *testing.T) {
 	slices := append(node("a"), node("b")...)
 	claims := []*resourceapi.ResourceClaim{claimOn(ourDriver, "a", "gpu-0-mig-1g-0")}
 	one := Query{Requests: []Request{{Name: "gpu", Selectors: gpuSel, Count: 1}}}
-	if got := Placeable(t.Context(), one, slices, claims); got.Placeable != 3 {
+	if got := Placeable(t.Context(), one, slices, claims, nil); got.Placeable != 3 {
 		t.Errorf("whole GPUs free with a MIG device of a's gpu-0 taken: %+v, want 3", got)
 	}
 	all := Query{Requests: []Request{{Name: "gpus", Selectors: gpuSel, All: true}}}
-	if got := Placeable(t.Context(), all, slices, claims); got != (Count{Placeable: 1, Nodes: 2, NodesWithRoom: 1}) {
+	if got := Placeable(t.Context(), all, slices, claims, nil); got != (Count{Placeable: 1, Nodes: 2, NodesWithRoom: 1}) {
 		t.Errorf("whole-node leases: %+v, want only b", got)
 	}
 	// Once the lease holds b, no MIG device of b fits.
 	lease := claimOn(ourDriver, "b", "gpu-0", "gpu-1")
 	migSel := []string{`device.attributes["gpu.gpuaas.io"].type == "mig"`}
 	mig := Query{Requests: []Request{{Name: "mig", Selectors: migSel, Count: 1}}}
-	if got := Placeable(t.Context(), mig, slices, []*resourceapi.ResourceClaim{lease}); got.Placeable != 1 || got.NodesWithRoom != 1 {
+	if got := Placeable(t.Context(), mig, slices, []*resourceapi.ResourceClaim{lease}, nil); got.Placeable != 1 || got.NodesWithRoom != 1 {
 		t.Errorf("MIG devices with b leased whole: %+v, want a's only", got)
 	}
 }

@@ -37,12 +37,22 @@ type Reconciler struct {
 	// from the cache without a deep copy, so a device's address is stable
 	// until its slice changes.
 	matcher *shape.Matcher
+	// drains: resource.k8s.io/v1 DeviceTaintRules are served (and
+	// watched), so the count leaves out the devices they drain.
+	drains bool
 }
 
 // NewReconciler reconciles shapes through c, reading templates the cache
 // does not hold from live, every resync.
 func NewReconciler(c client.Client, live client.Reader, resync time.Duration) *Reconciler {
 	return &Reconciler{client: c, live: live, resync: resync, matcher: shape.NewMatcher()}
+}
+
+// WithDrains makes the count read the DeviceTaintRules (served from 1.37):
+// a device an admin drains is not placeable.
+func (r *Reconciler) WithDrains() *Reconciler {
+	r.drains = true
+	return r
 }
 
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -271,7 +281,11 @@ func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts sh
 		slicePtrs[i] = &sl.Items[i]
 	}
 	if len(missing) > 0 {
-		return r.matcher.Placeable(ctx, shape.Query{}, slicePtrs, nil), nil
+		return r.matcher.Placeable(ctx, shape.Query{}, slicePtrs, nil, nil), nil
+	}
+	rules, err := r.drainRules(ctx)
+	if err != nil {
+		return shape.Count{}, err
 	}
 	var cl resourceapi.ResourceClaimList
 	if err := r.client.List(ctx, &cl, client.UnsafeDisableDeepCopy); err != nil {
@@ -281,7 +295,24 @@ func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts sh
 	for i := range cl.Items {
 		claimPtrs[i] = &cl.Items[i]
 	}
-	return r.matcher.Placeable(ctx, Query(s, parts), slicePtrs, claimPtrs), nil
+	return r.matcher.Placeable(ctx, Query(s, parts), slicePtrs, claimPtrs, rules), nil
+}
+
+// drainRules are the cluster's DeviceTaintRules, none where they are not
+// served.
+func (r *Reconciler) drainRules(ctx context.Context) ([]*resourceapi.DeviceTaintRule, error) {
+	if !r.drains {
+		return nil, nil
+	}
+	var list resourceapi.DeviceTaintRuleList
+	if err := r.client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing DeviceTaintRules: %w", err)
+	}
+	out := make([]*resourceapi.DeviceTaintRule, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
 }
 
 // Query is the shape as shape.Placeable counts it, its requests' selectors

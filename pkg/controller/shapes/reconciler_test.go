@@ -140,6 +140,27 @@ func TestShapeRendersTemplates(t *testing.T) {
 	}
 }
 
+// TestShapeCountLeavesOutDrainedDevices: with DeviceTaintRules served
+// (WithDrains), a GPU an admin's rule drains is not placeable.
+func TestShapeCountLeavesOutDrainedDevices(t *testing.T) {
+	drain := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "maintenance"}, Spec: resourceapi.DeviceTaintRuleSpec{
+		DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(testworld.Driver), Pool: ptr.To("node-a"), Device: ptr.To("gpu-0")},
+		Taint:          resourceapi.DeviceTaint{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+	}}
+	c := world(t, slotShape(), drain)
+	r := shapes.NewReconciler(c, c, time.Minute).WithDrains()
+	if _, err := r.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: "h100-slot"}}); err != nil {
+		t.Fatal(err)
+	}
+	var s gpuaas.GpuShape
+	if err := c.Get(t.Context(), types.NamespacedName{Name: "h100-slot"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Status.Placeable != 0 || s.Status.PlaceableMessage != "0 of 2 nodes have a free GPU+NIC on one PCIe root" {
+		t.Fatalf("placeable with node-a's gpu-0 drained = %d %q", s.Status.Placeable, s.Status.PlaceableMessage)
+	}
+}
+
 // TestShapeKeepsTemplatesInSync: a deleted template comes back, an edited
 // one is replaced, a removed label is put back, a namespace no longer
 // entitled loses its template, and someone else's template of the name is

@@ -37,7 +37,8 @@ import (
 //     and the scheduler places N; the rest wait. Placeable is a forecast,
 //     not a reservation: the scheduler is the only allocator, so no count
 //     can over-allocate a device.
-//   - What the count does not see (cordoned nodes, DeviceTaintRules) makes
+//   - What the count does not see (cordoned nodes; DeviceTaintRules where
+//     resource.k8s.io/v1 does not serve them, before 1.37) makes
 //     it too high: such claims are admitted and wait, as with Queue.
 type Refuser struct {
 	reader client.Reader

@@ -9,6 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -60,9 +61,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 	if _, err := mgr.GetCache().GetInformer(ctx, &gpuaas.GpuShape{}); err != nil {
 		return nil, fmt.Errorf("starting the GpuShape informer: %w", err)
 	}
+	drains, err := kinds.Served(mgr.GetRESTMapper(), schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, resourceapi.SchemeGroupVersion.Version)
+	if err != nil {
+		return nil, err
+	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
-	err = ctrl.NewControllerManagedBy(mgr).Named("gpushape").
+	r := NewReconciler(c, mgr.GetAPIReader(), resync)
+	b := ctrl.NewControllerManagedBy(mgr).Named("gpushape").
 		// Its own status writes change no generation.
 		For(&gpuaas.GpuShape{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.ResourceClaimTemplate{}, handler.EnqueueRequestsFromMapFunc(templateShape)).
@@ -71,9 +77,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.DeviceClass{}, every).
 		Watches(&resourceapi.ResourceSlice{}, enqueue.Delayed(countDelay, allShapes(c))).
-		Watches(&resourceapi.ResourceClaim{}, enqueue.Delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged)).
-		Complete(NewReconciler(c, mgr.GetAPIReader(), resync))
-	if err != nil {
+		Watches(&resourceapi.ResourceClaim{}, enqueue.Delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged))
+	if drains {
+		// resource.k8s.io/v1 DeviceTaintRules are GA in 1.37: on older
+		// clusters a watch on them would never sync, and the count does
+		// not see admins' drains (docs/platform.md).
+		r = r.WithDrains()
+		b = b.Watches(&resourceapi.DeviceTaintRule{}, enqueue.Delayed(countDelay, allShapes(c)))
+	}
+	if err := b.Complete(r); err != nil {
 		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)
 	}
 	return NewRefuser(c), nil
