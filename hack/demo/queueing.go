@@ -36,12 +36,8 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 		d.out.printf("\nQueueing: skipped (%s; `make kueue` builds it).\n", missing)
 		return nil
 	}
-	if d.opts.scenarios.freeSpecPods {
-		if err := d.deletePods(ctx, objs); err != nil {
-			return err
-		}
-	} else {
-		d.out.printf("\nQueueing: the pods of your specs keep their GPUs; Kueue's jobs get what is left.\n")
+	if err := d.freeSpecGPUs(ctx, objs, "Queueing", "Kueue's jobs get what is left"); err != nil {
+		return err
 	}
 	root, err := framework.RepoRoot()
 	if err != nil {
@@ -147,6 +143,17 @@ func profilesFor(classes []string, catalog []*unstructured.Unstructured) []*unst
 		}
 	}
 	return out
+}
+
+// freeSpecGPUs deletes the built-in specs' pods (objs) before a scenario
+// that wants free GPUs; the pods of one's own specs keep theirs, and the
+// scenario says so with what it then gets.
+func (d *demo) freeSpecGPUs(ctx context.Context, objs []*unstructured.Unstructured, scenario, then string) error {
+	if d.opts.scenarios.freeSpecPods {
+		return d.deletePods(ctx, objs)
+	}
+	d.out.printf("\n%s: the pods of your specs keep their GPUs; %s.\n", scenario, then)
+	return nil
 }
 
 // deletePods deletes the pods among objs and waits until they are gone;

@@ -38,12 +38,8 @@ const shapePodWait = 2 * time.Minute
 // first, as for the queueing scenario, so that whole GPUs are free; the
 // shapes' pods are deleted at the end, so that queueing finds them free.
 func (d *demo) shapesScenario(ctx context.Context, objs []*unstructured.Unstructured) error {
-	if d.opts.scenarios.freeSpecPods {
-		if err := d.deletePods(ctx, objs); err != nil {
-			return err
-		}
-	} else {
-		d.out.printf("\nShapes: the pods of your specs keep their GPUs; the shapes count what is left.\n")
+	if err := d.freeSpecGPUs(ctx, objs, "Shapes", "the shapes count what is left"); err != nil {
+		return err
 	}
 	root, err := framework.RepoRoot()
 	if err != nil {
