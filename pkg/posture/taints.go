@@ -30,7 +30,7 @@ func (g *gpu) taints(poolName string, rules []resourceapi.DeviceTaintRule) gpuTa
 		}
 		for i := range rules {
 			r := &rules[i]
-			if keepsWorkOff(r.Spec.Taint.Effect) && ruleSelects(r, poolName, d.api.Name) {
+			if KeepsWorkOff(r.Spec.Taint.Effect) && RuleSelects(r, DriverName, poolName, d.api.Name) {
 				t.draining.add(fmt.Sprintf("DeviceTaintRule %s (%s)", r.Name, taintString(r.Spec.Taint)), d.api.Name)
 			}
 		}
@@ -46,10 +46,10 @@ func (t *gpuTaints) classify(dev string, taint resourceapi.DeviceTaint) {
 	label := taintString(taint)
 	switch {
 	case !strings.HasPrefix(taint.Key, pluginTaintPrefix):
-		if keepsWorkOff(taint.Effect) {
+		if KeepsWorkOff(taint.Effect) {
 			t.draining.add("taint "+label, dev)
 		}
-	case !keepsWorkOff(taint.Effect) || taint.Key == taintUnmonitoredKind:
+	case !KeepsWorkOff(taint.Effect) || taint.Key == taintUnmonitoredKind:
 		t.informational.add(label, dev)
 	case taint.Key == taintCleanupBlocked:
 		t.cleanupBlocked.add(label, dev)
@@ -58,16 +58,10 @@ func (t *gpuTaints) classify(dev string, taint resourceapi.DeviceTaint) {
 	}
 }
 
-// keepsWorkOff: NoSchedule and NoExecute keep new claims away. None is
+// KeepsWorkOff: NoSchedule and NoExecute keep new claims away. None is
 // informational, and the API says unknown effects count as None.
-func keepsWorkOff(e resourceapi.DeviceTaintEffect) bool {
+func KeepsWorkOff(e resourceapi.DeviceTaintEffect) bool {
 	return e == resourceapi.DeviceTaintEffectNoSchedule || e == resourceapi.DeviceTaintEffectNoExecute
-}
-
-// ruleSelects reports whether a rule taints a device of our driver in the
-// pool.
-func ruleSelects(r *resourceapi.DeviceTaintRule, pool, device string) bool {
-	return RuleSelects(r, DriverName, pool, device)
 }
 
 // RuleSelects reports whether a DeviceTaintRule taints a device of a
@@ -84,11 +78,6 @@ func RuleSelects(r *resourceapi.DeviceTaintRule, driver, pool, device string) bo
 		(s.Pool == nil || *s.Pool == pool) &&
 		(s.Device == nil || *s.Device == device)
 }
-
-// KeepsWorkOff reports whether a taint of this effect keeps new claims
-// away: NoSchedule and NoExecute do; None is informational, and the API
-// says unknown effects count as None.
-func KeepsWorkOff(e resourceapi.DeviceTaintEffect) bool { return keepsWorkOff(e) }
 
 func taintString(t resourceapi.DeviceTaint) string {
 	s := t.Key

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -65,13 +64,7 @@ func TestShapeWholeNodeLease(t *testing.T) {
 	}
 
 	// A MIG device of the leased node's GPUs: not while the lease holds it.
-	migClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: uniqueName("lease-mig")},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig"`}}}}}
-	createObject(t, migClass)
-	if err := createClaim(ctx, gpuClaim(ns, "mig", migClass.Name, 1)); err != nil {
-		t.Fatal(err)
-	}
+	createOneMIGClaim(t, ns, "mig")
 	migPod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-user"},
 		Spec: v1.PodSpec{
