@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -267,20 +269,97 @@ func (e *nodeEvents) deletePods(t *testing.T, ctx context.Context, names []strin
 // pods keep their containers and devices, the new ones are prepared, and
 // no claim is prepared twice.
 func testKubeletRestart(t *testing.T, e *nodeEvents) {
-	e.restart(t, "kubelet", e.n.StopKubelet, e.n.StartKubelet)
+	logged, err := os.Stat(e.n.Kubelet.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startedAt := e.restart(t, "kubelet", e.n.StopKubelet, e.n.StartKubelet)
+	waitKubeletProbedController(t, framework.Context(t, 2*time.Minute), e.n, logged.Size(), startedAt)
+}
+
+// controllerStartupProbePeriod is the chart's periodSeconds of the
+// controller's startupProbe (templates/controller.yaml).
+const controllerStartupProbePeriod = 5 * time.Second
+
+// waitKubeletProbedController waits until the kubelet, started at
+// startedAt after its log had logSize bytes, has settled the controller
+// pod's probes, and the API shows the pod started and ready. A starting
+// kubelet may forget its probe results: until its startup probe worker
+// first passes (at most one period after the kubelet starts) it reports
+// the controller's container not started and not ready, and the
+// fail-closed claim webhook has no endpoints. Whether it forgets depends
+// on which of the kubelet's first status sync and the worker's first probe
+// runs first, so the wait is for one period, then for the kubelet's last
+// startup and readiness results (its "SyncLoop (probe)" lines) to be
+// "started" and "ready". The step after this one stops containerd, and a
+// kubelet without its runtime reports no pod status, so a controller
+// caught unready then stays unready until containerd is back: a webhook
+// that answers just after the kubelet's restart proves nothing.
+func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode, logSize int64, startedAt time.Time) {
+	t.Helper()
+	controllers, err := cp.ComponentPods(ctx, releaseNamespace, "controller")
+	if err != nil || len(controllers) != 1 {
+		t.Fatalf("want the release's one controller pod: %d pods, %v", len(controllers), err)
+	}
+	name := controllers[0].Name
+	var probes map[string]string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if time.Since(startedAt) < controllerStartupProbePeriod+time.Second {
+			return false, nil
+		}
+		if probes, err = lastProbeResults(n.Kubelet.LogPath, logSize, releaseNamespace+"/"+name); err != nil {
+			return false, err
+		}
+		if s := probes["startup"]; s != "" && s != "started" {
+			return false, nil
+		}
+		if r := probes["readiness"]; r != "" && r != "ready" {
+			return false, nil
+		}
+		p, err := cp.Client.CoreV1().Pods(releaseNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil // the API answers again in a moment
+		}
+		return podReady(p) && len(p.Status.ContainerStatuses) > 0 && ptr.Deref(p.Status.ContainerStatuses[0].Started, false), nil
+	})
+	if err != nil {
+		t.Fatalf("controller pod %s not started and ready after the kubelet's restart (its last probe results: %v): %v", name, probes, err)
+	}
+	waitClaimWebhookServes(t, ctx)
+}
+
+// lastProbeResults reads the kubelet's log from offset on and returns the
+// last result it logged for each probe of the pod (namespace/name), by
+// probe: "startup" to "started" or "unhealthy", "readiness" to "ready" or
+// "not ready".
+func lastProbeResults(logPath string, offset int64, pod string) (map[string]string, error) {
+	log, err := os.ReadFile(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("read the kubelet's log: %w", err)
+	}
+	results := map[string]string{}
+	if int64(len(log)) <= offset {
+		return results, nil
+	}
+	line := regexp.MustCompile(`"SyncLoop \(probe\)" probe="([a-z]+)" status="([a-z ]+)" pod="` + regexp.QuoteMeta(pod) + `"`)
+	for _, m := range line.FindAllStringSubmatch(string(log[offset:]), -1) {
+		results[m[1]] = m[2]
+	}
+	return results, nil
 }
 
 // testContainerdRestart is testKubeletRestart for containerd: its shims
 // keep the containers running, and the CDI specs are there for the
 // containers created after it.
 func testContainerdRestart(t *testing.T, e *nodeEvents) {
-	e.restart(t, "containerd", e.n.StopContainerd, e.n.StartContainerd)
+	_ = e.restart(t, "containerd", e.n.StopContainerd, e.n.StartContainerd)
 }
 
 // restart stops a component of the node, creates a pod of every kind
 // while it is down, starts it again, and checks the new pods, the kept
 // ones and that no claim was prepared twice.
-func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, start func(context.Context) error) {
+// It returns when the component was started again.
+func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, start func(context.Context) error) time.Time {
 	ctx := framework.Context(t, 8*time.Minute)
 	// The controller runs on this node: after the step before (a kubelet
 	// restart) its pod may be out of the webhook's endpoints for a moment,
@@ -296,6 +375,7 @@ func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, 
 	if err := start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	startedAt := time.Now()
 	when := "after the " + component + " restart"
 	e.waitRunning(t, ctx, during, slicesBefore, when)
 	// How long the node offered nothing: logged, not asserted (a
@@ -305,6 +385,7 @@ func (e *nodeEvents) restart(t *testing.T, component string, stop func() error, 
 	e.checkUntouched(t, ctx, when)
 	e.checkPreparedOnce(t, ctx)
 	e.deletePods(t, ctx, during)
+	return startedAt
 }
 
 // testFullRecordsDisk fills the filesystem of the plugin's records and
