@@ -4,6 +4,14 @@ GO ?= go
 # go-nvml's cgo header marks some calls deprecated; the warnings are noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
+# One compile of each package for go vet, the tests' binaries and the
+# images: the images (and the release) must build with -trimpath, so
+# everything else does too. Without it a cold `make test` compiled the whole
+# dependency graph once more, for go vet and the e2e test binary
+# (docs/development.md, "On a cold machine"). Paths in test output are then
+# module paths (github.com/gpuaas/gpu-dra-driver/...), not the checkout's.
+export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
+
 OUTPUT      := $(CURDIR)/_output
 BIN         := $(OUTPUT)/bin
 TOOLS       := $(OUTPUT)/tools
