@@ -12,8 +12,10 @@ PEER_OUT := $(OUTPUT)/peer
 .PHONY: bench-peer
 
 ## bench-peer: NVIDIA's DRA plugin and ours side by side on one simulated 8 x H100, one table
-## (NVIDIA_DRA_SRC=<its source tree> is required; about 4 min to build theirs cold, then about 10 min)
-bench-peer: k8s-bins cdi-hook
+## (NVIDIA_DRA_SRC=<its source tree> is required; about 4 min to build theirs cold, then about 10 min),
+## then the scheduler on 100 kwok nodes that publish the slices both plugins published there
+## (BenchmarkPeerShapes, about 5 min). PEER_SLICES_ONLY=1: the slices only, not the prepares
+bench-peer: k8s-bins cdi-hook kwok
 	@if [ -z "$(NVIDIA_DRA_SRC)" ] || [ ! -f "$(NVIDIA_DRA_SRC)/cmd/gpu-kubelet-plugin/main.go" ]; then \
 		echo "bench-peer: NVIDIA_DRA_SRC='$(NVIDIA_DRA_SRC)' is not a source tree of kubernetes-sigs/dra-driver-nvidia-gpu" >&2; \
 		echo "  (no cmd/gpu-kubelet-plugin/main.go there). Fetch a snapshot outside this tree, e.g." >&2; \
@@ -25,4 +27,7 @@ bench-peer: k8s-bins cdi-hook
 	cd "$(NVIDIA_DRA_SRC)" && GOWORK=off GOFLAGS=-mod=vendor $(GO) build -o $(PEER_OUT)/gpu-kubelet-plugin ./cmd/gpu-kubelet-plugin
 	PEER_NVIDIA_PLUGIN=$(PEER_OUT)/gpu-kubelet-plugin \
 	PEER_NVIDIA_VERSION="$$(cat "$(NVIDIA_DRA_SRC)/VERSION" 2>/dev/null) $(NVIDIA_DRA_COMMIT)" \
+	PEER_SLICES_OUT=$(PEER_OUT)/slices \
 	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/peer -run '^$$' -bench Peer -benchtime 1x -timeout 60m -v
+	PEER_SLICES_DIR=$(PEER_OUT)/slices \
+	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/scale -run '^$$' -bench PeerShapes -benchtime 1x -timeout 60m -v

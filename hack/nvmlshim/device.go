@@ -271,6 +271,19 @@ func nvmlDeviceGetBrand(h C.uintptr_t, out *C.uint) C.int {
 	})
 }
 
+// nvmlDeviceGetVirtualizationMode: the simulated machines are bare metal
+// (no vGPU host or guest, no passthrough), so every GPU answers
+// NVML_GPU_VIRTUALIZATION_MODE_NONE, as a bare-metal H100 does. NVIDIA's
+// plugin asks before it offers a GPU as dynamic MIG (a vGPU cannot be
+// partitioned) and stops when the call fails.
+//
+//export nvmlDeviceGetVirtualizationMode
+func nvmlDeviceGetVirtualizationMode(h C.uintptr_t, out *C.uint) C.int {
+	return uintOf("nvmlDeviceGetVirtualizationMode", h, out, func(nvml.Device) (int, nvml.Return) {
+		return int(nvml.GPU_VIRTUALIZATION_MODE_NONE), nvml.SUCCESS
+	})
+}
+
 //export nvmlDeviceGetArchitecture
 func nvmlDeviceGetArchitecture(h C.uintptr_t, out *C.uint) C.int {
 	return uintOf("nvmlDeviceGetArchitecture", h, out, func(d nvml.Device) (int, nvml.Return) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -175,6 +176,20 @@ func TestLibraryReadsTheMockMachine(t *testing.T) {
 		}
 		if fmt.Sprint(got.Profiles[g.UUID]) != fmt.Sprint(profiles[g.UUID]) {
 			t.Errorf("GPU %d MIG profiles:\nlibrary %v\nmock    %v", i, got.Profiles[g.UUID], profiles[g.UUID])
+		}
+	}
+}
+
+// TestLibraryGPUsAreBareMetal: every GPU of the simulated machine answers
+// NVML_GPU_VIRTUALIZATION_MODE_NONE; NVIDIA's plugin with its DynamicMIG
+// gate stops at start when the call fails.
+func TestLibraryGPUsAreBareMetal(t *testing.T) {
+	n := newNode(t)
+	for gpu := range 8 {
+		var mode int
+		n.run(&mode, "virtualization-mode", "-gpu", strconv.Itoa(gpu))
+		if mode != int(nvml.GPU_VIRTUALIZATION_MODE_NONE) {
+			t.Errorf("GPU %d: virtualization mode %d, want NONE (%d)", gpu, mode, nvml.GPU_VIRTUALIZATION_MODE_NONE)
 		}
 	}
 }

@@ -203,7 +203,6 @@ int nvmlDeviceGetVgpuTypeCreatablePlacements() { return gpuaasShimStub("nvmlDevi
 int nvmlDeviceGetVgpuTypeSupportedPlacements() { return gpuaasShimStub("nvmlDeviceGetVgpuTypeSupportedPlacements"); }
 int nvmlDeviceGetVgpuUtilization() { return gpuaasShimStub("nvmlDeviceGetVgpuUtilization"); }
 int nvmlDeviceGetViolationStatus() { return gpuaasShimStub("nvmlDeviceGetViolationStatus"); }
-int nvmlDeviceGetVirtualizationMode() { return gpuaasShimStub("nvmlDeviceGetVirtualizationMode"); }
 int nvmlDeviceModifyDrainState() { return gpuaasShimStub("nvmlDeviceModifyDrainState"); }
 int nvmlDeviceOnSameBoard() { return gpuaasShimStub("nvmlDeviceOnSameBoard"); }
 int nvmlDevicePerfMetricsGetSamples_v1() { return gpuaasShimStub("nvmlDevicePerfMetricsGetSamples_v1"); }

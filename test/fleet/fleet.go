@@ -14,14 +14,19 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -50,14 +55,23 @@ type Options struct {
 	// Config is every node's NodeConfig (how its GPUs are offered); nil
 	// offers every GPU whole.
 	Config *configapi.NodeConfig
+	// Driver is the DRA driver the nodes publish as; "" is ours.
+	Driver string
+	// Replay, when set, is what every node publishes instead of what
+	// discovery on Machine finds: the slices one plugin published for one
+	// node (another driver's too), their devices and counter sets as they
+	// are, in the same slices. Config and Machine are then unused.
+	Replay []resourceapi.ResourceSliceSpec
 }
 
 // Fleet is a running fleet of simulated nodes.
 type Fleet struct {
-	client kubernetes.Interface
-	prefix string
-	nodes  []*node
-	slices *sliceWatch
+	client  kubernetes.Interface
+	stopped sync.Once
+	driver  string
+	prefix  string
+	nodes   []*node
+	slices  *sliceWatch
 }
 
 type node struct {
@@ -75,9 +89,12 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 	if opts.Machine == "" {
 		opts.Machine = "dgxh100"
 	}
-	f := &Fleet{client: opts.Client, prefix: opts.Prefix}
+	if opts.Driver == "" {
+		opts.Driver = configapi.DriverName
+	}
+	f := &Fleet{client: opts.Client, driver: opts.Driver, prefix: opts.Prefix}
 	var err error
-	if f.slices, err = watchSlices(ctx, opts.Client); err != nil {
+	if f.slices, err = watchSlices(ctx, opts.Client, opts.Driver); err != nil {
 		return nil, err
 	}
 	f.nodes = make([]*node, opts.Nodes)
@@ -112,12 +129,16 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 	if err != nil {
 		return nil, err
 	}
+	if opts.Replay != nil {
+		n := &node{name: name, uid: obj.UID, res: replayResources(name, opts.Replay)}
+		return n, n.startPublisher(ctx, f.client, f.driver)
+	}
 	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:" + opts.Machine, MockSeed: name})
 	if err != nil {
 		return nil, fmt.Errorf("opening the mock NVML of node %s: %w", name, err)
 	}
 	n := &node{name: name, uid: obj.UID, lib: lib, res: resourcesOf(ctx, name, lib, opts.Config)}
-	if err := n.startPublisher(ctx, f.client); err != nil {
+	if err := n.startPublisher(ctx, f.client, f.driver); err != nil {
 		_ = lib.Shutdown()
 		return nil, err
 	}
@@ -136,12 +157,12 @@ func (n *node) devices() int {
 	return total
 }
 
-// startPublisher starts the node's slice controller, as the plugin's
-// kubeletplugin helper does: the node owns its slices.
-func (n *node) startPublisher(ctx context.Context, client kubernetes.Interface) error {
+// startPublisher starts the node's slice controller for driver, as the
+// plugin's kubeletplugin helper does: the node owns its slices.
+func (n *node) startPublisher(ctx context.Context, client kubernetes.Interface, driver string) error {
 	res := n.res
 	ctrl, err := resourceslice.StartController(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("node", n.name)), resourceslice.Options{
-		DriverName: configapi.DriverName,
+		DriverName: driver,
 		KubeClient: client,
 		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: n.name, UID: n.uid},
 		Resources:  &res,
@@ -160,6 +181,17 @@ func resourcesOf(ctx context.Context, name string, lib nvdev.Interface, cfg *con
 		cfg = &configapi.NodeConfig{}
 	}
 	return inventory.Resources(name, inventory.Discover(klog.FromContext(ctx), lib, cfg))
+}
+
+// replayResources is a captured slice set as node name publishes it: the
+// same devices and counter sets in as many slices; the publisher names the
+// pool and the node after name.
+func replayResources(name string, captured []resourceapi.ResourceSliceSpec) resourceslice.DriverResources {
+	var pool resourceslice.Pool
+	for _, s := range captured {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: s.Devices, SharedCounters: s.SharedCounters})
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{name: pool}}
 }
 
 // ensureNode creates the Node kwok will keep Ready: 32 CPUs, 256 GiB and
@@ -197,8 +229,12 @@ func nodeResources() corev1.ResourceList {
 
 // Reconfigure offers every node's GPUs as cfg says from now on, as a
 // plugin restarted with a new --node-config would.
+// A replayed fleet has nothing to discover again: it is left as it is.
 func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 	for _, n := range f.nodes {
+		if n.lib == nil {
+			continue
+		}
 		n.res = resourcesOf(ctx, n.name, n.lib, cfg)
 		n.ctrl.Update(&n.res)
 	}
@@ -209,7 +245,7 @@ func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 // controllers find their slices stored and should write nothing (Writes).
 func (f *Fleet) Restart(ctx context.Context) error {
 	f.stopPublishers()
-	return parallel(len(f.nodes), func(i int) error { return f.nodes[i].startPublisher(ctx, f.client) })
+	return parallel(len(f.nodes), func(i int) error { return f.nodes[i].startPublisher(ctx, f.client, f.driver) })
 }
 
 // Writes is how many slice creates, updates and deletes the nodes'
@@ -243,12 +279,49 @@ func (f *Fleet) Slices() int {
 
 // Stop stops publishing; the slices stay until their Nodes are deleted
 // (DeleteNodes), as when a plugin stops.
+// Stopping again does nothing.
 func (f *Fleet) Stop() {
-	f.slices.stop()
-	f.stopPublishers()
+	f.stopped.Do(func() {
+		f.slices.stop()
+		f.stopPublishers()
+		for _, n := range f.nodes {
+			if n.lib != nil {
+				_ = n.lib.Shutdown()
+			}
+		}
+	})
+}
+
+// Delete stops the fleet and deletes its Nodes, and with them (the
+// garbage collector) their slices: also those of another fleet on the same
+// nodes. It waits until no slice of the nodes is left.
+func (f *Fleet) Delete(ctx context.Context) error {
+	f.Stop()
 	for _, n := range f.nodes {
-		_ = n.lib.Shutdown()
+		err := f.client.CoreV1().Nodes().Delete(ctx, n.name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting node %s: %w", n.name, err)
+		}
 	}
+	names := sets.New(f.Names()...)
+	var left int
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := f.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil // the API answers again in a moment
+		}
+		left = 0
+		for _, s := range list.Items {
+			if s.Spec.NodeName != nil && names.Has(*s.Spec.NodeName) {
+				left++
+			}
+		}
+		return left == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the slices of %d deleted nodes (%d left): %w", len(names), left, err)
+	}
+	return nil
 }
 
 func (f *Fleet) stopPublishers() {

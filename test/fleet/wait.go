@@ -11,8 +11,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 )
 
 // sliceWatch is one informer on the driver's ResourceSlices: waiting on it
@@ -23,11 +21,11 @@ type sliceWatch struct {
 	cancel context.CancelFunc
 }
 
-func watchSlices(ctx context.Context, client kubernetes.Interface) (*sliceWatch, error) {
+func watchSlices(ctx context.Context, client kubernetes.Interface, driver string) (*sliceWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = resourceapi.ResourceSliceSelectorDriver + "=" + configapi.DriverName
+			o.FieldSelector = resourceapi.ResourceSliceSelectorDriver + "=" + driver
 		}))
 	inf := factory.Resource().V1().ResourceSlices().Informer()
 	factory.Start(ctx.Done())

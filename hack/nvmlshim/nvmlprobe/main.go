@@ -66,6 +66,14 @@ func main() {
 			print(out)
 			select {} // until SIGKILL: the instance must outlive the process
 		}
+	case "virtualization-mode":
+		out, err = onGPU(lib, *gpu, func(d nvml.Device) (any, error) {
+			mode, ret := d.GetVirtualizationMode()
+			if ret != nvml.SUCCESS {
+				return nil, fmt.Errorf("GetVirtualizationMode: %v", nvml.ErrorString(ret))
+			}
+			return int(mode), nil
+		})
 	case "mig-list":
 		out, err = onGPU(lib, *gpu, func(d nvml.Device) (any, error) { return mig.List(d) })
 	case "mig-destroy":

@@ -65,7 +65,8 @@ func (d *driver) close() {
 // library serves both plugins one machine: the same state directory and
 // the same GPU UUIDs. Its registration socket goes where the node's
 // kubelet simulator watches, so both drivers are registered on one node.
-func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env []string) (*driver, error) {
+// extraArgs are added to its command line (its feature gates).
+func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env []string, extraArgs ...string) (*driver, error) {
 	// Short: a Unix socket path must stay under 108 bytes.
 	dir := filepath.Join(filepath.Dir(node.PluginDataDir), "nv")
 	pluginsDir, cdiRoot := filepath.Join(dir, "p"), filepath.Join(dir, "cdi")
@@ -98,6 +99,7 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		"--image-name", "registry.k8s.io/dra-driver-nvidia-gpu:peer",
 		"-v", "1",
 	)
+	proc.Args = append(proc.Args, extraArgs...)
 	proc.Env = env
 	if err := proc.Start(); err != nil {
 		return nil, err

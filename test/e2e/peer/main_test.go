@@ -30,6 +30,12 @@ const (
 	envPlugin = "PEER_NVIDIA_PLUGIN"
 	// envVersion names NVIDIA's snapshot (its commit) in the table.
 	envVersion = "PEER_NVIDIA_VERSION"
+	// envSlicesOut: where to keep the slices each plugin published
+	// (fleet.WriteCapture), for test/e2e/scale's BenchmarkPeerShapes.
+	envSlicesOut = "PEER_SLICES_OUT"
+	// envSlicesOnly: measure the slices only (and keep them), not the
+	// prepares.
+	envSlicesOnly = "PEER_SLICES_ONLY"
 )
 
 var (

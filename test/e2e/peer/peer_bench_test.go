@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+	"github.com/gpuaas/gpu-dra-driver/test/fleet"
 )
 
 // Measurement sizes. samples is per driver and per level of prepared
@@ -66,6 +67,11 @@ func BenchmarkPeer(b *testing.B) {
 	if err := createNamespace(ctx); err != nil {
 		b.Fatal(err)
 	}
+	if dir := os.Getenv(envSlicesOut); dir != "" {
+		if err := captureDynamicMIG(ctx, dir); err != nil {
+			b.Fatal(err)
+		}
+	}
 	drivers := []*driver{gpuaas, nv}
 	t := &table{drivers: drivers}
 	for _, d := range drivers {
@@ -90,6 +96,9 @@ func prefix(d *driver, what string) string { return strings.ToLower(d.label) + "
 func measure(ctx context.Context, t *table, node *framework.Node, d *driver) error {
 	if err := measureSlices(ctx, t, node, d); err != nil {
 		return err
+	}
+	if os.Getenv(envSlicesOnly) != "" {
+		return nil
 	}
 	var background []*drapb.Claim
 	for _, level := range []int{0, 100, 1000} {
@@ -126,31 +135,28 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 
 // measureSlices records what d publishes for the node: slices, devices
 // and their size as the API server stores them (protobuf).
+// With PEER_SLICES_OUT it keeps them there too, for the scheduler's
+// benchmark on kwok nodes that publish both shapes (test/e2e/scale,
+// BenchmarkPeerShapes).
 func measureSlices(ctx context.Context, t *table, node *framework.Node, d *driver) error {
-	var bytes, devices, count int
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-			FieldSelector: "spec.driver=" + d.name + ",spec.nodeName=" + node.Name,
-		})
-		if err != nil {
-			return false, err
-		}
-		bytes, devices, count = 0, 0, len(list.Items)
-		for i := range list.Items {
-			data, err := list.Items[i].Marshal()
-			if err != nil {
-				return false, fmt.Errorf("marshalling slice %s: %w", list.Items[i].Name, err)
-			}
-			bytes += len(data)
-			devices += len(list.Items[i].Spec.Devices)
-		}
-		return devices >= len(gpus), nil
-	})
+	slices, err := waitPool(ctx, d, node.Name, len(gpus))
 	if err != nil {
-		return fmt.Errorf("%s: waiting for %d devices (have %d): %w", d.label, len(gpus), devices, err)
+		return err
 	}
-	t.set("ResourceSlices (whole GPUs): count / devices", d, fmt.Sprintf("%d / %d", count, devices), 0)
+	var bytes, devices int
+	for i := range slices {
+		data, err := slices[i].Marshal()
+		if err != nil {
+			return fmt.Errorf("marshalling slice %s: %w", slices[i].Name, err)
+		}
+		bytes += len(data)
+		devices += len(slices[i].Spec.Devices)
+	}
+	t.set("ResourceSlices (whole GPUs): count / devices", d, fmt.Sprintf("%d / %d", len(slices), devices), 0)
 	t.set("ResourceSlices (whole GPUs): bytes, protobuf", d, strconv.Itoa(bytes), float64(bytes))
+	if dir := os.Getenv(envSlicesOut); dir != "" {
+		return fleet.WriteCapture(filepath.Join(dir, shapeWhole), d.name, slices)
+	}
 	return nil
 }
 

@@ -47,15 +47,28 @@ type runner struct {
 // startRunner starts a fleet of n nodes (whole GPUs) and waits until kwok
 // has them Ready and their slices are published.
 func startRunner(tb testing.TB, n, pods int) *runner {
+	client := scaleClient()
+	f := startFleet(tb, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
+	return &runner{client: client, fleet: f, nodes: n, pods: pods, config: wholeConfig}
+}
+
+// scaleClient is an API client that the benchmark's own rate never
+// throttles.
+func scaleClient() kubernetes.Interface {
+	cfg := *cp.Config
+	cfg.QPS, cfg.Burst = 5000, 10000
+	return kubernetes.NewForConfigOrDie(&cfg)
+}
+
+// startFleet starts a fleet and waits until kwok has its nodes Ready and
+// their slices are published.
+func startFleet(tb testing.TB, opts fleet.Options) *fleet.Fleet {
 	// The publishers live as long as the benchmark: a deadline here once
 	// stopped them mid-run, and a later mode measured stale slices.
 	live := tb.Context()
 	ctx := framework.Context(tb, 10*time.Minute)
-	cfg := *cp.Config
-	cfg.QPS, cfg.Burst = 5000, 10000
-	client := kubernetes.NewForConfigOrDie(&cfg)
 	start := time.Now()
-	f, err := fleet.Start(live, fleet.Options{Client: client, Nodes: n, Prefix: "scale", Config: decodeConfig(tb, wholeConfig)})
+	f, err := fleet.Start(live, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -64,11 +77,11 @@ func startRunner(tb testing.TB, n, pods int) *runner {
 		tb.Fatal(err)
 	}
 	took := time.Since(start)
-	if err := waitNodesReady(ctx, client, f.Names()); err != nil {
+	if err := waitNodesReady(ctx, opts.Client, f.Names()); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Logf("%d nodes created and their %d slices published in %.1fs", n, f.Slices(), took.Seconds())
-	return &runner{client: client, fleet: f, nodes: n, pods: pods, config: wholeConfig}
+	tb.Logf("%d nodes created and their %d slices published in %.1fs", opts.Nodes, f.Slices(), took.Seconds())
+	return f
 }
 
 func decodeConfig(tb testing.TB, body string) *configapi.NodeConfig {
