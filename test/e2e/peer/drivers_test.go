@@ -65,8 +65,9 @@ func (d *driver) close() {
 // library serves both plugins one machine: the same state directory and
 // the same GPU UUIDs. Its registration socket goes where the node's
 // kubelet simulator watches, so both drivers are registered on one node.
-// extraArgs are added to its command line (its feature gates).
-func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env []string, extraArgs ...string) (*driver, error) {
+// With dynamicMIG it runs with its DynamicMIG gate, in a mount namespace
+// of its own that has the MIG capability files it reads (nvidiaMIGCaps).
+func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env []string, dynamicMIG bool) (*driver, error) {
 	// Short: a Unix socket path must stay under 108 bytes.
 	dir := filepath.Join(filepath.Dir(node.PluginDataDir), "nv")
 	pluginsDir, cdiRoot := filepath.Join(dir, "p"), filepath.Join(dir, "cdi")
@@ -99,8 +100,12 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		"--image-name", "registry.k8s.io/dra-driver-nvidia-gpu:peer",
 		"-v", "1",
 	)
-	proc.Args = append(proc.Args, extraArgs...)
 	proc.Env = env
+	if dynamicMIG {
+		if err := nvidiaMIGCaps(proc, dir); err != nil {
+			return nil, err
+		}
+	}
 	if err := proc.Start(); err != nil {
 		return nil, err
 	}
@@ -113,6 +118,53 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 		return nil, err
 	}
 	return d, nil
+}
+
+// maxMIGInstanceID bounds the GPU instance IDs the capability files
+// cover. Real NVML reuses a destroyed instance's ID; the simulated
+// machine never does (go-nvml's mock counts up), so each prepare on gpu-7
+// gets a new one: 50 samples per plugin stay well below.
+const maxMIGInstanceID = 255
+
+// nvidiaMIGCaps gives NVIDIA's plugin what its CDI spec of a MIG device
+// reads: each GPU and compute instance's capability file under
+// /proc/driver/nvidia/capabilities (a path nothing moves), bind-mounted in
+// a mount namespace of its own (unshare), and the nvidia-caps major in a
+// /proc/devices of its own (ALT_PROC_DEVICES_PATH, its option for a
+// simulated machine). The files are as the kernel module's nvidia-caps
+// keeps them, for GPUs 0-7, instances 0-maxMIGInstanceID, compute
+// instances 0-7.
+func nvidiaMIGCaps(proc *framework.Process, dir string) error {
+	procDriver := filepath.Join(dir, "proc-driver")
+	minor := 0
+	for gpu := range len(gpus) {
+		for gi := range maxMIGInstanceID + 1 {
+			base := filepath.Join(procDriver, "nvidia", "capabilities", fmt.Sprintf("gpu%d", gpu), "mig", fmt.Sprintf("gi%d", gi))
+			paths := []string{base}
+			for ci := range 8 {
+				paths = append(paths, filepath.Join(base, fmt.Sprintf("ci%d", ci)))
+			}
+			for _, p := range paths {
+				if err := os.MkdirAll(p, 0o755); err != nil {
+					return fmt.Errorf("MIG capability files for NVIDIA's plugin: %w", err)
+				}
+				access := fmt.Sprintf("DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor)
+				if err := os.WriteFile(filepath.Join(p, "access"), []byte(access), 0o444); err != nil {
+					return fmt.Errorf("MIG capability files for NVIDIA's plugin: %w", err)
+				}
+				minor++
+			}
+		}
+	}
+	devices := filepath.Join(dir, "proc-devices")
+	if err := os.WriteFile(devices, []byte("Character devices:\n195 nvidia-frontend\n508 nvidia-caps\n\nBlock devices:\n"), 0o644); err != nil {
+		return fmt.Errorf("a /proc/devices for NVIDIA's plugin: %w", err)
+	}
+	proc.Args = append([]string{"-m", "--propagation", "private", "sh", "-c", `mount --bind "$0" /proc/driver && exec "$@"`,
+		procDriver, proc.Path, "--feature-gates=DynamicMIG=true"}, proc.Args...)
+	proc.Path = "unshare"
+	proc.Env = append(proc.Env, "ALT_PROC_DEVICES_PATH="+devices)
+	return nil
 }
 
 // nvidiaDriverRoot makes NVIDIA's plugin a driver root of its own beside

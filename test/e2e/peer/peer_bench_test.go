@@ -59,7 +59,7 @@ func BenchmarkPeer(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer gpuaas.close()
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env)
+	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, false)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,13 +67,13 @@ func BenchmarkPeer(b *testing.B) {
 	if err := createNamespace(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if dir := os.Getenv(envSlicesOut); dir != "" {
-		if err := captureDynamicMIG(ctx, dir); err != nil {
-			b.Fatal(err)
-		}
-	}
 	drivers := []*driver{gpuaas, nv}
 	t := &table{drivers: drivers}
+	if err := runDynamicMIG(ctx, t); err != nil {
+		t.print(os.Stdout)
+		b.Fatal(err)
+	}
+
 	for _, d := range drivers {
 		if err := measure(ctx, t, node, d); err != nil {
 			t.print(os.Stdout) // what was measured before
@@ -162,7 +162,14 @@ func measureSlices(ctx context.Context, t *table, node *framework.Node, d *drive
 
 // measureSerial prepares and unprepares one whole-GPU claim after another.
 func measureSerial(ctx context.Context, t *table, node *framework.Node, d *driver, level int) error {
-	claims, err := createClaims(ctx, d, prefix(d, fmt.Sprint("serial", level)), node.Name, []string{measured}, samples, false)
+	return measureSerialOn(ctx, t, d, node, d, measured, fmt.Sprintf("whole GPU, %d prepared: ", level), fmt.Sprint("serial", level))
+}
+
+// measureSerialOn prepares and unprepares one claim of device after
+// another with d, into column col's rows that start with row; what names
+// the claims.
+func measureSerialOn(ctx context.Context, t *table, col *driver, node *framework.Node, d *driver, device, row, what string) error {
+	claims, err := createClaims(ctx, d, prefix(d, what), node.Name, []string{device}, samples, false)
 	if err != nil {
 		return err
 	}
@@ -178,9 +185,8 @@ func measureSerial(ctx context.Context, t *table, node *framework.Node, d *drive
 		}
 		prep, unprep = append(prep, p), append(unprep, u)
 	}
-	row := fmt.Sprintf("whole GPU, %d prepared: ", level)
-	t.setLatency(row+"prepare p50 / p99", d, prep)
-	t.setLatency(row+"unprepare p50 / p99", d, unprep)
+	t.setLatency(row+"prepare p50 / p99", col, prep)
+	t.setLatency(row+"unprepare p50 / p99", col, unprep)
 	return nil
 }
 

@@ -2,9 +2,12 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -26,12 +29,15 @@ const (
 // every MIG placement, made when a claim is prepared.
 const dynamicMIGConfig = "apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ndefault: {mig: dynamic}\n"
 
-// captureDynamicMIG keeps what both plugins publish for a simulated
-// 8 x H100 whose GPUs they partition on demand: ours with every GPU offered
-// as dynamic MIG, NVIDIA's with its DynamicMIG gate (alpha, off by
-// default). It uses a node and machine of its own, so the prepares measured
-// on peer-node stay on whole GPUs, as NVIDIA's defaults are.
-func captureDynamicMIG(ctx context.Context, dir string) error {
+// runDynamicMIG runs both plugins with every GPU of a simulated 8 x H100
+// offered as dynamic MIG: ours with `default: {mig: dynamic}`, NVIDIA's
+// with its DynamicMIG gate (alpha, off by default). It keeps what each
+// publishes (PEER_SLICES_OUT) and, unless PEER_SLICES_ONLY, measures a 1g
+// MIG device's prepare (which makes its GPU and compute instance) and
+// unprepare (which destroys them) into t. Its own node and machine: the
+// whole-GPU rows run on peer-node as NVIDIA's defaults are. The two
+// plugins share the machine, one after the other.
+func runDynamicMIG(ctx context.Context, t *table) error {
 	config := filepath.Join(cp.Dir, "peer-dynamic-mig.yaml")
 	if err := os.WriteFile(config, []byte(dynamicMIGConfig), 0o600); err != nil {
 		return fmt.Errorf("writing the dynamic MIG node configuration: %w", err)
@@ -44,27 +50,65 @@ func captureDynamicMIG(ctx context.Context, dir string) error {
 		return err
 	}
 	defer func() { _ = node.Stop(context.WithoutCancel(ctx)) }()
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, "--feature-gates=DynamicMIG=true")
+	gpuaas, err := ours(ctx, node, t.drivers[0].version)
+	if err != nil {
+		return err
+	}
+	defer gpuaas.close()
+	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, true)
 	if err != nil {
 		return err
 	}
 	defer func() { nv.close(); _ = nv.proc.Stop() }()
-	for _, d := range []*driver{{label: "gpuaas", name: framework.DriverName, proc: node.Plugin}, nv} {
+	for i, d := range []*driver{gpuaas, nv} {
 		// More than the whole GPUs: the MIG placements are published too.
-		slices, err := waitPool(ctx, d, node.Name, len(gpus)+1)
+		stored, err := waitPool(ctx, d, node.Name, len(gpus)+1)
 		if err != nil {
 			return err
 		}
-		if err := fleet.WriteCapture(filepath.Join(dir, shapeDynamicMIG), d.name, slices); err != nil {
-			return err
+		if dir := os.Getenv(envSlicesOut); dir != "" {
+			if err := fleet.WriteCapture(filepath.Join(dir, shapeDynamicMIG), d.name, stored); err != nil {
+				return err
+			}
 		}
 		devices := 0
-		for _, s := range slices {
+		for _, s := range stored {
 			devices += len(s.Spec.Devices)
 		}
-		fmt.Fprintf(os.Stderr, "peer: %s publishes %d slices, %d devices with dynamic MIG\n", d.label, len(slices), devices)
+		// The table's columns are the drivers of peer-node; the rows say
+		// the shape.
+		col := t.drivers[i]
+		t.set("ResourceSlices (dynamic MIG): count / devices", col, fmt.Sprintf("%d / %d", len(stored), devices), 0)
+		if os.Getenv(envSlicesOnly) != "" {
+			continue
+		}
+		device, err := first1gOnLastGPU(stored)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.label, err)
+		}
+		if err := measureSerialOn(ctx, t, col, node, d, device, "1g MIG device (dynamic), 0 prepared: ", "mig1g"); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// first1gOnLastGPU is the name of the first 1g.10gb MIG device (by name,
+// not a media-extension one) of gpu-7 in slices: placement 0 for both
+// plugins ("gpu-7-mig-1g10gb-0", NVIDIA's "gpu-7-mig-1g10gb-0-0").
+func first1gOnLastGPU(stored []resourceapi.ResourceSlice) (string, error) {
+	var names []string
+	for _, s := range stored {
+		for _, d := range s.Spec.Devices {
+			if strings.HasPrefix(d.Name, "gpu-7-mig-1g10gb-") && !strings.Contains(d.Name, "me") {
+				names = append(names, d.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "", errors.New("publishes no 1g.10gb MIG device of gpu-7")
+	}
+	return slices.Min(names), nil
 }
 
 // waitPool waits until d's pool on node is stored whole (every slice of
