@@ -45,8 +45,11 @@ func WriteCapture(dir, driver string, stored []resourceapi.ResourceSlice) error 
 // name; none is an error.
 func ReadCaptures(dir string) ([]Capture, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*"+captureSuffix))
-	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("no captured slices (*%s) in %s: %v", captureSuffix, dir, err)
+	if err != nil {
+		return nil, fmt.Errorf("captured slices in %s: %w", dir, err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no captured slices (*%s) in %s", captureSuffix, dir)
 	}
 	slices.Sort(files)
 	var out []Capture
