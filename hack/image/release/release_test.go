@@ -41,10 +41,10 @@ type (
 	}
 )
 
-// TestBuild builds the real binaries (the one slow step) onto a tiny base
+// TestBuildReleaseImage builds the real binaries (the one slow step) onto a tiny base
 // and checks the image: names, labels, user, entrypoint, both layers, and
 // that the binaries are dynamic and print the version.
-func TestBuild(t *testing.T) {
+func TestBuildReleaseImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds both cgo binaries")
 	}
