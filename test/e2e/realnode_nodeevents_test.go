@@ -275,7 +275,7 @@ func testKubeletRestart(t *testing.T, e *nodeEvents) {
 		t.Fatal(err)
 	}
 	startedAt := e.restart(t, "kubelet", e.n.StopKubelet, e.n.StartKubelet)
-	waitKubeletProbedController(t, framework.Context(t, 2*time.Minute), e.n, logged.Size(), startedAt)
+	waitKubeletProbedController(t, framework.Context(t, 2*time.Minute), e.n, logged.Size(), startedAt, false)
 }
 
 // controllerStartupProbePeriod is the chart's periodSeconds of the
@@ -296,7 +296,11 @@ const controllerStartupProbePeriod = 5 * time.Second
 // kubelet without its runtime reports no pod status, so a controller
 // caught unready then stays unready until containerd is back: a webhook
 // that answers just after the kubelet's restart proves nothing.
-func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode, logSize int64, startedAt time.Time) {
+//
+// restarted says the controller's container was started again after the
+// kubelet (a reboot): then the kubelet must have logged its startup probe
+// passing, and the API's Ready until then is the one from before.
+func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode, logSize int64, startedAt time.Time, restarted bool) {
 	t.Helper()
 	controllers, err := cp.ComponentPods(ctx, releaseNamespace, "controller")
 	if err != nil || len(controllers) != 1 {
@@ -311,7 +315,7 @@ func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode,
 		if probes, err = lastProbeResults(n.Kubelet.LogPath, logSize, releaseNamespace+"/"+name); err != nil {
 			return false, err
 		}
-		if s := probes["startup"]; s != "" && s != "started" {
+		if s := probes["startup"]; s != "started" && (s != "" || restarted) {
 			return false, nil
 		}
 		if r := probes["readiness"]; r != "" && r != "ready" {
@@ -750,6 +754,10 @@ func testReboot(t *testing.T, e *nodeEvents) {
 	ctx := framework.Context(t, 10*time.Minute)
 	slicesBefore := publishedDeviceNames(t, ctx)
 	plugin := waitForPluginPod(t, ctx, "")
+	logged, err := os.Stat(e.n.Kubelet.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := e.n.PowerOff(); err != nil {
 		t.Fatal(err)
 	}
@@ -764,6 +772,7 @@ func testReboot(t *testing.T, e *nodeEvents) {
 	if err := e.n.PowerOn(ctx); err != nil {
 		t.Fatal(err)
 	}
+	poweredOn := time.Now()
 	if _, err := cp.WaitForPluginPod(ctx, releaseNamespace, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -799,6 +808,10 @@ func testReboot(t *testing.T, e *nodeEvents) {
 	// refuses our claims until it is ready again: wait for it, as a user
 	// would retry.
 	scaleController(t, ctx, 1)
+	// The webhook may answer on the pod's endpoint from before the reboot
+	// and then lose it while the kubelet runs the new container's startup
+	// probe (seen in CI: "no endpoints available" right after it served).
+	waitKubeletProbedController(t, ctx, e.n, logged.Size(), poweredOn, true)
 	after := e.create(t, ctx, "after-reboot", allKinds())
 	e.waitRunning(t, ctx, after, nil, "")
 	checkMIGAllocated(t, ctx, e)
