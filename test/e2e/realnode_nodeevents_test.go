@@ -307,12 +307,13 @@ func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode,
 		t.Fatalf("want the release's one controller pod: %d pods, %v", len(controllers), err)
 	}
 	name := controllers[0].Name
+	probeLine := regexp.MustCompile(`"SyncLoop \(probe\)" probe="([a-z]+)" status="([a-z ]+)" pod="` + regexp.QuoteMeta(releaseNamespace+"/"+name) + `"`)
 	var probes map[string]string
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		if time.Since(startedAt) < controllerStartupProbePeriod+time.Second {
 			return false, nil
 		}
-		if probes, err = lastProbeResults(n.Kubelet.LogPath, logSize, releaseNamespace+"/"+name); err != nil {
+		if probes, err = lastProbeResults(n.Kubelet.LogPath, logSize, probeLine); err != nil {
 			return false, err
 		}
 		if s := probes["startup"]; s != "started" && (s != "" || restarted) {
@@ -334,10 +335,11 @@ func waitKubeletProbedController(t *testing.T, ctx context.Context, n *realNode,
 }
 
 // lastProbeResults reads the kubelet's log from offset on and returns the
-// last result it logged for each probe of the pod (namespace/name), by
-// probe: "startup" to "started" or "unhealthy", "readiness" to "ready" or
-// "not ready".
-func lastProbeResults(logPath string, offset int64, pod string) (map[string]string, error) {
+// last result of each of the pod's probes that line (the kubelet's
+// "SyncLoop (probe)" lines of one pod; probe and status its two groups)
+// matched, by probe: "startup" to "started" or "unhealthy", "readiness" to
+// "ready" or "not ready".
+func lastProbeResults(logPath string, offset int64, line *regexp.Regexp) (map[string]string, error) {
 	log, err := os.ReadFile(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("read the kubelet's log: %w", err)
@@ -346,7 +348,6 @@ func lastProbeResults(logPath string, offset int64, pod string) (map[string]stri
 	if int64(len(log)) <= offset {
 		return results, nil
 	}
-	line := regexp.MustCompile(`"SyncLoop \(probe\)" probe="([a-z]+)" status="([a-z ]+)" pod="` + regexp.QuoteMeta(pod) + `"`)
 	for _, m := range line.FindAllStringSubmatch(string(log[offset:]), -1) {
 		results[m[1]] = m[2]
 	}

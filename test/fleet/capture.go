@@ -18,6 +18,13 @@ type Capture struct {
 	Slices []resourceapi.ResourceSliceSpec `json:"slices"`
 }
 
+// The slice shapes a peer run keeps, a directory each under its output
+// (test/e2e/peer writes them, test/e2e/scale replays them).
+const (
+	ShapeWholeGPU   = "whole-gpu"
+	ShapeDynamicMIG = "dynamic-mig"
+)
+
 // captureSuffix ends the name of a capture's file: <driver>.slices.json.
 const captureSuffix = ".slices.json"
 

@@ -139,23 +139,22 @@ func measure(ctx context.Context, t *table, node *framework.Node, d *driver) err
 // benchmark on kwok nodes that publish both shapes (test/e2e/scale,
 // BenchmarkPeerShapes).
 func measureSlices(ctx context.Context, t *table, node *framework.Node, d *driver) error {
-	slices, err := waitPool(ctx, d, node.Name, len(gpus))
+	slices, devices, err := waitPool(ctx, d, node.Name, len(gpus))
 	if err != nil {
 		return err
 	}
-	var bytes, devices int
+	bytes := 0
 	for i := range slices {
 		data, err := slices[i].Marshal()
 		if err != nil {
 			return fmt.Errorf("marshalling slice %s: %w", slices[i].Name, err)
 		}
 		bytes += len(data)
-		devices += len(slices[i].Spec.Devices)
 	}
 	t.set("ResourceSlices (whole GPUs): count / devices", d, fmt.Sprintf("%d / %d", len(slices), devices), 0)
 	t.set("ResourceSlices (whole GPUs): bytes, protobuf", d, strconv.Itoa(bytes), float64(bytes))
 	if dir := os.Getenv(envSlicesOut); dir != "" {
-		return fleet.WriteCapture(filepath.Join(dir, shapeWhole), d.name, slices)
+		return fleet.WriteCapture(filepath.Join(dir, fleet.ShapeWholeGPU), d.name, slices)
 	}
 	return nil
 }

@@ -19,13 +19,6 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/test/fleet"
 )
 
-// The slice shapes the run keeps under PEER_SLICES_OUT, a directory each,
-// for test/e2e/scale's BenchmarkPeerShapes.
-const (
-	shapeWhole      = "whole-gpu"
-	shapeDynamicMIG = "dynamic-mig"
-)
-
 // dynamicMIGConfig offers every GPU as dynamic MIG: the whole GPU and
 // every MIG placement, made when a claim is prepared.
 const dynamicMIGConfig = "apiVersion: gpu.gpuaas.io/v1alpha1\nkind: NodeConfig\ndefault: {mig: dynamic}\n"
@@ -63,18 +56,14 @@ func runDynamicMIG(ctx context.Context, t *table) error {
 	defer func() { nv.close(); _ = nv.proc.Stop() }()
 	for i, d := range []*driver{gpuaas, nv} {
 		// More than the whole GPUs: the MIG placements are published too.
-		stored, err := waitPool(ctx, d, node.Name, len(gpus)+1)
+		stored, devices, err := waitPool(ctx, d, node.Name, len(gpus)+1)
 		if err != nil {
 			return err
 		}
 		if dir := os.Getenv(envSlicesOut); dir != "" {
-			if err := fleet.WriteCapture(filepath.Join(dir, shapeDynamicMIG), d.name, stored); err != nil {
+			if err := fleet.WriteCapture(filepath.Join(dir, fleet.ShapeDynamicMIG), d.name, stored); err != nil {
 				return err
 			}
-		}
-		devices := 0
-		for _, s := range stored {
-			devices += len(s.Spec.Devices)
 		}
 		// The table's columns are the drivers of peer-node; the rows say
 		// the shape.
@@ -141,8 +130,8 @@ func first1gOnLastGPU(stored []resourceapi.ResourceSlice) (string, error) {
 
 // waitPool waits until d's pool on node is stored whole (every slice of
 // one generation, as many as the pool says) with at least minDevices
-// devices, and returns its slices.
-func waitPool(ctx context.Context, d *driver, node string, minDevices int) ([]resourceapi.ResourceSlice, error) {
+// devices, and returns its slices and how many devices they hold.
+func waitPool(ctx context.Context, d *driver, node string, minDevices int) ([]resourceapi.ResourceSlice, int, error) {
 	var items []resourceapi.ResourceSlice
 	devices := 0
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -162,8 +151,8 @@ func waitPool(ctx context.Context, d *driver, node string, minDevices int) ([]re
 		return whole && devices >= minDevices, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: waiting for its whole pool on %s with at least %d devices (have %d in %d slices; log %s): %w",
+		return nil, 0, fmt.Errorf("%s: waiting for its whole pool on %s with at least %d devices (have %d in %d slices; log %s): %w",
 			d.label, node, minDevices, devices, len(items), d.proc.LogPath, err)
 	}
-	return items, nil
+	return items, devices, nil
 }

@@ -31,8 +31,8 @@ type peerShape struct {
 }
 
 var peerShapes = []peerShape{
-	{dir: "whole-gpu", selector: `device.driver == %[1]q && device.attributes[%[1]q].type == "gpu"`},
-	{dir: "dynamic-mig", selector: `device.driver == %[1]q && device.attributes[%[1]q].type == "mig" && device.attributes[%[1]q].profile == "1g.10gb"`},
+	{dir: fleet.ShapeWholeGPU, selector: `device.driver == %[1]q && device.attributes[%[1]q].type == "gpu"`},
+	{dir: fleet.ShapeDynamicMIG, selector: `device.driver == %[1]q && device.attributes[%[1]q].type == "mig" && device.attributes[%[1]q].profile == "1g.10gb"`},
 }
 
 // BenchmarkPeerShapes measures the real kube-scheduler placing one-device
