@@ -28,6 +28,6 @@ bench-peer: k8s-bins cdi-hook kwok
 	PEER_NVIDIA_PLUGIN=$(PEER_OUT)/gpu-kubelet-plugin \
 	PEER_NVIDIA_VERSION="$$(cat "$(NVIDIA_DRA_SRC)/VERSION" 2>/dev/null) $(NVIDIA_DRA_COMMIT)" \
 	PEER_SLICES_OUT=$(PEER_OUT)/slices \
-	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/peer -run '^$$' -bench Peer -benchtime 1x -timeout 60m -v
+	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/peer -run '^$$' -bench Peer -benchtime 1x -timeout 110m -v
 	PEER_SLICES_DIR=$(PEER_OUT)/slices \
 	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/scale -run '^$$' -bench PeerShapes -benchtime 1x -timeout 60m -v

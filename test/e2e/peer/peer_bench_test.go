@@ -38,12 +38,12 @@ var gpus = []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6
 // node name, so the same pool name, each with its own driver name) and
 // prints one side-by-side table. Run it once: `make bench-peer`, or
 //
-//	PEER_NVIDIA_PLUGIN=<gpu-kubelet-plugin> E2E_REQUIRED=1 go test ./test/e2e/peer -run '^$' -bench Peer -benchtime 1x -timeout 60m -v
+//	PEER_NVIDIA_PLUGIN=<gpu-kubelet-plugin> E2E_REQUIRED=1 go test ./test/e2e/peer -run '^$' -bench Peer -benchtime 1x -timeout 110m -v
 func BenchmarkPeer(b *testing.B) {
 	if cp == nil {
 		b.Skipf("%s is not set: NVIDIA's plugin is not built (make bench-peer)", envPlugin)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
 	defer cancel()
 	loadBefore := loadavg()
 	node, err := cp.StartNode(ctx, framework.NodeOptions{
