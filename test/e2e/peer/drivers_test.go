@@ -122,9 +122,11 @@ func startNVIDIA(ctx context.Context, node *framework.Node, binary string, env [
 
 // maxMIGInstanceID bounds the GPU instance IDs the capability files
 // cover. Real NVML reuses a destroyed instance's ID; the simulated
-// machine never does (go-nvml's mock counts up), so each prepare on gpu-7
-// gets a new one: 50 samples per plugin stay well below.
-const maxMIGInstanceID = 255
+// machine never does (go-nvml's mock counts up a GPU's IDs), so each
+// prepare on gpu-7 gets a new one: 150 samples per plugin (50 at each of
+// three levels), ours first, so NVIDIA's last is about ID 300. With 255,
+// NVIDIA's 1,000-prepared samples ran out at gi256.
+const maxMIGInstanceID = 511
 
 // nvidiaMIGCaps gives NVIDIA's plugin what its CDI spec of a MIG device
 // reads: each GPU and compute instance's capability file under
