@@ -8,6 +8,9 @@
 NVIDIA_DRA_SRC ?=
 NVIDIA_DRA_COMMIT ?= $(shell git -C "$(NVIDIA_DRA_SRC)" rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
 PEER_OUT := $(OUTPUT)/peer
+# PEER_BENCH: which of test/e2e/peer's benchmarks (PeerRestart: the restart rows alone, 3 minutes);
+# the scheduler's half on kwok runs only with the whole table.
+PEER_BENCH ?= Peer
 
 .PHONY: bench-peer
 
@@ -28,6 +31,6 @@ bench-peer: k8s-bins cdi-hook kwok
 	PEER_NVIDIA_PLUGIN=$(PEER_OUT)/gpu-kubelet-plugin \
 	PEER_NVIDIA_VERSION="$$(cat "$(NVIDIA_DRA_SRC)/VERSION" 2>/dev/null) $(NVIDIA_DRA_COMMIT)" \
 	PEER_SLICES_OUT=$(PEER_OUT)/slices \
-	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/peer -run '^$$' -bench Peer -benchtime 1x -timeout 110m -v
-	PEER_SLICES_DIR=$(PEER_OUT)/slices \
+	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/peer -run '^$$' -bench '^Benchmark$(PEER_BENCH)$$' -benchtime 1x -timeout 110m -v
+	[ "$(PEER_BENCH)" != Peer ] || PEER_SLICES_DIR=$(PEER_OUT)/slices \
 	E2E_REQUIRED=1 $(GO) test -count=1 ./test/e2e/scale -run '^$$' -bench PeerShapes -benchtime 1x -timeout 60m -v
