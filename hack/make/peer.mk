@@ -15,9 +15,10 @@ PEER_BENCH ?= Peer
 .PHONY: bench-peer
 
 ## bench-peer: NVIDIA's DRA plugin and ours side by side on one simulated 8 x H100, one table
-## (NVIDIA_DRA_SRC=<its source tree> is required; about 4 min to build theirs cold, then about 10 min),
-## then the scheduler on 100 kwok nodes that publish the slices both plugins published there
-## (BenchmarkPeerShapes, about 5 min). PEER_SLICES_ONLY=1: the slices only, not the prepares
+## (NVIDIA_DRA_SRC=<its source tree> is required; about 4 min to build theirs cold, then about 33 min,
+## most of it NVIDIA's 1,000 background prepares on each of two nodes), then the scheduler on 100 kwok
+## nodes that publish the slices both plugins published there (BenchmarkPeerShapes, about 6 min).
+## PEER_SLICES_ONLY=1: the slices only, not the prepares
 bench-peer: k8s-bins cdi-hook kwok
 	@if [ -z "$(NVIDIA_DRA_SRC)" ] || [ ! -f "$(NVIDIA_DRA_SRC)/cmd/gpu-kubelet-plugin/main.go" ]; then \
 		echo "bench-peer: NVIDIA_DRA_SRC='$(NVIDIA_DRA_SRC)' is not a source tree of kubernetes-sigs/dra-driver-nvidia-gpu" >&2; \
