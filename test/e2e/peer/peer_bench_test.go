@@ -46,27 +46,7 @@ func BenchmarkPeer(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
 	defer cancel()
 	loadBefore := loadavg()
-	node, err := cp.StartNode(ctx, framework.NodeOptions{
-		Name: "peer-node", PluginBinary: pluginBinary, NVMLLibrary: nvmlLibrary,
-		NVML: "mock:dgxh100", Verbosity: 1,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = node.Stop(context.WithoutCancel(ctx)) }()
-	gpuaas, err := ours(ctx, node, gitDescribe())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gpuaas.close()
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { nv.close(); _ = nv.proc.Stop() }()
-	if err := createNamespace(ctx); err != nil {
-		b.Fatal(err)
-	}
+	node, gpuaas, nv := startBoth(ctx, b, "peer-node")
 	drivers := []*driver{gpuaas, nv}
 	t := &table{drivers: drivers}
 	if err := runDynamicMIG(ctx, t); err != nil {
@@ -85,6 +65,34 @@ func BenchmarkPeer(b *testing.B) {
 		fmt.Sprintf("load before %s, after %s (/proc/loadavg)", loadBefore, loadavg()),
 	}
 	t.print(os.Stdout)
+}
+
+// startBoth starts a simulated 8 x H100 node with our plugin (whole
+// GPUs) and NVIDIA's beside it with its defaults, and the claims'
+// namespace; all of it stops when b ends.
+func startBoth(ctx context.Context, b *testing.B, name string) (*framework.Node, *driver, *driver) {
+	node, err := cp.StartNode(ctx, framework.NodeOptions{
+		Name: name, PluginBinary: pluginBinary, NVMLLibrary: nvmlLibrary,
+		NVML: "mock:dgxh100", Verbosity: 1,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = node.Stop(context.WithoutCancel(ctx)) })
+	gpuaas, err := ours(ctx, node, gitDescribe())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(gpuaas.close)
+	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { nv.close(); _ = nv.proc.Stop() })
+	if err := createNamespace(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return node, gpuaas, nv
 }
 
 // prefix names d's claims: object names are lower case.

@@ -6,8 +6,6 @@ import (
 	"os"
 	"testing"
 	"time"
-
-	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
 // BenchmarkPeerRestart is the restart rows of BenchmarkPeer alone, for
@@ -23,27 +21,7 @@ func BenchmarkPeerRestart(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	node, err := cp.StartNode(ctx, framework.NodeOptions{
-		Name: "peer-restart", PluginBinary: pluginBinary, NVMLLibrary: nvmlLibrary,
-		NVML: "mock:dgxh100", Verbosity: 1,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = node.Stop(context.WithoutCancel(ctx)) }()
-	gpuaas, err := ours(ctx, node, gitDescribe())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gpuaas.close()
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { nv.close(); _ = nv.proc.Stop() }()
-	if err := createNamespace(ctx); err != nil {
-		b.Fatal(err)
-	}
+	node, gpuaas, nv := startBoth(ctx, b, "peer-restart")
 	loadBefore := loadavg()
 	t := &table{drivers: []*driver{gpuaas, nv}}
 	for _, d := range t.drivers {
