@@ -46,7 +46,8 @@ func BenchmarkPeer(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
 	defer cancel()
 	loadBefore := loadavg()
-	node, gpuaas, nv := startBoth(ctx, b, "peer-node")
+	p := startBoth(ctx, b, "peer-node")
+	node, gpuaas, nv := p.node, p.gpuaas, p.nv
 	drivers := []*driver{gpuaas, nv}
 	t := &table{drivers: drivers}
 	if err := runDynamicMIG(ctx, t); err != nil {
@@ -67,32 +68,60 @@ func BenchmarkPeer(b *testing.B) {
 	t.print(os.Stdout)
 }
 
-// startBoth starts a simulated 8 x H100 node with our plugin (whole
-// GPUs) and NVIDIA's beside it with its defaults, and the claims'
-// namespace; all of it stops when b ends.
-func startBoth(ctx context.Context, b *testing.B, name string) (*framework.Node, *driver, *driver) {
+// peerNode is one simulated 8 x H100 node with both plugins on it.
+type peerNode struct {
+	node       *framework.Node
+	gpuaas, nv *driver
+	stops      []func() // in the order started
+}
+
+// startPeerNode starts a simulated 8 x H100 node called name with our
+// plugin (nodeConfig: its NodeConfig file, "" for whole GPUs) and
+// NVIDIA's beside it (with its DynamicMIG gate when dynamicMIG). On an
+// error it stops what it started.
+func startPeerNode(ctx context.Context, name, nodeConfig string, dynamicMIG bool, version string) (*peerNode, error) {
+	p := &peerNode{}
 	node, err := cp.StartNode(ctx, framework.NodeOptions{
 		Name: name, PluginBinary: pluginBinary, NVMLLibrary: nvmlLibrary,
-		NVML: "mock:dgxh100", Verbosity: 1,
+		NVML: "mock:dgxh100", Verbosity: 1, NodeConfig: nodeConfig,
 	})
 	if err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
-	b.Cleanup(func() { _ = node.Stop(context.WithoutCancel(ctx)) })
-	gpuaas, err := ours(ctx, node, gitDescribe())
+	p.node = node
+	p.stops = append(p.stops, func() { _ = node.Stop(context.WithoutCancel(ctx)) })
+	if p.gpuaas, err = ours(ctx, node, version); err != nil {
+		p.stop()
+		return nil, err
+	}
+	p.stops = append(p.stops, p.gpuaas.close)
+	if p.nv, err = startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, dynamicMIG); err != nil {
+		p.stop()
+		return nil, err
+	}
+	p.stops = append(p.stops, func() { p.nv.close(); _ = p.nv.proc.Stop() })
+	return p, nil
+}
+
+// stop ends what startPeerNode started, last first.
+func (p *peerNode) stop() {
+	for i := len(p.stops) - 1; i >= 0; i-- {
+		p.stops[i]()
+	}
+}
+
+// startBoth is startPeerNode for a benchmark's whole-GPU node, with the
+// claims' namespace; all of it stops when b ends.
+func startBoth(ctx context.Context, b *testing.B, name string) *peerNode {
+	p, err := startPeerNode(ctx, name, "", false, gitDescribe())
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(gpuaas.close)
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { nv.close(); _ = nv.proc.Stop() })
+	b.Cleanup(p.stop)
 	if err := createNamespace(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return node, gpuaas, nv
+	return p
 }
 
 // prefix names d's claims: object names are lower case.

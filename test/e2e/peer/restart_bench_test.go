@@ -21,7 +21,8 @@ func BenchmarkPeerRestart(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	node, gpuaas, nv := startBoth(ctx, b, "peer-restart")
+	p := startBoth(ctx, b, "peer-restart")
+	node, gpuaas, nv := p.node, p.gpuaas, p.nv
 	loadBefore := loadavg()
 	t := &table{drivers: []*driver{gpuaas, nv}}
 	for _, d := range t.drivers {

@@ -36,24 +36,12 @@ func runDynamicMIG(ctx context.Context, t *table) error {
 	if err := os.WriteFile(config, []byte(dynamicMIGConfig), 0o600); err != nil {
 		return fmt.Errorf("writing the dynamic MIG node configuration: %w", err)
 	}
-	node, err := cp.StartNode(ctx, framework.NodeOptions{
-		Name: "peer-mig", PluginBinary: pluginBinary, NVMLLibrary: nvmlLibrary,
-		NVML: "mock:dgxh100", Verbosity: 1, NodeConfig: config,
-	})
+	p, err := startPeerNode(ctx, "peer-mig", config, true, t.drivers[0].version)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = node.Stop(context.WithoutCancel(ctx)) }()
-	gpuaas, err := ours(ctx, node, t.drivers[0].version)
-	if err != nil {
-		return err
-	}
-	defer gpuaas.close()
-	nv, err := startNVIDIA(ctx, node, os.Getenv(envPlugin), node.Plugin.Env, true)
-	if err != nil {
-		return err
-	}
-	defer func() { nv.close(); _ = nv.proc.Stop() }()
+	defer p.stop()
+	node, gpuaas, nv := p.node, p.gpuaas, p.nv
 	for i, d := range []*driver{gpuaas, nv} {
 		// More than the whole GPUs: the MIG placements are published too.
 		stored, devices, err := waitPool(ctx, d, node.Name, len(gpus)+1)
