@@ -369,14 +369,15 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return client, nil
 }
 
-// The plugin's API client rate: the kubelet's own defaults. client-go's (5
-// QPS, burst 10) put every prepare behind the limiter once claims come
-// faster than 2.5 a second (the helper's GET of the claim and our
-// status.devices apply take a token each), and made a restart with 100
+// The plugin's API client rate: the kubelet's own defaults, and on top of
+// its burst the start's GETs of its prepared claims (prepare.MaxClaimGets).
+// client-go's (5 QPS, burst 10) put every prepare behind the limiter once
+// claims come faster than 2.5 a second (the helper's GET of the claim and
+// our status.devices apply take a token each), and made a restart with 100
 // prepared claims wait 19 s for the check that each still exists.
 const (
 	clientQPS   = 50
-	clientBurst = 100
+	clientBurst = 100 + prepare.MaxClaimGets
 )
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

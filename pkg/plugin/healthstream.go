@@ -60,6 +60,10 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	if d.health == nil {
 		return kubeletplugin.ErrHealthNotSupported
 	}
+	// The first report lists the devices the start's check leaves.
+	if err := d.waitChecked(ctx); err != nil {
+		return nil
+	}
 	ticker := time.NewTicker(healthResendInterval)
 	defer ticker.Stop()
 	for {

@@ -111,6 +111,9 @@ type State struct {
 	// (bootIDErr), and then reboots go unnoticed.
 	bootID    string
 	bootIDErr error
+	// claimGetLimit is the most prepared claims Restore checks with a GET
+	// each (MaxClaimGets; tests lower it).
+	claimGetLimit int
 }
 
 // DeviceMap returns the published devices by name; the map must not be
@@ -151,12 +154,13 @@ func NewState(cfg StateConfig) *State {
 		env: device.Env{NVML: cfg.NVML, Store: cfg.Store, MigCaps: cmp.Or(cfg.MigMinorsPath, mig.MigMinorsPath),
 			Sharing: cmp.Or(cfg.Sharing, device.NewSharing(device.SharingOptions{})), Faults: cfg.Faults,
 			InUseRetry: cfg.InUseRetry},
-		cdi:      cfg.CDI,
-		metrics:  cfg.Metrics,
-		locks:    newGPULocks(cmp.Or(cfg.LockDir, filepath.Join(filepath.Dir(cfg.Store.Dir()), "locks"))),
-		index:    newClaimIndex(),
-		inflight: newInflight(),
-		events:   cfg.Events,
+		cdi:           cfg.CDI,
+		metrics:       cfg.Metrics,
+		locks:         newGPULocks(cmp.Or(cfg.LockDir, filepath.Join(filepath.Dir(cfg.Store.Dir()), "locks"))),
+		index:         newClaimIndex(),
+		inflight:      newInflight(),
+		events:        cfg.Events,
+		claimGetLimit: MaxClaimGets,
 	}
 	if s.env.Faults == nil {
 		s.env.Faults = device.NoFaults{}
