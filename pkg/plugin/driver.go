@@ -203,11 +203,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
 	}
+	steps.Step(ctx, "checking the prepared claims against the API")
 	d.checkClaims(ctx, opts, store, damaged)
 	close(checked)
-	if d.status != nil {
-		d.status.all(ctx) // after a restart or an upgrade
-	}
+	d.status.all(ctx) // after a restart or an upgrade
 	// Counted before publishing: from then on HandleError may change d.inv.
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
 	steps.Step(ctx, "publishing devices")
@@ -246,7 +245,6 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 // withholds the placements of MIG devices that no claim owns, and sets up
 // what the kubelet's calls use: the publisher and the status writer.
 func (d *Driver) checkClaims(ctx context.Context, opts Options, store *checkpoint.Store, damaged []checkpoint.Damaged) {
-	cmp.Or[prepare.StepRecorder](opts.Steps, prepare.NoSteps{}).Step(ctx, "checking the prepared claims against the API")
 	d.state.CheckClaims(ctx, opts.KubeClient, damaged)
 	d.mu.Lock()
 	d.inv = d.state.Withhold(d.inv)
