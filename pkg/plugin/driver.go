@@ -23,6 +23,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"github.com/gpuaas/gpu-dra-driver/pkg/listen"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
@@ -323,6 +324,10 @@ func helperOptions(opts Options) []kubeletplugin.Option {
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
 		kubeletplugin.PluginSocket(SocketName(opts.PluginDataDir, opts.PodUID)),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+		// The registration socket appears only once it is served: the
+		// kubelet dials it at its creation, and one refused dial costs
+		// its backoff and a reconcile pass (a second or more).
+		kubeletplugin.RegistrarListener(listen.UnixWhenServed),
 	}
 	if opts.PodUID != "" {
 		// Two plugin processes share the checkpoint during a rolling update.

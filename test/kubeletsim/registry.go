@@ -62,6 +62,7 @@ type registry struct {
 	desired  map[string]time.Time // socket -> its modification time
 	actual   map[string]*plugin   // socket -> registration
 	attempts map[string]*attempt
+	failures []error // every failed registration, oldest first
 	wake     chan struct{}
 }
 
@@ -179,6 +180,7 @@ func (r *registry) reconcile(ctx context.Context) {
 		r.mu.Lock()
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Plugin registration failed, will retry", "socket", socket)
+			r.failures = append(r.failures, err)
 			r.backoff(socket, time.Now())
 		} else {
 			p.socketTime = r.desired[socket]
@@ -325,6 +327,13 @@ func (r *registry) get(driver string) (*plugin, error) {
 		return nil, fmt.Errorf("DRA driver %s is not registered", driver)
 	}
 	return newest, nil
+}
+
+// failedRegistrations returns every registration that failed so far.
+func (r *registry) failedRegistrations() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.failures)
 }
 
 // registeredSince returns when the newest registration of driver happened.

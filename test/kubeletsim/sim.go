@@ -216,6 +216,14 @@ func (s *Simulator) processNext(ctx context.Context) bool {
 // listed.
 func (s *Simulator) Synced() <-chan struct{} { return s.synced }
 
+// FailedRegistrations returns the error of every registration handshake
+// that failed so far (GetInfo refused or timed out, the endpoint not
+// reachable, ...), each of which the kubelet retries only after a backoff
+// (500 ms, then the next pass of its one-second reconcile loop).
+func (s *Simulator) FailedRegistrations() []error {
+	return s.plugins.failedRegistrations()
+}
+
 // PluginRegisteredSince returns when the newest registration of a DRA
 // driver's plugin happened, and false while none is registered. A test that
 // restarts a plugin waits for a time after the restart.
