@@ -3,10 +3,19 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 )
+
+const testKubeconfig = `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`
 
 // TestClientNotThrottledToClientGoDefaults: with client-go's defaults (5
 // QPS, burst 10) every prepare waited for two tokens (the helper's GET of
@@ -18,14 +27,7 @@ import (
 // the burst, so the first prepares after a restart do not wait for them.
 func TestClientNotThrottledToClientGoDefaults(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	const config = `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`
-	if err := os.WriteFile(kubeconfig, []byte(config), 0o600); err != nil {
+	if err := os.WriteFile(kubeconfig, []byte(testKubeconfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := restConfig(kubeconfig)
@@ -34,5 +36,22 @@ current-context: x
 	}
 	if want := 100 + prepare.MaxClaimGets; cfg.QPS < 50 || cfg.Burst < want {
 		t.Errorf("client rate %v QPS, burst %d: want at least the kubelet's 50 QPS and a burst of %d (its 100 and the start's GETs)", cfg.QPS, cfg.Burst, want)
+	}
+}
+
+// TestClientSpeaksProtobuf: the claim GETs on a restarted plugin's path to
+// its first prepare are decoded from protobuf, as the kubelet's are, with
+// JSON accepted from an API server that has no protobuf for a type.
+func TestClientSpeaksProtobuf(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(testKubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ContentType != "application/vnd.kubernetes.protobuf" || !strings.HasPrefix(cfg.AcceptContentTypes, "application/vnd.kubernetes.protobuf,") {
+		t.Errorf("client content type %q, accepts %q: want protobuf first", cfg.ContentType, cfg.AcceptContentTypes)
 	}
 }
