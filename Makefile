@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -74,6 +74,12 @@ $(GOLANGCI_LINT):
 ## k8s-bins: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet (cached)
 k8s-bins:
 	hack/build-k8s-bins.sh
+
+## k8s-next-check: whether the module proxy serves what the next minor's (1.38) control plane and kubelet need,
+## each module it refuses named; when nothing is refused, those four built with the Go toolchain their go.mod
+## asks for into _output/k8s/<version> (exit 3 while something is refused; not in `make test`)
+k8s-next-check:
+	hack/k8s-next-check.sh $(K8S_NEXT_VERSION)
 
 ## node-bins: containerd, its runc shim, ctr and runc for the real node, plus the CNI plugins (cached)
 node-bins:
