@@ -8,7 +8,7 @@
 NVIDIA_DRA_SRC ?=
 NVIDIA_DRA_COMMIT ?= $(shell git -C "$(NVIDIA_DRA_SRC)" rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
 PEER_OUT := $(OUTPUT)/peer
-# PEER_BENCH: which of test/e2e/peer's benchmarks (PeerRestart: the restart rows alone, 3 minutes);
+# PEER_BENCH: which of test/e2e/peer's benchmarks (PeerRestart: the restart rows alone, PEER_RESTART_ROUNDS runs of them, 3 by default, 4 minutes);
 # the scheduler's half on kwok runs only with the whole table.
 PEER_BENCH ?= Peer
 
