@@ -229,7 +229,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 		}
 	}
 	if opts.Kueue {
-		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync, refuser != nil); err != nil {
+		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync, refuser != nil, acct); err != nil {
 			return err
 		}
 	}

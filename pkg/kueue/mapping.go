@@ -110,7 +110,13 @@ func counterSource() *CounterSource {
 }
 
 // Resources is the `resources` section of Kueue's Configuration holding
-// the mappings.
-func Resources(charges []Charge) map[string]any {
-	return map[string]any{"deviceClassMappings": Mappings(charges)}
+// the mappings and, for profiles asked as extended resources, the
+// transformations that charge those in the same units (which need
+// ExtendedResourceGate off on Kueue's manager).
+func Resources(charges []Charge, prices ...ExtendedPrice) map[string]any {
+	out := map[string]any{"deviceClassMappings": Mappings(charges)}
+	if len(prices) > 0 {
+		out["transformations"] = Transformations(prices)
+	}
+	return out
 }

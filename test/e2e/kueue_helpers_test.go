@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -183,6 +184,29 @@ func (kq *kueueHelper) job(ctx context.Context, ns, name string, spec jobSpec) {
 				Containers: []v1.Container{{
 					Name: "main", Image: "registry.k8s.io/pause:3.10",
 					Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}},
+				}},
+			}},
+		},
+	}
+	if _, err := cp.Client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		kq.t.Fatalf("creating job %s: %v", name, err)
+	}
+}
+
+// extendedJob queues a Job whose pod asks one of an extended resource, in
+// its requests and limits, as the dashboard's hardware profiles write it.
+func (kq *kueueHelper) extendedJob(ctx context.Context, ns, name, resourceName string) {
+	kq.t.Helper()
+	one := v1.ResourceList{v1.ResourceName(resourceName): resource.MustParse("1")}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"kueue.x-k8s.io/queue-name": "queue"}},
+		Spec: batchv1.JobSpec{
+			Parallelism: ptr.To[int32](1), Completions: ptr.To[int32](1), Suspend: ptr.To(true),
+			Template: v1.PodTemplateSpec{Spec: v1.PodSpec{
+				RestartPolicy: v1.RestartPolicyNever,
+				Containers: []v1.Container{{
+					Name: "main", Image: "registry.k8s.io/pause:3.10",
+					Resources: v1.ResourceRequirements{Requests: one, Limits: one},
 				}},
 			}},
 		},

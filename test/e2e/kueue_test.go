@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
@@ -43,7 +44,11 @@ func TestKueue(t *testing.T) {
 	startNode(t)
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
-	startKueueWithController(t, framework.KueueOptions{Resources: kueue.Resources(kueueCharges), FairSharing: true})
+	createObject(t, &kueueReplicaClass)
+	startKueueWithController(t, framework.KueueOptions{
+		Resources:   kueue.Resources(append(kueueCharges, kueue.Charge{DeviceClass: kueueReplicaClass.Name}), kueueReplicaPrice),
+		FairSharing: true, FeatureGates: kueue.ExtendedResourceGate + "=false",
+	})
 	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
 	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
 	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })
@@ -52,6 +57,56 @@ func TestKueue(t *testing.T) {
 	t.Run("TenantQuota", func(t *testing.T) { testKueueTenantQuota(t, &kueueHelper{t: t}) })
 	t.Run("BackedQueue", func(t *testing.T) { testKueueBackedQueue(t, &kueueHelper{t: t}) })
 	t.Run("Shape", func(t *testing.T) { testKueueShape(t, &kueueHelper{t: t}) })
+	t.Run("ExtendedResource", func(t *testing.T) { testKueueExtendedResource(t, &kueueHelper{t: t}) })
+}
+
+// kueueReplicaClass is a profile's class that pods may also ask as an
+// extended resource (a time-slice replica of 4), and kueueReplicaPrice the
+// transformation the controller renders for it (kueuemirror; the price of
+// the class's devices, 250 milli-units, is the accountant's).
+var (
+	kueueReplicaClass = resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-kueue-replica"},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "timeslice"`}}},
+			ExtendedResourceName: ptr.To("gpuaas.io/e2e-replica"),
+		}}
+	kueueReplicaPrice = kueue.ExtendedPrice{ExtendedResource: "gpuaas.io/e2e-replica", Milliunits: 250}
+)
+
+// testKueueExtendedResource (issue 54): a Job whose pod asks a profile's
+// extended resource (as the OpenShift AI dashboard's hardware profiles ask
+// GPUs: container requests and limits) under a LocalQueue whose
+// ClusterQueue covers only GPU milli-units was held Pending ("resource
+// gpuaas.io/shared-gpu unavailable in ClusterQueue"), or charged the
+// extended resource itself, outside the units. With the transformation and
+// KueueDRAIntegrationExtendedResource off, Kueue admits it charged 250
+// milli-units, a replica's, the pod runs on a replica, and four of them
+// fill one GPU unit: a fifth waits.
+func testKueueExtendedResource(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 4*time.Minute)
+	ns := kq.team("extended", "", 1000, nil)
+	for i := range 5 {
+		kq.extendedJob(ctx, ns, fmt.Sprintf("replica-%d", i), *kueueReplicaClass.Spec.ExtendedResourceName)
+	}
+	for i := range 4 {
+		name := fmt.Sprintf("replica-%d", i)
+		if got := kq.waitAdmitted(ctx, ns, name); got != 250 {
+			t.Errorf("job %s asking %s: 1 was charged %d milli-units, want 250, a replica's", name, *kueueReplicaClass.Spec.ExtendedResourceName, got)
+		}
+		wl, err := kq.workload(ctx, ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, ok := framework.WorkloadCharge(wl, *kueueReplicaClass.Spec.ExtendedResourceName); ok && n != 0 {
+			t.Errorf("job %s was also charged %d %s, outside the GPU units", name, n, *kueueReplicaClass.Spec.ExtendedResourceName)
+		}
+		kq.waitRunningPods(ctx, ns, name, 1)
+	}
+	kq.staysPending(ctx, ns, "replica-4", 5*time.Second)
+	if got := kq.usage(ctx, ns); got != 1000 {
+		t.Errorf("ClusterQueue %s uses %d milli-units with four replicas admitted, want 1000", ns, got)
+	}
 }
 
 // testKueueShape (issue 38 item 5): Kueue charges a job of the slot

@@ -3,6 +3,8 @@ package kueuemirror
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -53,6 +57,17 @@ type kueueMappingsReconciler struct {
 	// shapes: the GpuShape CRD is served, so the classes shapes name
 	// are mapped too.
 	shapes bool
+	// prices tells what a profile's device costs, for the profiles pods
+	// ask as extended resources; nil: none are transformed.
+	prices Prices
+}
+
+// Prices tells what the published devices of a class cost in Kueue.
+type Prices interface {
+	// MaxMilliunits is the largest gpu-milliunits counter among the
+	// published devices the selectors match (what Kueue's counter source
+	// charges a claim template of the class); false while none is published.
+	MaxMilliunits(ctx context.Context, selectors []string) (int64, bool, error)
 }
 
 // kueueMappingsKey is the one key every profile event maps to.
@@ -95,7 +110,11 @@ func (r *kueueMappingsReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 			return reconcile.Result{}, fmt.Errorf("listing DeviceClasses: %w", err)
 		}
 	}
-	rendered, err := renderKueueMappings(profiles.Items, shapes.Items, classes.Items)
+	prices, unpriced, err := r.extendedPrices(ctx, profiles.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	rendered, err := renderKueueMappings(profiles.Items, shapes.Items, classes.Items, prices, unpriced)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -138,10 +157,42 @@ func (r *kueueMappingsReconciler) ensureFlavor(ctx context.Context) error {
 	return nil
 }
 
+// extendedPrices prices the enabled profiles that pods may ask as an
+// extended resource, each at its most expensive published device, as
+// Kueue charges the class's templates; unpriced names those with no device
+// published yet (the resync prices them once one is).
+func (r *kueueMappingsReconciler) extendedPrices(ctx context.Context, profiles []gpuaas.GpuProfile) ([]kueue.ExtendedPrice, []string, error) {
+	if r.prices == nil {
+		return nil, nil, nil
+	}
+	var prices []kueue.ExtendedPrice
+	var unpriced []string
+	for i := range profiles {
+		p := &profiles[i]
+		ext := ptr.Deref(p.Spec.ExtendedResourceName, "")
+		res, charged := kueue.ChargedAs(p)
+		if ext == "" || !charged {
+			continue
+		}
+		milli, ok, err := r.prices.MaxMilliunits(ctx, deviceclass.Selectors(&p.Spec.Selector))
+		if err != nil {
+			return nil, nil, fmt.Errorf("pricing GpuProfile %s for Kueue: %w", p.Name, err)
+		}
+		if !ok {
+			unpriced = append(unpriced, fmt.Sprintf("%s (%s)", p.Name, ext))
+			continue
+		}
+		prices = append(prices, kueue.ExtendedPrice{ExtendedResource: ext, Resource: res, Milliunits: milli})
+	}
+	return prices, unpriced, nil
+}
+
 // renderKueueMappings renders the enabled profiles' mappings, and those
 // of the other classes shapes name (among classes), as the YAML of Kueue's
-// resources section.
-func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, classes []resourceapi.DeviceClass) (string, error) {
+// resources section, with the transformations of the priced extended
+// resources.
+func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, classes []resourceapi.DeviceClass,
+	prices []kueue.ExtendedPrice, unpriced []string) (string, error) {
 	charges := make([]kueue.Charge, 0, len(profiles))
 	names := make(map[string]bool, len(profiles))
 	for i := range profiles {
@@ -160,10 +211,19 @@ func renderKueueMappings(profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape,
 		return dc != nil && quota.ClassNamesDriver(dc, kueue.Driver)
 	}
 	charges = append(charges, kueue.ShapeCharges(shapes, names, ours)...)
-	out, err := yaml.Marshal(kueue.Resources(charges))
+	out, err := yaml.Marshal(kueue.Resources(charges, prices...))
 	if err != nil {
 		return "", fmt.Errorf("rendering Kueue's deviceClassMappings: %w", err)
 	}
-	return "# resources: section of Kueue's Configuration (config.kueue.x-k8s.io/v1beta2),\n" +
-		"# rendered by dra-controller from the GpuProfiles; see docs/kueue.md.\n" + string(out), nil
+	head := "# resources: section of Kueue's Configuration (config.kueue.x-k8s.io/v1beta2),\n" +
+		"# rendered by dra-controller from the GpuProfiles; see docs/kueue.md.\n"
+	if len(prices) > 0 {
+		head += "# The transformations need Kueue's manager started with --feature-gates=" + kueue.ExtendedResourceGate + "=false.\n"
+	}
+	if len(unpriced) > 0 {
+		slices.Sort(unpriced)
+		head += "# Not priced yet, no device published: " + strings.Join(unpriced, ", ") +
+			"; until they are, Kueue does not admit pods asking these extended resources.\n"
+	}
+	return head + string(out), nil
 }

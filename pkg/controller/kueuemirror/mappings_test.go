@@ -1,6 +1,7 @@
 package kueuemirror
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -40,5 +41,57 @@ func TestKueueMappingsFollowTheCatalog(t *testing.T) {
 	}
 	if strings.Contains(got, "retired") || strings.Contains(got, "shared-4way") {
 		t.Errorf("a disabled or shared profile is mapped:\n%s", got)
+	}
+}
+
+// pricesBySelector prices a class by the type its selectors name.
+type pricesBySelector map[string]int64
+
+func (p pricesBySelector) MaxMilliunits(_ context.Context, selectors []string) (int64, bool, error) {
+	for typ, milli := range p {
+		if strings.Contains(strings.Join(selectors, " && "), `"`+typ+`"`) {
+			return milli, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// Issue 54: a pod asking a profile's extended resource under a LocalQueue
+// stayed Pending ("resource gpuaas.io/shared-gpu unavailable in
+// ClusterQueue"), or was charged gpuaas.io/shared-gpu outside the GPU
+// units. The mappings now carry a transformation per extended resource:
+// charged the milli-units of the profile's device, in the profile's Kueue
+// resource, instead of the extended resource; one not priced yet is named.
+func TestKueueMappingsChargeExtendedResourcesInGPUUnits(t *testing.T) {
+	replicas := gpuProfile("shared-4way", gpuaas.ProfileSelector{Type: "timeslice"})
+	replicas.Spec.ExtendedResourceName = ptr.To("gpuaas.io/shared-gpu")
+	whole := gpuProfile("a100", gpuaas.ProfileSelector{Type: "gpu", ProductName: "A100"})
+	whole.Spec.ExtendedResourceName = ptr.To("nvidia.com/gpu")
+	whole.Spec.KueueResource = ptr.To("gpu.gpuaas.io/a100-milliunits")
+	mig := gpuProfile("mig-2g", gpuaas.ProfileSelector{Type: "mig", MigProfile: "2g.20gb"})
+	mig.Spec.ExtendedResourceName = ptr.To("gpuaas.io/mig-2g")
+	c := newFakeClient(t, replicas, whole, mig)
+	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas",
+		prices: pricesBySelector{"timeslice": 250, "gpu": 1000}}
+	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	got := cm.Data[MappingsKey]
+	for _, want := range []string{
+		"transformations:\n- input: gpuaas.io/shared-gpu\n  outputs:\n    gpu.gpuaas.io/gpu-milliunits: \"250\"\n  strategy: Replace",
+		"- input: nvidia.com/gpu\n  outputs:\n    gpu.gpuaas.io/a100-milliunits: \"1000\"\n  strategy: Replace",
+		"--feature-gates=KueueDRAIntegrationExtendedResource=false",
+		"Not priced yet, no device published: mig-2g (gpuaas.io/mig-2g)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("rendered configuration lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "- input: gpuaas.io/mig-2g") {
+		t.Errorf("an extended resource with no published device is transformed (at what price?):\n%s", got)
 	}
 }

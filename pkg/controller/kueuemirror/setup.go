@@ -11,12 +11,13 @@ import (
 // Setup adds the Kueue mirror's reconcilers to the manager: the mappings
 // ConfigMap and the ResourceFlavor from the catalog, and a ClusterQueue per
 // TenantQuota with spec.kueue; shapes tells whether the GpuShape CRD is
-// served (the classes shapes name are mapped too). direct is an uncached client: Kueue's kinds
+// served (the classes shapes name are mapped too); prices prices the profiles pods
+// ask as extended resources (nil: none). direct is an uncached client: Kueue's kinds
 // may be installed after the controller starts, and the ConfigMap in
 // namespace needs no cluster-wide informer. resync retries what Kueue's
 // absence left undone.
-func Setup(mgr ctrl.Manager, direct client.Client, namespace string, resync time.Duration, shapes bool) error {
-	r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: namespace, resync: resync, shapes: shapes}
+func Setup(mgr ctrl.Manager, direct client.Client, namespace string, resync time.Duration, shapes bool, prices Prices) error {
+	r := &kueueMappingsReconciler{profiles: mgr.GetClient(), direct: direct, namespace: namespace, resync: resync, shapes: shapes, prices: prices}
 	if err := r.setup(mgr); err != nil {
 		return fmt.Errorf("setting up the Kueue mappings controller: %w", err)
 	}

@@ -44,6 +44,9 @@ type KueueOptions struct {
 	// FairSharing turns on Kueue's fair sharing among the ClusterQueues of
 	// a cohort.
 	FairSharing bool
+	// FeatureGates are set on Kueue's manager (name=value, comma
+	// separated), besides VisibilityOnDemand=false.
+	FeatureGates string
 }
 
 // Kueue is a running Kueue manager.
@@ -93,7 +96,7 @@ func (cp *ControlPlane) StartKueue(ctx context.Context, opts KueueOptions) (*Kue
 	}
 	k.Process = NewProcess("kueue", opts.Binary, filepath.Join(cp.LogDir, "kueue.log"),
 		"--config", configPath, "--kubeconfig", cp.Kubeconfig,
-		"--feature-gates", "VisibilityOnDemand=false", "--zap-log-level", "2")
+		"--feature-gates", strings.Trim("VisibilityOnDemand=false,"+opts.FeatureGates, ","), "--zap-log-level", "2")
 	if err := k.Process.Start(); err != nil {
 		return nil, err
 	}
