@@ -52,7 +52,9 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 	if err != nil {
 		return err
 	}
-	k, err := d.cp.StartKueue(ctx, framework.KueueOptions{Resources: resources})
+	// The rendered transformations charge extended resources in GPU
+	// units only with Kueue's own DRA path for them off (docs/kueue.md).
+	k, err := d.cp.StartKueue(ctx, framework.KueueOptions{Resources: resources, FeatureGates: kueue.ExtendedResourceGate + "=false"})
 	if err != nil {
 		return err
 	}
