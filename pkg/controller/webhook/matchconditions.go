@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 )
 
 // The claim webhooks fail closed, so while this controller is down every
@@ -335,21 +336,22 @@ func (s *MatchConditionSyncer) report(ctx context.Context, foreign []string, wan
 }
 
 // WatchForeignClasses syncs the condition when what decides a class's
-// foreignness changes: classes, the names of GpuProfiles, and the
-// published devices. The catalog is invalidated here too: the accountant's
+// foreignness changes: classes, the names of GpuProfiles, and our
+// published devices (quotaadmission.CatalogHandler: not a device taint,
+// nor another driver's slice). The catalog is invalidated here too: the accountant's
 // own handler may run after this one, and the sync must not price with
 // the snapshot from before the change (invalidateCatalog is the
 // accountant's InvalidateCatalog).
 func WatchForeignClasses(ctx context.Context, c cache.Cache, invalidateCatalog func(), s *MatchConditionSyncer) error {
-	changed := func(any) { invalidateCatalog(); s.Kick() }
-	all := toolscache.ResourceEventHandlerFuncs{AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed}
-	names := toolscache.ResourceEventHandlerFuncs{AddFunc: changed, DeleteFunc: changed}
+	changed := func() { invalidateCatalog(); s.Kick() }
+	names := toolscache.ResourceEventHandlerFuncs{AddFunc: func(any) { changed() }, DeleteFunc: func(any) { changed() }}
 	for _, w := range []struct {
 		obj client.Object
 		h   toolscache.ResourceEventHandler
 	}{
-		{&resourceapi.DeviceClass{}, all},
-		{&resourceapi.ResourceSlice{}, all},
+		// Only what can move a price moves the pricer's verdict.
+		{&resourceapi.DeviceClass{}, quotaadmission.CatalogHandler(&resourceapi.DeviceClass{}, changed)},
+		{&resourceapi.ResourceSlice{}, quotaadmission.CatalogHandler(&resourceapi.ResourceSlice{}, changed)},
 		{&gpuaas.GpuProfile{}, names}, // status writes change no name
 	} {
 		inf, err := c.GetInformer(ctx, w.obj)
