@@ -317,8 +317,9 @@ func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, condition
 		// quotas on each status write cost N^2 with N tenants).
 		Watches(&gpuaas.TenantQuota{}, everyQuota, builder.WithPredicates(quotaSpecChanged)).
 		Watches(&corev1.Namespace{}, everyQuota, builder.WithPredicates(namespaceTenancyChanged)).
-		Watches(&resourceapi.ResourceSlice{}, everyQuota).
-		Watches(&resourceapi.DeviceClass{}, everyQuota).
+		// Slices and classes bear on usage through prices only.
+		Watches(&resourceapi.ResourceSlice{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.ResourceSlice{}))).
+		Watches(&resourceapi.DeviceClass{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.DeviceClass{}))).
 		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
 		Complete(&quotaReconciler{client: c, acct: acct, billing: bill, resync: opts.Resync, now: time.Now})
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
@@ -30,24 +32,15 @@ import (
 //   - A DeviceClass on add, delete, and an update of its spec, labels (the
 //     pricer reads gpuaas.ProfileLabel), annotations or deletion.
 func CatalogHandler(obj client.Object, changed func()) toolscache.ResourceEventHandlerFuncs {
-	priced := func(any) bool { return true }
-	moved := func(_, _ any) bool { return true }
-	switch obj.(type) {
-	case *resourceapi.ResourceSlice:
-		priced, moved = sliceIsOurs, sliceChangedPrices
-	case *gpuaas.GpuProfile:
-		moved = profileChangedPrices
-	case *resourceapi.DeviceClass:
-		moved = classChangedPrices
-	}
+	f := filterFor(obj)
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if priced(obj) {
+			if f.priced(obj) {
 				changed()
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
-			if (priced(oldObj) || priced(newObj)) && moved(oldObj, newObj) {
+			if f.updateMoved(oldObj, newObj) {
 				changed()
 			}
 		},
@@ -55,11 +48,35 @@ func CatalogHandler(obj client.Object, changed func()) toolscache.ResourceEventH
 			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if priced(obj) {
+			if f.priced(obj) {
 				changed()
 			}
 		},
 	}
+}
+
+// catalogFilter is which objects of a kind are priced at all, and which
+// updates of them move a price.
+type catalogFilter struct {
+	priced func(any) bool
+	moved  func(oldObj, newObj any) bool
+}
+
+func filterFor(obj client.Object) catalogFilter {
+	f := catalogFilter{priced: func(any) bool { return true }, moved: func(_, _ any) bool { return true }}
+	switch obj.(type) {
+	case *resourceapi.ResourceSlice:
+		f.priced, f.moved = sliceIsOurs, sliceChangedPrices
+	case *gpuaas.GpuProfile:
+		f.moved = profileChangedPrices
+	case *resourceapi.DeviceClass:
+		f.moved = classChangedPrices
+	}
+	return f
+}
+
+func (f catalogFilter) updateMoved(oldObj, newObj any) bool {
+	return (f.priced(oldObj) || f.priced(newObj)) && f.moved(oldObj, newObj)
 }
 
 // sliceIsOurs: a slice of our driver, or an object that is not a slice
@@ -111,4 +128,17 @@ func classChangedPrices(oldObj, newObj any) bool {
 	}
 	return !equality.Semantic.DeepEqual(o.Spec, n.Spec) || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
 		!equality.Semantic.DeepEqual(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Annotations, n.Annotations)
+}
+
+// PricesMoved is CatalogHandler's filter as a predicate, for a reconciler
+// whose work is prices (the TenantQuota's usage): a health taint on one
+// slice queued every TenantQuota.
+func PricesMoved(obj client.Object) predicate.Funcs {
+	f := filterFor(obj)
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return f.priced(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return f.updateMoved(e.ObjectOld, e.ObjectNew) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return f.priced(e.Object) },
+		GenericFunc: func(event.GenericEvent) bool { return true },
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache/informertest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllertest"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
@@ -182,4 +183,27 @@ func fakeScheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestPricesMovedFiltersAsTheCatalog: the TenantQuota reconciler's slice
+// watch passes what invalidates the catalog and nothing else.
+func TestPricesMovedFiltersAsTheCatalog(t *testing.T) {
+	p := PricesMoved(&resourceapi.ResourceSlice{})
+	ours, theirs := ourSlice(), otherDriverSlice()
+	for _, c := range []struct {
+		name string
+		pass bool
+		want bool
+	}{
+		{"our slice created", p.Create(event.CreateEvent{Object: ours}), true},
+		{"another driver's slice created", p.Create(event.CreateEvent{Object: theirs}), false},
+		{"a taint", p.Update(event.UpdateEvent{ObjectOld: ours, ObjectNew: tainted(ours)}), false},
+		{"a capacity", p.Update(event.UpdateEvent{ObjectOld: ours, ObjectNew: withMemory(ours, "40Gi")}), true},
+		{"another driver's update", p.Update(event.UpdateEvent{ObjectOld: theirs, ObjectNew: withMemory(theirs, "1Gi")}), false},
+		{"our slice deleted", p.Delete(event.DeleteEvent{Object: ours}), true},
+	} {
+		if c.pass != c.want {
+			t.Errorf("%s: passed %v, want %v", c.name, c.pass, c.want)
+		}
+	}
 }
