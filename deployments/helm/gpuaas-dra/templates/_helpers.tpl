@@ -55,3 +55,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpuaas-dra.webhookConfig" -}}
 {{ include "gpuaas-dra.fullname" . }}-quota
 {{- end -}}
+
+{{/* The controller's PriorityClass: the value's, else the chart's own. */}}
+{{- define "gpuaas-dra.controllerPriorityClass" -}}
+{{ .Values.controller.priorityClassName | default (include "gpuaas-dra.controllerName" .) }}
+{{- end -}}
