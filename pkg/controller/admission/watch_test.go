@@ -207,3 +207,36 @@ func TestPricesMovedFiltersAsTheCatalog(t *testing.T) {
 		}
 	}
 }
+
+// TestProfileStatusWriteKeepsClaimPrices (issue 55, route 5): the profile
+// reconciler writes a GpuProfile's status about a second after any
+// allocation, so a tenant starting or stopping its own pod made the next
+// admission of every tenant re-price every claim of its cohort, costly
+// selectors included. A status write now leaves every cached charge valid.
+func TestProfileStatusWriteKeepsClaimPrices(t *testing.T) {
+	ctx := context.Background()
+	informers := &informertest.FakeInformers{Scheme: fakeScheme(t)}
+	c := claim("a", "held", "h100", 1)
+	c.UID, c.ResourceVersion = "held-uid", "1"
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "4"), c)...)
+	if err := Watch(ctx, informers, acct, NewNudger(nil, false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acct.Report(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	priced := acct.charges[c.UID]
+	if priced.gen == 0 {
+		t.Fatal("the claim was not priced")
+	}
+	profile := gpuProfile("h100", gpuaas.ProfileSelector{Type: "gpu"})
+	written := profile.DeepCopy()
+	written.ResourceVersion, written.Status.ObservedGeneration = "2", profile.Generation
+	informerFor(t, informers, &gpuaas.GpuProfile{}).Update(profile, written)
+	if _, err := acct.Report(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if again := acct.charges[c.UID]; again.gen != priced.gen {
+		t.Fatalf("after a GpuProfile status write the claim was priced again (catalog generation %d -> %d)", priced.gen, again.gen)
+	}
+}
