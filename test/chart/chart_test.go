@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 )
 
 // TestControllerMemory (issue 52): the controller's memory request and
@@ -174,4 +177,60 @@ func repoRoot(t *testing.T) string {
 		}
 		dir = parent
 	}
+}
+
+// TestForeignClassesSkipTheWebhookFromTheFirstInstall (issue 52): the
+// DeviceClasses the values name as other drivers' are in the claim
+// webhooks' matchCondition as the chart renders it, so their claims skip
+// the fail-closed webhook from the first install (and after helm upgrade
+// --force), before the controller's leader computes the list; the
+// condition is the controller's own, byte for byte, so its first sync
+// rewrites only the list. Without such values the chart renders none.
+func TestForeignClassesSkipTheWebhookFromTheFirstInstall(t *testing.T) {
+	classes := []string{"nic.example.com", "fpga"}
+	objs := render(t, "controller.webhook.foreignClasses={"+strings.Join(classes, ",")+"}")
+	cfg := validatingConfig(t, objs)
+	for _, name := range []string{"resourceclaims.quota.gpuaas.io", "resourceclaimtemplates.config.gpuaas.io"} {
+		want, ok := webhook.ForeignMatchCondition(name, classes)
+		if !ok {
+			t.Fatalf("no condition for %s", name)
+		}
+		got := conditionsOf(t, cfg, name)
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%s: matchConditions %+v, want the controller's %+v", name, got, want)
+		}
+	}
+	for _, name := range []string{"gpuprofiles.gpuaas.io", "tenantquotas.gpuaas.io"} {
+		if got := conditionsOf(t, cfg, name); len(got) != 0 {
+			t.Errorf("%s: matchConditions %+v, want none", name, got)
+		}
+	}
+	cfg = validatingConfig(t, render(t))
+	if got := conditionsOf(t, cfg, "resourceclaims.quota.gpuaas.io"); len(got) != 0 {
+		t.Errorf("without foreignClasses: matchConditions %+v, want none", got)
+	}
+}
+
+func validatingConfig(t *testing.T, objs []*unstructured.Unstructured) *admissionregv1.ValidatingWebhookConfiguration {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingWebhookConfiguration" {
+			var cfg admissionregv1.ValidatingWebhookConfiguration
+			convert(t, o, &cfg)
+			return &cfg
+		}
+	}
+	t.Fatal("no ValidatingWebhookConfiguration rendered")
+	return nil
+}
+
+func conditionsOf(t *testing.T, cfg *admissionregv1.ValidatingWebhookConfiguration, name string) []admissionregv1.MatchCondition {
+	t.Helper()
+	for _, wh := range cfg.Webhooks {
+		if wh.Name == name {
+			return wh.MatchConditions
+		}
+	}
+	t.Fatalf("no webhook %s rendered", name)
+	return nil
 }

@@ -33,16 +33,20 @@ import (
 // our classes, a class that does not exist (yet: the quota prices it as a
 // GPU), or no class at all.
 //
-// The chart renders no matchConditions (nor does WebhookConfiguration); the
-// controller's leader adds this one at run time and keeps its list in step
-// with the catalog. Helm leaves it alone on upgrade: helm 3 patches the
-// live object with a three-way strategic merge of the old manifest, the new
-// one and the live object, and webhooks and their matchConditions merge by
-// name, so a condition neither manifest renders is never in the patch (the
-// caBundle survives the same way); helm's server-side apply owns only the
-// fields the chart renders. `helm upgrade --force` replaces the object and
-// drops the condition: every claim is sent again until the next resync
-// puts it back. The chart must never render a condition of this name.
+// WebhookConfiguration renders no matchConditions; the chart renders this
+// one only for the classes its values name (controller.webhook.
+// foreignClasses, the same expression: ForeignMatchCondition), so that
+// their claims skip the webhook from the first install and after `helm
+// upgrade --force`. The controller's leader writes its own list at run time
+// and keeps it in step with the catalog. Helm leaves it alone on upgrade
+// while the rendered condition does not change: helm 3 patches the live
+// object with a three-way strategic merge of the old manifest, the new one
+// and the live object, and webhooks and their matchConditions merge by
+// name, so a condition both manifests render alike (or neither renders) is
+// never in the patch (the caBundle survives the same way). A change of the
+// values' list, or `helm upgrade --force`, puts the chart's list back until
+// the leader's next resync; without the values' list, --force drops the
+// condition and every claim is sent again meanwhile.
 //
 // Ordering, so that a name is off the list no later than it becomes ours:
 //   - A class is listed only while the leader's cache shows it existing,
@@ -113,6 +117,20 @@ func foreignCondition(spec string, foreign []string) (admissionregv1.MatchCondit
 		return admissionregv1.MatchCondition{}, false
 	}
 	return admissionregv1.MatchCondition{Name: foreignConditionName, Expression: expr}, true
+}
+
+// ForeignMatchCondition is the matchCondition the controller gives the
+// claim webhook named webhookName (of the ResourceClaims or the
+// ResourceClaimTemplates) for the foreign classes, as the chart renders it
+// from controller.webhook.foreignClasses (a test compares them); false
+// for another webhook or when no condition is wanted.
+func ForeignMatchCondition(webhookName string, classes []string) (admissionregv1.MatchCondition, bool) {
+	for _, wh := range conditionedWebhooks {
+		if wh.name == webhookName {
+			return foreignCondition(wh.spec, classes)
+		}
+	}
+	return admissionregv1.MatchCondition{}, false
 }
 
 // sendExpression is true unless the object has requests and each of them
