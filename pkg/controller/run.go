@@ -186,7 +186,7 @@ func cacheOptions(served *webhookcert.Served) cache.Options {
 		ByObject: map[client.Object]cache.ByObject{
 			// Only the shapes' templates, not every tenant's.
 			&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
-			&resourceapi.ResourceSlice{}:         {Field: fields.OneTermEqualSelector("spec.driver", quota.DriverName)},
+			&resourceapi.ResourceSlice{}:         {Field: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName)},
 		},
 	}
 	if served != nil {

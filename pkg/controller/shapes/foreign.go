@@ -22,7 +22,7 @@ import (
 // selector) neither devices nor counters, as the count skips it.
 func ForeignSliceCache() cache.ByObject {
 	return cache.ByObject{
-		Field:     fields.OneTermNotEqualSelector("spec.driver", quota.DriverName),
+		Field:     fields.OneTermNotEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName),
 		Transform: trimForeignSlice,
 	}
 }
