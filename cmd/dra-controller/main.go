@@ -100,6 +100,7 @@ func run(ctx context.Context, f *flags) error {
 	if f.releaseFinalizers {
 		return controller.ReleaseFinalizers(ctx, cfg)
 	}
+	controller.SetMemoryLimit(ctx)
 	return controller.Run(ctx, cfg, f.opts)
 }
 

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -83,10 +84,19 @@ func (r *backstopReconciler) setup(mgr ctrl.Manager) error {
 		Watches(&corev1.ResourceQuota{}, all, builder.WithPredicates(ours)).
 		// What each class reaches changes with the classes, the published
 		// devices and the profiles.
-		Watches(&resourceapi.DeviceClass{}, devicesChanged).
-		Watches(&resourceapi.ResourceSlice{}, devicesChanged).
-		Watches(&gpuaas.GpuProfile{}, devicesChanged, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&resourceapi.DeviceClass{}, devicesChanged, builder.WithPredicates(reachChanged(&resourceapi.DeviceClass{}))).
+		Watches(&resourceapi.ResourceSlice{}, devicesChanged, builder.WithPredicates(reachChanged(&resourceapi.ResourceSlice{}))).
+		Watches(&gpuaas.GpuProfile{}, devicesChanged, builder.WithPredicates(reachChanged(&gpuaas.GpuProfile{}))).
 		Complete(r)
+}
+
+// reachChanged passes the events of obj's kind that can change what a
+// class reaches: the pricer says (ProfilesReached), so those that move a
+// price. A health taint, another driver's slice or a GpuProfile's status
+// write does not, and each invalidated the catalog here, so the next
+// admission re-priced every claim of its cohort.
+func reachChanged(obj client.Object) predicate.Predicate {
+	return admission.PricesMoved(obj)
 }
 
 func (r *backstopReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {

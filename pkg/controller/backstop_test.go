@@ -3,6 +3,12 @@ package controller
 import (
 	"maps"
 	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 )
 
 // Issue 36, route 6: a ResourceQuota counts a claim's devices under the
@@ -31,5 +37,30 @@ func TestBackstopLinesCoverEveryClassReachingALimitedProfile(t *testing.T) {
 	}
 	if got := classLines(nil, reached); len(got) != 0 {
 		t.Errorf("no limits, lines %v", got)
+	}
+}
+
+// TestBackstopSkipsEventsThatMoveNoPrice (issue 52): the backstop
+// invalidates the accountant's catalog on the events it passes, so it
+// passes only those that can change what a class reaches: not a health
+// taint on a device, nor a GpuProfile's status write.
+func TestBackstopSkipsEventsThatMoveNoPrice(t *testing.T) {
+	slice := testworld.ResourceSlice("node-a", testworld.WholeGPU(0))
+	tainted := slice.DeepCopy()
+	tainted.Spec.Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "k", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	grown := slice.DeepCopy()
+	grown.Spec.Devices = append(grown.Spec.Devices, testworld.WholeGPU(1))
+	profile := testworld.GpuProfile("h100", gpuaas.ProfileSelector{Type: "gpu"})
+	written := profile.DeepCopy()
+	written.Status.ObservedGeneration = 1
+	slices, profiles := reachChanged(&resourceapi.ResourceSlice{}), reachChanged(&gpuaas.GpuProfile{})
+	if slices.Update(event.UpdateEvent{ObjectOld: slice, ObjectNew: tainted}) {
+		t.Error("a health taint re-prices every claim")
+	}
+	if !slices.Update(event.UpdateEvent{ObjectOld: slice, ObjectNew: grown}) {
+		t.Error("a new device does not reach the backstop")
+	}
+	if profiles.Update(event.UpdateEvent{ObjectOld: profile, ObjectNew: written}) {
+		t.Error("a GpuProfile status write re-prices every claim")
 	}
 }

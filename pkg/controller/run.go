@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -39,6 +40,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // Scheme knows the built-in types and ours.
@@ -141,13 +143,9 @@ func withRateLimits(cfg *rest.Config, opts *Options) *rest.Config {
 
 func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts *Options, served *webhookcert.Served) (manager.Manager, error) {
 	tlsOpts := []func(*tls.Config){webhookHTTP1Only}
-	cacheOpts := cache.Options{ByObject: map[client.Object]cache.ByObject{
-		// Only the shapes' templates, not every tenant's.
-		&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
-	}}
+	cacheOpts := cacheOptions(served)
 	if served != nil {
 		tlsOpts = append(tlsOpts, served.TLSOption)
-		cacheOpts.ByObject[&corev1.Secret{}] = served.SecretCache()
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Cache:                         cacheOpts,
@@ -172,6 +170,29 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, o
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 	return mgr, nil
+}
+
+// cacheOptions is what the manager's cache, which every replica runs for
+// the webhook, holds of each kind (docs/architecture.md, "What the
+// controller caches"): no kind with its managedFields, which nothing reads
+// (an update of an object read from the cache sends none, and the server
+// keeps its own); ResourceSlices of our driver only, as only ours are
+// priced (quota.NewInventory), given a posture (pkg/posture) or counted in
+// the GpuNodes; the GPU+NIC shape's count reads other drivers' from a
+// cache of its own, on the leader (shapes.ForeignSliceCache).
+func cacheOptions(served *webhookcert.Served) cache.Options {
+	opts := cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			// Only the shapes' templates, not every tenant's.
+			&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
+			&resourceapi.ResourceSlice{}:         {Field: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName)},
+		},
+	}
+	if served != nil {
+		opts.ByObject[&corev1.Secret{}] = served.SecretCache()
+	}
+	return opts
 }
 
 // setup wires everything into the manager; direct is an uncached client
@@ -296,8 +317,9 @@ func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, condition
 		// quotas on each status write cost N^2 with N tenants).
 		Watches(&gpuaas.TenantQuota{}, everyQuota, builder.WithPredicates(quotaSpecChanged)).
 		Watches(&corev1.Namespace{}, everyQuota, builder.WithPredicates(namespaceTenancyChanged)).
-		Watches(&resourceapi.ResourceSlice{}, everyQuota).
-		Watches(&resourceapi.DeviceClass{}, everyQuota).
+		// Slices and classes bear on usage through prices only.
+		Watches(&resourceapi.ResourceSlice{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.ResourceSlice{}))).
+		Watches(&resourceapi.DeviceClass{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.DeviceClass{}))).
 		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
 		Complete(&quotaReconciler{client: c, acct: acct, billing: bill, resync: opts.Resync, now: time.Now})
 	if err != nil {

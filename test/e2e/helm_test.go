@@ -71,6 +71,9 @@ kubeletPlugin:
 controller:
   denyUnassigned: true
   exemptNamespaces: [monitoring]
+  webhook:
+    foreignClasses: [nic.example.com]
+  priorityClassName: system-cluster-critical
 tenantQuotas:
   team-a:
     namespaces: [team-a]

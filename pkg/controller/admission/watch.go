@@ -18,15 +18,14 @@ import (
 // when quota frees up. These handlers run on every replica, leader or not:
 // the webhook needs them everywhere.
 func Watch(ctx context.Context, c cache.Cache, acct *Accountant, n *Nudger) error {
-	catalogChanged := onAny(func(any) { acct.InvalidateCatalog() })
 	tenancy := onAny(func(any) { acct.invalidateTenancy() })
 	for _, w := range []struct {
 		obj client.Object
 		h   toolscache.ResourceEventHandler
 	}{
-		{&resourceapi.ResourceSlice{}, catalogChanged},
-		{&resourceapi.DeviceClass{}, catalogChanged},
-		{&gpuaas.GpuProfile{}, catalogChanged},
+		{&resourceapi.ResourceSlice{}, CatalogHandler(&resourceapi.ResourceSlice{}, acct.InvalidateCatalog)},
+		{&resourceapi.DeviceClass{}, CatalogHandler(&resourceapi.DeviceClass{}, acct.InvalidateCatalog)},
+		{&gpuaas.GpuProfile{}, CatalogHandler(&gpuaas.GpuProfile{}, acct.InvalidateCatalog)},
 		{&corev1.Namespace{}, tenancy},
 		{&gpuaas.TenantQuota{}, quotaHandler(acct, n)},
 		{&resourceapi.ResourceClaim{}, claimHandler(acct, n)},

@@ -26,8 +26,12 @@ import (
 // Reconciler keeps each GpuShape's templates and status.
 type Reconciler struct {
 	// client reads through the manager's cache, which holds only the
-	// ResourceClaimTemplates that carry ShapeLabel.
+	// ResourceClaimTemplates that carry ShapeLabel and our driver's
+	// ResourceSlices.
 	client client.Client
+	// foreign holds the other drivers' ResourceSlices (ForeignSliceCache);
+	// nil: client holds every slice.
+	foreign client.Reader
 	// live reads past the cache: a template of a shape's name that the
 	// cache does not hold (created by someone else, or ours with its
 	// label removed).
@@ -46,6 +50,14 @@ type Reconciler struct {
 // does not hold from live, every resync.
 func NewReconciler(c client.Client, live client.Reader, resync time.Duration) *Reconciler {
 	return &Reconciler{client: c, live: live, resync: resync, matcher: shape.NewMatcher()}
+}
+
+// WithForeignSlices makes the count read other drivers' slices (a NIC
+// part) from foreign (ForeignSliceCache), where the client's cache holds
+// only ours.
+func (r *Reconciler) WithForeignSlices(foreign client.Reader) *Reconciler {
+	r.foreign = foreign
+	return r
 }
 
 // WithDrains makes the count read the DeviceTaintRules (served from 1.37):
@@ -272,13 +284,9 @@ func ownedBy(t *resourceapi.ResourceClaimTemplate, s *gpuaas.GpuShape) bool {
 // placeable counts the shape's instances that fit now; none while a part
 // is missing.
 func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts shape.Parts, missing []string) (shape.Count, error) {
-	var sl resourceapi.ResourceSliceList
-	if err := r.client.List(ctx, &sl, client.UnsafeDisableDeepCopy); err != nil {
-		return shape.Count{}, fmt.Errorf("listing ResourceSlices: %w", err)
-	}
-	slicePtrs := make([]*resourceapi.ResourceSlice, len(sl.Items))
-	for i := range sl.Items {
-		slicePtrs[i] = &sl.Items[i]
+	slicePtrs, err := r.slices(ctx)
+	if err != nil {
+		return shape.Count{}, err
 	}
 	if len(missing) > 0 {
 		return r.matcher.Placeable(ctx, shape.Query{}, slicePtrs, nil, nil), nil
@@ -311,6 +319,27 @@ func (r *Reconciler) drainRules(ctx context.Context) ([]*resourceapi.DeviceTaint
 	out := make([]*resourceapi.DeviceTaintRule, len(list.Items))
 	for i := range list.Items {
 		out[i] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// slices are our driver's slices (the manager's cache) and, with
+// WithForeignSlices, the other drivers'.
+func (r *Reconciler) slices(ctx context.Context) ([]*resourceapi.ResourceSlice, error) {
+	var ours, theirs resourceapi.ResourceSliceList
+	if err := r.client.List(ctx, &ours, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	if r.foreign != nil {
+		if err := r.foreign.List(ctx, &theirs, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("listing other drivers' ResourceSlices: %w", err)
+		}
+	}
+	out := make([]*resourceapi.ResourceSlice, 0, len(ours.Items)+len(theirs.Items))
+	for _, list := range [][]resourceapi.ResourceSlice{ours.Items, theirs.Items} {
+		for i := range list {
+			out = append(out, &list[i])
+		}
 	}
 	return out, nil
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
@@ -65,9 +66,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 	if err != nil {
 		return nil, err
 	}
+	foreign, err := newForeignSliceCache(mgr)
+	if err != nil {
+		return nil, err
+	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
-	r := NewReconciler(c, mgr.GetAPIReader(), resync)
+	recount := enqueue.Delayed(countDelay, allShapes(c))
+	r := NewReconciler(c, mgr.GetAPIReader(), resync).WithForeignSlices(foreign)
 	b := ctrl.NewControllerManagedBy(mgr).Named("gpushape").
 		// Its own status writes change no generation.
 		For(&gpuaas.GpuShape{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -76,14 +82,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		Watches(&corev1.Namespace{}, every, builder.WithPredicates(namespaceChanged)).
 		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.DeviceClass{}, every).
-		Watches(&resourceapi.ResourceSlice{}, enqueue.Delayed(countDelay, allShapes(c))).
-		Watches(&resourceapi.ResourceClaim{}, enqueue.Delayed(countDelay, allShapes(c)), builder.WithPredicates(allocationChanged))
+		Watches(&resourceapi.ResourceSlice{}, recount).
+		WatchesRawSource(source.Kind[client.Object](foreign, &resourceapi.ResourceSlice{}, recount)).
+		Watches(&resourceapi.ResourceClaim{}, recount, builder.WithPredicates(allocationChanged))
 	if drains {
 		// resource.k8s.io/v1 DeviceTaintRules are GA in 1.37: on older
 		// clusters a watch on them would never sync, and the count does
 		// not see admins' drains (docs/platform.md).
 		r = r.WithDrains()
-		b = b.Watches(&resourceapi.DeviceTaintRule{}, enqueue.Delayed(countDelay, allShapes(c)))
+		b = b.Watches(&resourceapi.DeviceTaintRule{}, recount)
 	}
 	if err := b.Complete(r); err != nil {
 		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)

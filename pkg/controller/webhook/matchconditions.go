@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 )
 
 // The claim webhooks fail closed, so while this controller is down every
@@ -32,16 +33,20 @@ import (
 // our classes, a class that does not exist (yet: the quota prices it as a
 // GPU), or no class at all.
 //
-// The chart renders no matchConditions (nor does WebhookConfiguration); the
-// controller's leader adds this one at run time and keeps its list in step
-// with the catalog. Helm leaves it alone on upgrade: helm 3 patches the
-// live object with a three-way strategic merge of the old manifest, the new
-// one and the live object, and webhooks and their matchConditions merge by
-// name, so a condition neither manifest renders is never in the patch (the
-// caBundle survives the same way); helm's server-side apply owns only the
-// fields the chart renders. `helm upgrade --force` replaces the object and
-// drops the condition: every claim is sent again until the next resync
-// puts it back. The chart must never render a condition of this name.
+// WebhookConfiguration renders no matchConditions; the chart renders this
+// one only for the classes its values name (controller.webhook.
+// foreignClasses, the same expression: ForeignMatchCondition), so that
+// their claims skip the webhook from the first install and after `helm
+// upgrade --force`. The controller's leader writes its own list at run time
+// and keeps it in step with the catalog. Helm leaves it alone on upgrade
+// while the rendered condition does not change: helm 3 patches the live
+// object with a three-way strategic merge of the old manifest, the new one
+// and the live object, and webhooks and their matchConditions merge by
+// name, so a condition both manifests render alike (or neither renders) is
+// never in the patch (the caBundle survives the same way). A change of the
+// values' list, or `helm upgrade --force`, puts the chart's list back until
+// the leader's next resync; without the values' list, --force drops the
+// condition and every claim is sent again meanwhile.
 //
 // Ordering, so that a name is off the list no later than it becomes ours:
 //   - A class is listed only while the leader's cache shows it existing,
@@ -112,6 +117,20 @@ func foreignCondition(spec string, foreign []string) (admissionregv1.MatchCondit
 		return admissionregv1.MatchCondition{}, false
 	}
 	return admissionregv1.MatchCondition{Name: foreignConditionName, Expression: expr}, true
+}
+
+// ForeignMatchCondition is the matchCondition the controller gives the
+// claim webhook named webhookName (of the ResourceClaims or the
+// ResourceClaimTemplates) for the foreign classes, as the chart renders it
+// from controller.webhook.foreignClasses (a test compares them); false
+// for another webhook or when no condition is wanted.
+func ForeignMatchCondition(webhookName string, classes []string) (admissionregv1.MatchCondition, bool) {
+	for _, wh := range conditionedWebhooks {
+		if wh.name == webhookName {
+			return foreignCondition(wh.spec, classes)
+		}
+	}
+	return admissionregv1.MatchCondition{}, false
 }
 
 // sendExpression is true unless the object has requests and each of them
@@ -335,21 +354,22 @@ func (s *MatchConditionSyncer) report(ctx context.Context, foreign []string, wan
 }
 
 // WatchForeignClasses syncs the condition when what decides a class's
-// foreignness changes: classes, the names of GpuProfiles, and the
-// published devices. The catalog is invalidated here too: the accountant's
+// foreignness changes: classes, the names of GpuProfiles, and our
+// published devices (quotaadmission.CatalogHandler: not a device taint,
+// nor another driver's slice). The catalog is invalidated here too: the accountant's
 // own handler may run after this one, and the sync must not price with
 // the snapshot from before the change (invalidateCatalog is the
 // accountant's InvalidateCatalog).
 func WatchForeignClasses(ctx context.Context, c cache.Cache, invalidateCatalog func(), s *MatchConditionSyncer) error {
-	changed := func(any) { invalidateCatalog(); s.Kick() }
-	all := toolscache.ResourceEventHandlerFuncs{AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed}
-	names := toolscache.ResourceEventHandlerFuncs{AddFunc: changed, DeleteFunc: changed}
+	changed := func() { invalidateCatalog(); s.Kick() }
+	names := toolscache.ResourceEventHandlerFuncs{AddFunc: func(any) { changed() }, DeleteFunc: func(any) { changed() }}
 	for _, w := range []struct {
 		obj client.Object
 		h   toolscache.ResourceEventHandler
 	}{
-		{&resourceapi.DeviceClass{}, all},
-		{&resourceapi.ResourceSlice{}, all},
+		// Only what can move a price moves the pricer's verdict.
+		{&resourceapi.DeviceClass{}, quotaadmission.CatalogHandler(&resourceapi.DeviceClass{}, changed)},
+		{&resourceapi.ResourceSlice{}, quotaadmission.CatalogHandler(&resourceapi.ResourceSlice{}, changed)},
 		{&gpuaas.GpuProfile{}, names}, // status writes change no name
 	} {
 		inf, err := c.GetInformer(ctx, w.obj)

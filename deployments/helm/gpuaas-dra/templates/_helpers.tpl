@@ -55,3 +55,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpuaas-dra.webhookConfig" -}}
 {{ include "gpuaas-dra.fullname" . }}-quota
 {{- end -}}
+
+{{/* The controller's PriorityClass: the value's, else the chart's own. */}}
+{{- define "gpuaas-dra.controllerPriorityClass" -}}
+{{ .Values.controller.priorityClassName | default (include "gpuaas-dra.controllerName" .) }}
+{{- end -}}
+
+{{/* The claim webhooks' matchCondition for the classes in .classes, the
+  ResourceClaimSpec at .spec ("object.spec", "object.spec.spec"): the same
+  expression, byte for byte, as pkg/controller/webhook's foreignCondition
+  (test/chart compares them). */}}
+{{- define "gpuaas-dra.foreignExpression" -}}
+{{- $names := list }}
+{{- range .classes }}{{ $names = append $names (quote .) }}{{ end }}
+{{- $fields := splitList "." (printf "%s.devices.requests" (trimPrefix "object." .spec)) }}
+{{- $path := "object" }}
+{{- $guards := list }}
+{{- range $i, $f := $fields }}
+{{- $path = printf "%s.%s" $path $f }}
+{{- $kind := ternary "list" "map" (eq (add1 $i) (len $fields)) }}
+{{- $guards = append $guards (printf "has(%s) && type(%s) == %s" $path $path $kind) }}
+{{- end }}
+{{- $classes := "(has(r.exactly) && type(r.exactly) == map ? [r.exactly] :\n      has(r.firstAvailable) && type(r.firstAvailable) == list ? r.firstAvailable : [])" }}
+{{- printf "!(%s &&\n  size(%s) > 0 && %s.all(r, type(r) == map &&\n    size(%s) > 0 &&\n    %s.all(s, type(s) == map &&\n      has(s.deviceClassName) && type(s.deviceClassName) == string &&\n      s.deviceClassName in [%s])))" (join " &&\n  " $guards) $path $path $classes $classes (join ", " $names) }}
+{{- end -}}
