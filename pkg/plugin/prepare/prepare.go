@@ -173,7 +173,7 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	if err != nil {
 		return device.Planned{}, err
 	}
-	p := device.Planned{Result: r, Device: dev, Config: cfg}
+	p := device.Planned{Result: r, Device: dev, Config: cfg, ClassCaps: classCapsFor(configs, r.Request, dev.Kind.Type())}
 	if p.AdminAccess() {
 		return p, nil // monitoring never changes a GPU's settings
 	}
