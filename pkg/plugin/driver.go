@@ -388,6 +388,8 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		if err != nil {
 			logger.Error(err, "Unpreparing claim failed")
 			err = fmt.Errorf("unpreparing claim %s: %w", claim.NamespacedName, err)
+		} else {
+			d.status.unprepared(claim.UID)
 		}
 		results[claim.UID] = err
 	}
