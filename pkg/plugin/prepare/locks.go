@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -297,6 +298,47 @@ func (h *heldGPUs) stamp() error {
 		g.seen, h.stamps[i] = s, s
 	}
 	return nil
+}
+
+// RecordsUnderLocks lists the checkpoint's records holding the locks of
+// the given GPUs (those the node has) and of every GPU a record names, as
+// a State does: the start pins GPU modes from them (device.PinModes), and
+// the other plugin instance of a rolling update may be half-way through a
+// prepare. It waits as a State's lock does.
+func RecordsUnderLocks(ctx context.Context, lockDir string, gpus []string, store *checkpoint.Store) ([]*checkpoint.Claim, error) {
+	// The records name the GPUs to lock; read again once they are held.
+	records, _, err := store.List()
+	if err != nil {
+		return nil, fmt.Errorf("loading checkpoint: %w", err)
+	}
+	all := slices.Clone(gpus)
+	for _, rec := range records {
+		all = append(all, recordGPUs(rec)...)
+	}
+	locks := newGPULocks(lockDir)
+	held, err := locks.lock(ctx, "the start's reading of prepared claims", all)
+	if err != nil {
+		return nil, err
+	}
+	defer locks.close(held)
+	records, _, err = store.List()
+	if err != nil {
+		return nil, fmt.Errorf("loading checkpoint: %w", err)
+	}
+	return records, nil
+}
+
+// close unlocks held and closes the lock files of locks, which is used no
+// more.
+func (l *gpuLocks) close(held *heldGPUs) {
+	held.unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, g := range l.gpus {
+		if g.file != nil {
+			_ = g.file.Close()
+		}
+	}
 }
 
 // planGPUs are the GPUs of a plan's devices (repeated per device).
