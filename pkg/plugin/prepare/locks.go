@@ -79,6 +79,12 @@ const (
 // plugin bounds its own: well within the kubelet's deadline for a call.
 const DefaultLockWait = 10 * time.Second
 
+// StartLockWait bounds the start's wait for every GPU's lock: the other
+// instance of a rolling update may be changing a GPU's MIG mode, which
+// alone may retry for 10 s (mig.DefaultInUseRetry), and a start that gives
+// up restarts the pod.
+const StartLockWait = time.Minute
+
 func newGPULocks(dir string) *gpuLocks {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
@@ -114,10 +120,15 @@ type heldGPUs struct {
 // for the errors of those that wait. Waiting ends with ctx or after the
 // bound, with an error that names the GPU and who holds it since when.
 func (l *gpuLocks) lock(ctx context.Context, holder string, uuids []string) (*heldGPUs, error) {
+	return l.lockWithin(ctx, l.wait, holder, uuids)
+}
+
+// lockWithin is lock with the bound wait.
+func (l *gpuLocks) lockWithin(ctx context.Context, wait time.Duration, holder string, uuids []string) (*heldGPUs, error) {
 	keys := slices.Clone(uuids)
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
-	ctx, cancel := context.WithTimeout(ctx, l.wait)
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	h := &heldGPUs{l: l}
 	for _, k := range keys {
@@ -126,7 +137,7 @@ func (l *gpuLocks) lock(ctx context.Context, holder string, uuids []string) (*he
 		if err != nil {
 			h.unlock()
 			if errors.Is(err, errGPUBusy) {
-				return nil, fmt.Errorf("GPU %s %w (waited up to %s)", l.name(k), err, l.wait)
+				return nil, fmt.Errorf("GPU %s %w (waited up to %s)", l.name(k), err, wait)
 			}
 			return nil, fmt.Errorf("locking GPU %s: %w", l.name(k), err)
 		}
@@ -316,7 +327,7 @@ func RecordsUnderLocks(ctx context.Context, lockDir string, gpus []string, store
 		all = append(all, recordGPUs(rec)...)
 	}
 	locks := newGPULocks(lockDir)
-	held, err := locks.lock(ctx, "the start's reading of prepared claims", all)
+	held, err := locks.lockWithin(ctx, StartLockWait, "the start's reading of prepared claims", all)
 	if err != nil {
 		return nil, err
 	}

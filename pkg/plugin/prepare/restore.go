@@ -127,7 +127,8 @@ func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error
 }
 
 // lockAll locks every GPU a claim may hold: those this node publishes and
-// those that records name (a GPU may have gone since).
+// those that records name (a GPU may have gone since). Only the start
+// does, so it waits as the start does (StartLockWait).
 func (s *State) lockAll(ctx context.Context, holder string) (*heldGPUs, error) {
 	records, _, err := s.env.Store.List()
 	if err != nil {
@@ -140,7 +141,7 @@ func (s *State) lockAll(ctx context.Context, holder string) (*heldGPUs, error) {
 	for _, rec := range records {
 		gpus = append(gpus, recordGPUs(rec)...)
 	}
-	return s.locks.lock(ctx, holder, gpus)
+	return s.locks.lockWithin(ctx, max(s.locks.wait, StartLockWait), holder, gpus)
 }
 
 // adoptAll counts every record's sharing holds, interrupted ones included,
