@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 )
 
 // syncs counts the fsyncs of this package, for benchmarks that report the
@@ -49,15 +50,16 @@ func Remove(path string) error {
 
 func replace(path string, data []byte, mode os.FileMode, tempPattern string, durable bool) (err error) {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, tempPattern)
+	tmp, err := createLocked(dir, tempPattern)
 	if err != nil {
 		return fmt.Errorf("creating temporary file for %s: %w", path, err)
 	}
 	defer func() {
 		if err != nil {
-			_ = tmp.Close()
 			_ = os.Remove(tmp.Name())
 		}
+		// Closing drops the lock: after the rename, or the removal.
+		_ = tmp.Close()
 	}()
 	if _, err = tmp.Write(data); err != nil {
 		return tempError("writing", path, tmp.Name(), err)
@@ -71,9 +73,6 @@ func replace(path string, data []byte, mode os.FileMode, tempPattern string, dur
 			return tempError("syncing", path, tmp.Name(), err)
 		}
 	}
-	if err = tmp.Close(); err != nil {
-		return tempError("closing", path, tmp.Name(), err)
-	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("replacing %s: %w", path, err)
 	}
@@ -81,6 +80,59 @@ func replace(path string, data []byte, mode os.FileMode, tempPattern string, dur
 		return nil
 	}
 	return SyncDir(dir)
+}
+
+// createLocked creates a temporary file and holds flock(2) on it until it
+// is closed, so that another process's RemoveAbandoned (a plugin pod
+// starting while the other pod of a rolling update writes) leaves it
+// alone. One that RemoveAbandoned removed between its creation and the
+// lock is made again.
+func createLocked(dir, tempPattern string) (*os.File, error) {
+	for {
+		tmp, err := os.CreateTemp(dir, tempPattern)
+		if err != nil {
+			return nil, err
+		}
+		if err := flock(tmp, syscall.LOCK_EX); err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+			return nil, fmt.Errorf("locking %s: %w", tmp.Name(), err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(tmp.Fd()), &st); err != nil || st.Nlink > 0 {
+			return tmp, nil
+		}
+		_ = tmp.Close() // removed before it was locked
+	}
+}
+
+// RemoveAbandoned removes the temporary file at path unless a writer holds
+// it (createLocked): a crashed writer's lock went with its process. It
+// reports whether it removed the file.
+func RemoveAbandoned(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = f.Close() }()
+	if err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return false, nil // in flight
+		}
+		return false, fmt.Errorf("locking %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		if err := syscall.Flock(int(f.Fd()), how); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
 }
 
 // SyncDir makes renames and removals in dir durable.

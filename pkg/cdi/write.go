@@ -43,7 +43,9 @@ func writeFileAtomic(path string, data []byte) error {
 }
 
 // removeStaleTempFiles deletes temp files a crash left behind. Only called
-// from NewHandler, before any write of this process can be in flight.
+// from NewHandler, before any write of this process can be in flight; the
+// other pod of a rolling update may be writing one, which it holds locked
+// until renamed (atomicfile.RemoveAbandoned), and is kept.
 func removeStaleTempFiles(log klog.Logger, cdiRoot string) {
 	entries, err := os.ReadDir(cdiRoot)
 	if err != nil {
@@ -56,10 +58,15 @@ func removeStaleTempFiles(log klog.Logger, cdiRoot string) {
 		if !strings.HasPrefix(name, prefix) || !strings.Contains(name, specFileSuffix+tempInfix) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(cdiRoot, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		removed, err := atomicfile.RemoveAbandoned(filepath.Join(cdiRoot, name))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
 			log.Error(err, "Removing stale temp file", "file", name)
-			continue
+		case removed:
+			log.V(1).Info("Removed stale temp CDI spec", "file", name)
+		default:
+			log.V(1).Info("Kept a temp CDI spec another process is writing", "file", name)
 		}
-		log.V(1).Info("Removed stale temp CDI spec", "file", name)
 	}
 }

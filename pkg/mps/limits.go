@@ -10,35 +10,25 @@ import (
 // The daemon's defaults bind every MPS server it starts, and so every
 // client whatever its environment: a client's CUDA_MPS_* variables can only
 // lower its limits below them. One daemon serves all the MPS claims of a
-// GPU, so its defaults are the largest limits among them (Cover): a client
-// that drops its variables gets at most the largest share on its GPU, never
-// the whole GPU.
+// GPU, so its defaults are the caller's: what the node configuration sells
+// on the GPU (device.daemonDefaults), never what a claim asks for.
 
-// Cover sets the GPU daemon's default limits to l when first is true (the
-// daemon's only client so far), else raises them to cover l, and applies
-// the result to the servers already running. It returns what is in force.
-func (d *Daemons) Cover(ctx context.Context, gpu string, l Limits, first bool) (Limits, error) {
-	want := l
-	if !first {
-		cur, err := d.Defaults(ctx, gpu)
-		if err != nil {
-			return Limits{}, err
-		}
-		want = Limits{MemoryBytes: max(cur.MemoryBytes, l.MemoryBytes), ThreadPercentage: max(cur.ThreadPercentage, l.ThreadPercentage)}
-	}
-	if _, err := d.send(ctx, gpu, setDefaults(want)); err != nil {
-		return Limits{}, fmt.Errorf("setting the MPS limits of %s: %w", gpu, err)
+// SetDefaults sets the GPU daemon's default limits to l and applies them
+// to the servers already running.
+func (d *Daemons) SetDefaults(ctx context.Context, gpu string, l Limits) error {
+	if _, err := d.send(ctx, gpu, setDefaults(l)); err != nil {
+		return fmt.Errorf("setting the MPS limits of %s: %w", gpu, err)
 	}
 	servers, err := d.send(ctx, gpu, "get_server_list\n")
 	if err != nil {
-		return Limits{}, fmt.Errorf("listing the MPS servers of %s: %w", gpu, err)
+		return fmt.Errorf("listing the MPS servers of %s: %w", gpu, err)
 	}
-	if cmds := setServers(servers, want); cmds != "" {
+	if cmds := setServers(servers, l); cmds != "" {
 		if _, err := d.send(ctx, gpu, cmds); err != nil {
-			return Limits{}, fmt.Errorf("setting the MPS limits of the servers of %s: %w", gpu, err)
+			return fmt.Errorf("setting the MPS limits of the servers of %s: %w", gpu, err)
 		}
 	}
-	return want, nil
+	return nil
 }
 
 // Defaults reads the GPU daemon's default limits; an unset memory limit

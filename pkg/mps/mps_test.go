@@ -129,31 +129,25 @@ func (r *limitsRunner) Run(_ context.Context, c timeslice.Cmd) ([]byte, error) {
 }
 
 // The daemon's defaults, which a client cannot raise from its environment,
-// are its first client's limits, then the largest of its clients', and
-// reach the servers already running.
-func TestCoverSetsTheDaemonsLimits(t *testing.T) {
+// are what the caller sets, and reach the servers already running.
+func TestSetDefaultsSetsTheDaemonsLimits(t *testing.T) {
 	d, _ := daemons(t)
 	r := &limitsRunner{pct: "100.0"}
 	d.Runner = r
 	ctx := context.Background()
 	ten := Limits{MemoryBytes: 10 << 30, ThreadPercentage: 13}
-	if got, err := d.Cover(ctx, gpu, ten, true); err != nil || got != ten {
-		t.Fatalf("first client: %+v, %v", got, err)
+	if err := d.SetDefaults(ctx, gpu, ten); err != nil {
+		t.Fatal(err)
 	}
-	if got, err := d.Defaults(ctx, gpu); err != nil || got.ThreadPercentage != 13 || got.MemoryBytes != 10<<30 {
-		t.Errorf("daemon defaults after the first client: %+v, %v (answers %q)", got, err, r.stdin)
+	if got, err := d.Defaults(ctx, gpu); err != nil || got != ten {
+		t.Errorf("daemon defaults: %+v, %v (answers %q)", got, err, r.stdin)
 	}
-	five := Limits{MemoryBytes: 5 << 30, ThreadPercentage: 7}
-	if got, err := d.Cover(ctx, gpu, five, false); err != nil || got != ten {
-		t.Errorf("a smaller second client lowered the bound: %+v, %v", got, err)
-	}
-	twenty := Limits{MemoryBytes: 20 << 30, ThreadPercentage: 25}
-	if got, err := d.Cover(ctx, gpu, twenty, false); err != nil || got != twenty {
-		t.Errorf("a larger client: %+v, %v", got, err)
+	if err := d.SetDefaults(ctx, gpu, Limits{MemoryBytes: 20 << 30, ThreadPercentage: 25}); err != nil {
+		t.Fatal(err)
 	}
 	last := r.stdin[len(r.stdin)-1]
 	if !strings.Contains(last, "set_active_thread_percentage 4242 25") || !strings.Contains(last, "set_device_pinned_mem_limit 4242 0 20480M") {
-		t.Errorf("the running server did not get the limits: %q", last)
+		t.Errorf("the running server did not get the limits: %q", r.stdin)
 	}
 }
 

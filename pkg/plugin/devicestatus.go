@@ -4,19 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/health"
-	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
-	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
-	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +19,16 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
 
 // statusFieldManager owns the driver's entries of status.devices (KEP-4817).
@@ -80,15 +82,34 @@ type statusWriter struct {
 
 	mu       sync.Mutex
 	failures map[types.UID]failedPrepare
-	// since keeps each condition's last transition, by claim, device,
-	// type and status, so that rewriting an unchanged condition keeps it.
-	since map[string]metav1.Time
+	// since keeps each condition's last transition, by claim, then by
+	// device, type and status, so that rewriting an unchanged condition
+	// keeps it. What a claim has here goes when it is unprepared or gone
+	// (forget).
+	since map[types.UID]map[string]metav1.Time
 }
 
 func newStatusWriter(client kubernetes.Interface, node string, store *checkpoint.Store, devices func() map[string]*device.AllocatableDevice, faults func() []health.Fault) *statusWriter {
 	return &statusWriter{client: client, node: node, store: store, devices: devices, faults: faults,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](), workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "device-status"}),
-		failures: map[types.UID]failedPrepare{}, since: map[string]metav1.Time{}}
+		failures: map[types.UID]failedPrepare{}, since: map[types.UID]map[string]metav1.Time{}}
+}
+
+// unprepared forgets a claim unprepared on this node: there is no status
+// of ours to keep for it any more.
+func (w *statusWriter) unprepared(uid types.UID) {
+	if w == nil {
+		return
+	}
+	w.forget(uid)
+}
+
+// forget drops what the writer keeps of a claim.
+func (w *statusWriter) forget(uid types.UID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.failures, uid)
+	delete(w.since, uid)
 }
 
 // prepared queues a write after a prepare; err is the prepare's error.
@@ -136,9 +157,13 @@ func (w *statusWriter) run(ctx context.Context) {
 		}
 		err := w.write(klog.NewContext(ctx, logger), uid)
 		switch {
-		case err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-			// Written, or the claim is gone or was made again: nothing to do.
+		case err == nil:
 			w.queue.Forget(uid)
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			// The claim is gone or was made again: nothing to do, nothing
+			// to keep.
+			w.queue.Forget(uid)
+			w.forget(uid)
 		default:
 			logger.Error(err, "Writing device status", "claimUID", uid)
 			w.queue.AddRateLimited(uid)
@@ -193,8 +218,8 @@ func (w *statusWriter) preparedEntry(rec *checkpoint.Claim, d *checkpoint.Device
 	}
 	data, _ := json.Marshal(statusData(d)) // plain struct: cannot fail
 	entry.WithData(runtime.RawExtension{Raw: data})
-	key := rec.UID + "/" + d.Device + "/" + d.ShareID
-	entry.WithConditions(w.condition(key, condReady, metav1.ConditionTrue, "Prepared", "prepared for containers (CDI devices "+strings.Join(d.CDIDeviceIDs, ", ")+")"))
+	uid, key := types.UID(rec.UID), d.Device+"/"+d.ShareID
+	entry.WithConditions(w.condition(uid, key, condReady, metav1.ConditionTrue, "Prepared", "prepared for containers (CDI devices "+strings.Join(d.CDIDeviceIDs, ", ")+")"))
 	var msgs []string
 	dev := w.devices()[d.Device]
 	if dev == nil {
@@ -208,10 +233,10 @@ func (w *statusWriter) preparedEntry(rec *checkpoint.Claim, d *checkpoint.Device
 		}
 	}
 	if len(msgs) == 0 {
-		entry.WithConditions(w.condition(key, condHealthy, metav1.ConditionTrue, "NoFault", "no fault seen on the device"))
+		entry.WithConditions(w.condition(uid, key, condHealthy, metav1.ConditionTrue, "NoFault", "no fault seen on the device"))
 	} else {
 		sort.Strings(msgs)
-		entry.WithConditions(w.condition(key, condHealthy, metav1.ConditionFalse, "DeviceFault", strings.Join(msgs, "; ")))
+		entry.WithConditions(w.condition(uid, key, condHealthy, metav1.ConditionFalse, "DeviceFault", strings.Join(msgs, "; ")))
 	}
 	return entry
 }
@@ -244,19 +269,11 @@ func (w *statusWriter) failedStatus(uid types.UID, f failedPrepare) *resourceapp
 		if r.ShareID != nil {
 			entry.WithShareID(string(*r.ShareID))
 		}
-		key := string(uid) + "/" + r.Device + "/" + string(ptrDeref(r.ShareID))
-		entry.WithConditions(w.condition(key, condReady, metav1.ConditionFalse, "PrepareFailed", truncate(f.err.Error(), 4096)))
+		key := r.Device + "/" + string(ptr.Deref(r.ShareID, ""))
+		entry.WithConditions(w.condition(uid, key, condReady, metav1.ConditionFalse, "PrepareFailed", truncate(f.err.Error(), 4096)))
 		status.WithDevices(entry)
 	}
 	return resourceapply.ResourceClaim(f.name, f.namespace).WithUID(uid).WithStatus(status)
-}
-
-func ptrDeref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }
 
 func truncate(s string, n int) string {
@@ -266,20 +283,25 @@ func truncate(s string, n int) string {
 	return s[:n-3] + "..."
 }
 
-// condition builds a condition whose transition time is kept while its
-// status stays the same.
-func (w *statusWriter) condition(key, typ string, status metav1.ConditionStatus, reason, msg string) *metaapply.ConditionApplyConfiguration {
+// condition builds a condition of the claim uid's device key whose
+// transition time is kept while its status stays the same.
+func (w *statusWriter) condition(uid types.UID, key, typ string, status metav1.ConditionStatus, reason, msg string) *metaapply.ConditionApplyConfiguration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	claimSince := w.since[uid]
+	if claimSince == nil {
+		claimSince = map[string]metav1.Time{}
+		w.since[uid] = claimSince
+	}
 	k := key + "/" + typ + "/" + string(status)
-	since, ok := w.since[k]
+	since, ok := claimSince[k]
 	if !ok {
 		since = metav1.NewTime(time.Now().Truncate(time.Second))
-		w.since[k] = since
+		claimSince[k] = since
 		// The other status of this condition transitions now.
 		for _, other := range []metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse} {
 			if other != status {
-				delete(w.since, key+"/"+typ+"/"+string(other))
+				delete(claimSince, key+"/"+typ+"/"+string(other))
 			}
 		}
 	}

@@ -141,6 +141,15 @@ type Driver struct {
 	checked <-chan struct{}
 }
 
+// gpuUUIDs are the UUIDs of gpus.
+func gpuUUIDs(gpus []nvdev.GPU) []string {
+	out := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		out = append(out, g.UUID)
+	}
+	return out
+}
+
 // publisher is what Driver needs of the kubelet plugin helper to publish
 // slices; an interface so that tests see what is published.
 type publisher interface {
@@ -159,10 +168,13 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Read-only: Restore reads the records again under the GPUs' locks.
-	records, _, err := store.List()
+	// Under the GPUs' locks, as the old instance of a rolling update may be
+	// preparing: the modes are pinned from them. Read-only: Restore reads
+	// the records again.
+	lockDir := filepath.Join(opts.PluginDataDir, "locks")
+	records, err := prepare.RecordsUnderLocks(ctx, lockDir, gpuUUIDs(opts.NVML.GPUs()), store)
 	if err != nil {
-		return nil, fmt.Errorf("loading checkpoint: %w", err)
+		return nil, fmt.Errorf("reading the prepared claims: %w", err)
 	}
 	steps.Step(ctx, "discovering devices")
 	cfg := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
@@ -173,7 +185,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
-		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: filepath.Join(opts.PluginDataDir, "locks"),
+		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: lockDir,
 		BootIDPath: opts.BootIDPath, Events: events, Steps: steps}
 	var missing inventory.MissingGPUs
 	if opts.Health != nil {
@@ -393,6 +405,8 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		if err != nil {
 			logger.Error(err, "Unpreparing claim failed")
 			err = fmt.Errorf("unpreparing claim %s: %w", claim.NamespacedName, err)
+		} else {
+			d.status.unprepared(claim.UID)
 		}
 		results[claim.UID] = err
 	}

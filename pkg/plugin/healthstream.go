@@ -29,7 +29,10 @@ func (d *Driver) watchHealth(ctx context.Context) {
 	case <-time.After(watchingTimeout):
 		klog.FromContext(ctx).Info("Health monitor not watching yet; publishing without it", "waited", watchingTimeout)
 	}
+	// The kubelet's health stream may already read it (under d.mu).
+	d.mu.Lock()
 	d.healthChanged = make(chan struct{})
+	d.mu.Unlock()
 	monitor.OnChange(func() {
 		d.mu.Lock()
 		close(d.healthChanged)

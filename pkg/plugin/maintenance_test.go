@@ -97,7 +97,7 @@ func (m *maintEnv) start(t *testing.T) {
 	m.dir = filepath.Join(t.TempDir(), "maintenance")
 	m.driver.startMaintenance(m.Ctx, Options{NVML: m.session, Health: monitor, Maintenance: maintenance.Options{
 		Session: m.session, Files: m.cdiHandler, Dir: m.dir,
-		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true,
+		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true, ReleaseWait: 100 * time.Millisecond,
 		Restart:      func(err error) { m.restarts <- err },
 		UpgradeState: m.readUpgradeState,
 	}}, telemetry.NewNodeEvents(context.Background(), m.Events, nil, testNode))
@@ -380,5 +380,24 @@ func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 		if st.DriverVersion != startDriver {
 			t.Errorf("%s: status names driver %q, want %q", step.action, st.DriverVersion, startDriver)
 		}
+	}
+}
+
+// A release waits for prepares and unprepares in flight, but not for one
+// that never ends: it fails within its bound, the GPUs stay in service,
+// and the kubelet's calls are not held behind it.
+func TestReleaseBehindAHungCallFailsTheReleaseNotTheNode(t *testing.T) {
+	m := newMaintEnv(t)
+	hung := m.driver.maint.Hold() // a call that never returns
+	defer hung()
+	err := m.driver.maint.Release(m.Ctx, "a GPU reset")
+	if err == nil || !strings.Contains(err.Error(), "not released: prepares or unprepares still in flight after") {
+		t.Fatalf("release behind a hung call: err = %v", err)
+	}
+	if m.driver.maint.Released() {
+		t.Error("the GPUs are released though the release failed")
+	}
+	if err := m.prepare(t, "after", "gpu-4"); err != nil {
+		t.Errorf("prepare after the failed release: %v", err)
 	}
 }

@@ -82,6 +82,10 @@ func copyConsumption(in []resourceapi.DeviceCounterConsumption) []resourceapi.De
 func SharedDevice(p Parent, mode configapi.SharedMode) resourceapi.Device {
 	minimum, step, def := mode.Memory.Resolved()
 	total := resource.NewQuantity(int64(p.MemoryBytes), resource.BinarySI)
+	var largest *resource.Quantity // one claim's largest share; nil: the GPU
+	if mode.Memory.Max != nil {
+		largest = ptr.To(mode.Memory.Max.DeepCopy())
+	}
 	return resourceapi.Device{
 		Name:                     SharedName(p.Index),
 		Attributes:               childAttributes(p, TypeShared, GPUSettings(mode.Strategy, "")),
@@ -90,7 +94,7 @@ func SharedDevice(p Parent, mode configapi.SharedMode) resourceapi.Device {
 			Value: *total,
 			RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default:    &def,
-				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &minimum, Step: &step},
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &minimum, Step: &step, Max: largest},
 			},
 		}},
 	}
@@ -101,8 +105,8 @@ func SharedDevice(p Parent, mode configapi.SharedMode) resourceapi.Device {
 func ValidateShared(p Parent, mode configapi.SharedMode) error {
 	minimum, step, def := mode.Memory.Resolved()
 	total := int64(p.MemoryBytes)
-	if minimum.Value()+step.Value() > total || def.Value() > total {
-		return fmt.Errorf("shared.memory: min %s + step %s and default %s must fit in the GPU's %s",
+	if minimum.Value()+step.Value() > total || def.Value() > total || (mode.Memory.Max != nil && mode.Memory.Max.Value() > total) {
+		return fmt.Errorf("shared.memory: min %s + step %s, default %s and max must fit in the GPU's %s",
 			minimum.String(), step.String(), def.String(), resource.NewQuantity(total, resource.BinarySI).String())
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,8 +106,10 @@ func testSharingTools(t *testing.T, n *realNode) {
 }
 
 // checkDaemonLimits reads the GPU's real MPS control daemon's default
-// limits back and compares them with the client's environment: the daemon
-// enforces them whatever the client's environment says.
+// limits back: they bind a client whatever its environment says, and are
+// the node configuration's (the largest share one claim may take of the
+// GPU, as published), never a claim's. The client's environment is its
+// own share, within them.
 func checkDaemonLimits(t *testing.T, ctx context.Context, n *realNode, pod *v1.Pod, mpsDir, uuid string) {
 	t.Helper()
 	log, err := n.WaitForPodLog(ctx, pod.Namespace, pod.Name, "ctr", "gpuinfo done")
@@ -125,13 +128,38 @@ func checkDaemonLimits(t *testing.T, ctx context.Context, n *realNode, pod *v1.P
 	if pct == "" || mem == "" {
 		t.Fatalf("the MPS client has no limits in its environment:\n%s", log)
 	}
-	if got := askMPSDaemon(t, ctx, n, mpsDir, uuid, "get_default_active_thread_percentage"); got != pct+".0" {
-		t.Errorf("MPS daemon of %s: default thread percentage %q, want the client's %s", uuid, got, pct)
+	largest, total := largestShare(t, ctx, n.Name, mpsGPU)
+	wantPct := min(100, (largest*100+total-1)/total)
+	if got := askMPSDaemon(t, ctx, n, mpsDir, uuid, "get_default_active_thread_percentage"); got != fmt.Sprintf("%d.0", wantPct) {
+		t.Errorf("MPS daemon of %s: default thread percentage %q, want the node configuration's largest share's %d", uuid, got, wantPct)
 	}
 	got := askMPSDaemon(t, ctx, n, mpsDir, uuid, "get_default_device_pinned_mem_limit 0")
-	if mps.ParseMemLimit(got) != mps.ParseMemLimit(mem) {
-		t.Errorf("MPS daemon of %s: default pinned memory limit %q, want the client's %s", uuid, got, mem)
+	if mps.ParseMemLimit(got) != largest {
+		t.Errorf("MPS daemon of %s: default pinned memory limit %q, want the node configuration's largest share, %d bytes", uuid, got, largest)
 	}
+	if c, err := strconv.Atoi(pct); err != nil || int64(c) > wantPct || mps.ParseMemLimit(mem) > largest {
+		t.Errorf("the client's limits (threads %s, memory %s) are not within the daemon's", pct, mem)
+	}
+}
+
+// largestShare is the most memory one claim may take of the shared GPU at
+// index (its memory capacity's validRange.max, else all of it), and the
+// GPU's memory, as the node publishes them.
+func largestShare(t *testing.T, ctx context.Context, node string, index int64) (largest, total int64) {
+	t.Helper()
+	for _, d := range devicesOfGPUIndex(t, ctx, node, index) {
+		c, ok := d.Capacity["memory"]
+		if !ok || stringAttr(d, "type") != "shared" {
+			continue
+		}
+		total, largest = c.Value.Value(), c.Value.Value()
+		if p := c.RequestPolicy; p != nil && p.ValidRange != nil && p.ValidRange.Max != nil {
+			largest = p.ValidRange.Max.Value()
+		}
+		return largest, total
+	}
+	t.Fatalf("node %s publishes no shared device of GPU %d", node, index)
+	return 0, 0
 }
 
 // askMPSDaemon sends one command to a GPU's real MPS control daemon, the

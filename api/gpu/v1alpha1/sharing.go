@@ -64,6 +64,38 @@ type MpsConfig struct {
 	DefaultPinnedDeviceMemoryLimit *resource.Quantity `json:"defaultPinnedDeviceMemoryLimit,omitempty"`
 }
 
+// WithinCaps refuses limits of c above those caps sets, naming the cap
+// and where it comes from (source: the class's config, the device's
+// share): a tenant's config can only lower what it was sold. Limits
+// either leaves unset are not compared.
+func (c *MpsConfig) WithinCaps(caps *MpsConfig, source string) error {
+	if c == nil || caps == nil {
+		return nil
+	}
+	if p, hi := c.DefaultActiveThreadPercentage, caps.DefaultActiveThreadPercentage; p != nil && hi != nil && *p > *hi {
+		return fmt.Errorf("mpsConfig.defaultActiveThreadPercentage %d is above the cap of %d (%s)", *p, *hi, source)
+	}
+	if q, hi := c.DefaultPinnedDeviceMemoryLimit, caps.DefaultPinnedDeviceMemoryLimit; q != nil && hi != nil && q.Cmp(*hi) > 0 {
+		return fmt.Errorf("mpsConfig.defaultPinnedDeviceMemoryLimit %s is above the cap of %s (%s)", q, hi, source)
+	}
+	return nil
+}
+
+// MPSConfigOf is the MPS settings of a decoded configuration; nil for none.
+func MPSConfigOf(cfg Interface) *MpsConfig {
+	var sh *Sharing
+	switch c := cfg.(type) {
+	case *GpuConfig:
+		sh = c.Sharing
+	case *MigConfig:
+		sh = c.Sharing
+	}
+	if sh == nil {
+		return nil
+	}
+	return sh.MpsConfig
+}
+
 func (c *MpsConfig) validate() error {
 	if c == nil {
 		return nil

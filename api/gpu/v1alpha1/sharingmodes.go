@@ -68,6 +68,10 @@ type SharedMemoryPolicy struct {
 	Step *resource.Quantity `json:"step,omitempty"`
 	// Default is what a claim that names no memory gets; a multiple of Step.
 	Default *resource.Quantity `json:"default,omitempty"`
+	// Max is the largest share one claim may take; unset: the whole GPU.
+	// On an MPS GPU it is also what the GPU's daemon allows a client that
+	// drops its CUDA_MPS_* environment (the daemon's defaults).
+	Max *resource.Quantity `json:"max,omitempty"`
 }
 
 var oneGi = resource.MustParse("1Gi")
@@ -112,6 +116,10 @@ func (m *SharedMode) validate() error {
 	if def.Value()%step.Value() != 0 {
 		return fmt.Errorf("shared.memory.default: %s is not a multiple of step %s", def.String(), step.String())
 	}
+	if hi := m.Memory.Max; hi != nil && (hi.Cmp(def) < 0 || (hi.Value()-minimum.Value())%step.Value() != 0) {
+		return fmt.Errorf("shared.memory.max: %s must be at least default %s and min %s plus a multiple of step %s",
+			hi.String(), def.String(), minimum.String(), step.String())
+	}
 	return validateGPUStrategy("shared", m.Strategy, "")
 }
 
@@ -147,6 +155,7 @@ func (m GpuMode) deepCopy() GpuMode {
 		sh.Memory.Min = copyQuantity(m.Shared.Memory.Min)
 		sh.Memory.Step = copyQuantity(m.Shared.Memory.Step)
 		sh.Memory.Default = copyQuantity(m.Shared.Memory.Default)
+		sh.Memory.Max = copyQuantity(m.Shared.Memory.Max)
 		m.Shared = &sh
 	}
 	return m

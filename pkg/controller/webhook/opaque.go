@@ -1,8 +1,14 @@
 package webhook
 
 import (
+	"context"
+	"fmt"
+	"slices"
+
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 )
@@ -21,4 +27,84 @@ func validateOpaque(path *field.Path, configs []resourceapi.DeviceClaimConfigura
 		}
 	}
 	return errs
+}
+
+// withinClassCaps refuses a claim's MPS limits above those its requests'
+// DeviceClasses set in their config (the admin's caps, which the plugin
+// enforces again at prepare), so that a tenant learns at creation, with
+// the cap named, rather than at pod start. The limits of a device's share
+// are known only once it is allocated: the plugin checks those. A class
+// that does not exist is not judged here: the claim cannot be allocated.
+// The configs were decoded by validateOpaque.
+func withinClassCaps(ctx context.Context, classes client.Reader, path *field.Path, spec resourceapi.DeviceClaim) (field.ErrorList, error) {
+	if classes == nil {
+		return nil, nil
+	}
+	var errs field.ErrorList
+	for i, c := range spec.Config {
+		if c.Opaque == nil || c.Opaque.Driver != gpuapi.DriverName {
+			continue
+		}
+		cfg, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
+		asked := gpuapi.MPSConfigOf(cfg)
+		if err != nil || asked == nil {
+			continue
+		}
+		kind := cfg.GetObjectKind().GroupVersionKind().Kind
+		for _, name := range classNames(spec.Requests, c.Requests) {
+			caps, err := classMPSCaps(ctx, classes, name, kind)
+			if err != nil {
+				return nil, err
+			}
+			if err := asked.WithinCaps(caps, fmt.Sprintf("the config of DeviceClass %q", name)); err != nil {
+				errs = append(errs, field.Invalid(path.Index(i).Child("opaque", "parameters"), string(c.Opaque.Parameters.Raw), err.Error()))
+				break
+			}
+		}
+	}
+	return errs, nil
+}
+
+// classNames are the DeviceClasses of the requests a config targets
+// (targets empty: every request), firstAvailable subrequests included.
+func classNames(requests []resourceapi.DeviceRequest, targets []string) []string {
+	named := func(name string) bool { return len(targets) == 0 || slices.Contains(targets, name) }
+	var out []string
+	for _, r := range requests {
+		if r.Exactly != nil && named(r.Name) {
+			out = append(out, r.Exactly.DeviceClassName)
+		}
+		for _, sub := range r.FirstAvailable {
+			if named(r.Name) || named(r.Name+"/"+sub.Name) {
+				out = append(out, sub.DeviceClassName)
+			}
+		}
+	}
+	return out
+}
+
+// classMPSCaps are the MPS limits the last of the class's configs for our
+// driver of the given kind sets, as the plugin reads them; nil for none.
+func classMPSCaps(ctx context.Context, classes client.Reader, name, kind string) (*gpuapi.MpsConfig, error) {
+	var dc resourceapi.DeviceClass
+	if err := classes.Get(ctx, client.ObjectKey{Name: name}, &dc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading DeviceClass %s: %w", name, err)
+	}
+	var caps *gpuapi.MpsConfig
+	for _, c := range dc.Spec.Config {
+		if c.Opaque == nil || c.Opaque.Driver != gpuapi.DriverName {
+			continue
+		}
+		cfg, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
+		if err != nil || cfg.GetObjectKind().GroupVersionKind().Kind != kind {
+			continue // the plugin refuses a bad class config at prepare
+		}
+		if m := gpuapi.MPSConfigOf(cfg); m != nil {
+			caps = m
+		}
+	}
+	return caps, nil
 }

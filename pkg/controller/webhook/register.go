@@ -32,7 +32,7 @@ func Register(mgr manager.Manager, acct *quotaadmission.Accountant, nudge *quota
 	srv := mgr.GetWebhookServer()
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
 		exempt: sets.New(skip...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, shapes: shapes, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
-		server: server,
+		server: server, classes: mgr.GetClient(),
 	}})
 	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
 		exempt: sets.New(skip...), acct: acct, decoder: dec,

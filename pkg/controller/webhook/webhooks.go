@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -58,6 +59,9 @@ type claimWebhook struct {
 	// server is the API server's version, for warnings about its
 	// scheduler; nil: no such warnings.
 	server *serverMinor
+	// classes reads the DeviceClasses whose configs cap the MPS limits a
+	// claim's config may ask; nil: no such check.
+	classes client.Reader
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -72,6 +76,14 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 		claim.Name = req.Name
 	}
 	if errs := validateOpaque(field.NewPath("spec", "devices", "config"), claim.Spec.Devices.Config); len(errs) > 0 {
+		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
+	}
+	errs, err := withinClassCaps(ctx, h.classes, field.NewPath("spec", "devices", "config"), claim.Spec.Devices)
+	if err != nil {
+		admissionErrors.Inc()
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("checking the claim's config against its classes', retry: %w", err))
+	}
+	if len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
 	}
 	if req.Operation != admissionv1.Create {

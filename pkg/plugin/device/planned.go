@@ -11,6 +11,10 @@ type Planned struct {
 	Result resourceapi.DeviceRequestAllocationResult
 	Device *AllocatableDevice
 	Config configapi.Interface
+	// ClassCaps are the MPS limits the class's config (the admin's) sets
+	// for the device: caps that the claim's config may only lower; nil
+	// for none.
+	ClassCaps *configapi.MpsConfig
 	// Sharing are the GPU settings the device needs; nil for none.
 	Sharing *sharingPlan
 	// Rebuild marks a claim prepared before whose record could not be

@@ -14,6 +14,8 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/mps"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 )
 
 // sharingPlan is what one device of a claim needs of its GPU.
@@ -76,27 +78,51 @@ func claimInterval(cfg configapi.Interface) configapi.TimeSliceInterval {
 }
 
 // planMPS derives the limits from the device's memory mem and that
-// memory's share of the GPU, unless the config sets them.
+// memory's share of the GPU. Those are caps, and the class's config may
+// lower them; a claim's config may set limits within them, and what it
+// leaves unset is the class's, else the share's. A limit above a cap is
+// refused, naming the cap: a tenant cannot take more than it was sold.
 func planMPS(p Planned, mem int64) (*sharingPlan, error) {
 	if major, _, _ := strings.Cut(p.Device.GPU.CUDAComputeCapability, "."); atoi(major) < 7 {
 		return nil, fmt.Errorf("MPS with limits needs compute capability 7.0 or newer; GPU %s has %s",
 			p.Device.GPU.UUID, p.Device.GPU.CUDAComputeCapability)
 	}
-	total := int64(p.Device.GPU.MemoryBytes)
-	limits := &mps.Limits{MemoryBytes: mem, ThreadPercentage: int(min(100, max(1, (mem*100+total-1)/total)))}
-	if sh := sharingOf(p.Config); sh != nil && sh.MpsConfig != nil {
-		cfg := sh.MpsConfig
+	share := shareLimits(mem, int64(p.Device.GPU.MemoryBytes))
+	shareCaps := &configapi.MpsConfig{
+		DefaultActiveThreadPercentage:  ptr.To(share.ThreadPercentage),
+		DefaultPinnedDeviceMemoryLimit: resource.NewQuantity(mem, resource.BinarySI),
+	}
+	if err := p.ClassCaps.WithinCaps(shareCaps, "the device's share of its GPU"); err != nil {
+		return nil, fmt.Errorf("the class's config: %w", err)
+	}
+	asked := configapi.MPSConfigOf(p.Config)
+	for _, c := range []struct {
+		caps   *configapi.MpsConfig
+		source string
+	}{{shareCaps, "the device's share of its GPU"}, {p.ClassCaps, "the class's config"}} {
+		if err := asked.WithinCaps(c.caps, c.source); err != nil {
+			return nil, err
+		}
+	}
+	limits := share
+	for _, cfg := range []*configapi.MpsConfig{p.ClassCaps, asked} { // the claim's last: it only lowers
+		if cfg == nil {
+			continue
+		}
 		if q := cfg.DefaultPinnedDeviceMemoryLimit; q != nil {
-			if q.Value() > mem {
-				return nil, fmt.Errorf("mpsConfig.defaultPinnedDeviceMemoryLimit %s exceeds the device's memory (%d bytes)", q.String(), mem)
-			}
 			limits.MemoryBytes = q.Value()
 		}
 		if t := cfg.DefaultActiveThreadPercentage; t != nil {
 			limits.ThreadPercentage = *t
 		}
 	}
-	return &sharingPlan{settings: timeslice.Settings{Strategy: configapi.MPSStrategy}, limits: limits}, nil
+	return &sharingPlan{settings: timeslice.Settings{Strategy: configapi.MPSStrategy}, limits: &limits}, nil
+}
+
+// shareLimits are the MPS limits of mem bytes of a GPU of total bytes:
+// that memory, and the same share of the GPU's threads (rounded up, 1..100).
+func shareLimits(mem, total int64) mps.Limits {
+	return mps.Limits{MemoryBytes: mem, ThreadPercentage: int(min(100, max(1, (mem*100+total-1)/total)))}
 }
 
 func sharingOf(cfg configapi.Interface) *configapi.Sharing {
@@ -161,10 +187,31 @@ func (e *Env) acquireSharing(ctx context.Context, p Planned, claimUID string) er
 	if p.Sharing.limits == nil {
 		return nil
 	}
-	// The daemon enforces what the client's environment only asks.
-	n, _ := e.Sharing.Holders(gpu)
-	_, err := e.Sharing.mps.Cover(ctx, gpu, *p.Sharing.limits, n == 1)
-	return err
+	// The daemon enforces what the client's environment only asks, for
+	// every client of the GPU alike: what the node configuration sells on
+	// it. Set at each client, so a daemon restarted since (Ensure) has them.
+	return e.Sharing.mps.SetDefaults(ctx, gpu, daemonDefaults(p))
+}
+
+// daemonDefaults are the limits of the GPU's MPS daemon, which bind a
+// client that drops its CUDA_MPS_* environment (the client's environment
+// can only lower them). A whole GPU is one claim's: its limits. A
+// replica or share is bounded by the largest device one claim may hold of
+// the GPU as the node configuration publishes it (a replica; a share up to
+// shared.memory.max, else the GPU), never by what a claim's config asks.
+func daemonDefaults(p Planned) mps.Limits {
+	if p.Device.Type() == TypeGPU {
+		return *p.Sharing.limits
+	}
+	total := int64(p.Device.GPU.MemoryBytes)
+	largest := total
+	if c, ok := p.Device.API.Capacity["memory"]; ok {
+		largest = c.Value.Value()
+		if c.RequestPolicy != nil && c.RequestPolicy.ValidRange != nil && c.RequestPolicy.ValidRange.Max != nil {
+			largest = min(largest, c.RequestPolicy.ValidRange.Max.Value())
+		}
+	}
+	return shareLimits(largest, total)
 }
 
 // releaseSharing drops the hold of a recorded device; one whose release

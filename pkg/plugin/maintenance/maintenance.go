@@ -8,6 +8,7 @@
 package maintenance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,6 +86,9 @@ type Options struct {
 	// UpgradeState reads the node's GPU Operator driver-upgrade state
 	// (WatchUpgradeState); nil: the plugin does not follow it.
 	UpgradeState func() string
+	// ReleaseWait bounds how long a release waits for the prepares and
+	// unprepares in flight; zero is DefaultReleaseWait.
+	ReleaseWait time.Duration
 }
 
 // Host is what maintenance uses of the kubelet plugin that runs it.
@@ -199,7 +203,9 @@ func (m *Maintenance) Release(ctx context.Context, why string) error {
 	if !m.opts.RunHealth && m.host.Health != nil {
 		return errors.New("the health monitor is not the plugin's to stop: not releasing the GPUs")
 	}
-	m.gate.Lock()
+	if err := m.lockGate(ctx); err != nil {
+		return err
+	}
 	if m.Released() {
 		m.gate.Unlock()
 		return nil
@@ -224,6 +230,31 @@ func (m *Maintenance) Release(ctx context.Context, why string) error {
 		why, health.TaintKeyPrefix, KindMaintenance)
 	m.host.Metrics.SetMaintenance(m.installedOr(m.opts.Session.System().DriverVersion), true)
 	m.host.FaultsChanged(ctx)
+	return nil
+}
+
+// DefaultReleaseWait bounds a release's wait for the calls in flight.
+const DefaultReleaseWait = 30 * time.Second
+
+// gatePoll is how often a release tries the gate again while calls hold it.
+const gatePoll = 10 * time.Millisecond
+
+// lockGate takes the gate for writing once the calls in flight are done,
+// within ctx and the release's bound. It tries instead of waiting in
+// Lock: a writer waiting in Lock holds every new reader back, so one hung
+// prepare would freeze every kubelet call on the node behind the release.
+// Past the bound the release fails and the GPUs stay in service.
+func (m *Maintenance) lockGate(ctx context.Context) error {
+	wait := cmp.Or(m.opts.ReleaseWait, DefaultReleaseWait)
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for !m.gate.TryLock() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not released: prepares or unprepares still in flight after %s (%w); the GPUs stay in service", wait, ctx.Err())
+		case <-time.After(gatePoll):
+		}
+	}
 	return nil
 }
 

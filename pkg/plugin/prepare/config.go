@@ -3,12 +3,13 @@ package prepare
 import (
 	"cmp"
 	"fmt"
-	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"slices"
 	"strings"
 
-	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	resourceapi "k8s.io/api/resource/v1"
+
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 )
 
 // configKinds says which opaque configuration kind fits which device type.
@@ -22,13 +23,15 @@ var configKinds = map[device.DeviceType]string{
 // opaqueConfig is one decoded configuration entry and the requests it
 // targets (none: every request of the claim).
 type opaqueConfig struct {
-	requests []string
-	config   configapi.Interface
+	requests  []string
+	config    configapi.Interface
+	fromClass bool // the admin's (the DeviceClass's), not the claim's
 }
 
 // decodeConfigs decodes every configuration for our driver in priority order:
 // class configs first, then claim configs, each in the order written, so
-// that the last one that matches a device wins.
+// that the last one that matches a device wins. The MPS limits of class
+// configs are also caps that a claim's config cannot raise (classCapsFor).
 func decodeConfigs(configs []resourceapi.DeviceAllocationConfiguration) ([]opaqueConfig, error) {
 	ordered := slices.Clone(configs)
 	slices.SortStableFunc(ordered, func(a, b resourceapi.DeviceAllocationConfiguration) int {
@@ -43,7 +46,7 @@ func decodeConfigs(configs []resourceapi.DeviceAllocationConfiguration) ([]opaqu
 		if err != nil {
 			return nil, fmt.Errorf("config %d (from %s): %w", i, c.Source, err)
 		}
-		out = append(out, opaqueConfig{requests: c.Requests, config: cfg})
+		out = append(out, opaqueConfig{requests: c.Requests, config: cfg, fromClass: c.Source == resourceapi.AllocationConfigSourceClass})
 	}
 	return out, nil
 }
@@ -80,6 +83,24 @@ func configFor(configs []opaqueConfig, request string, t device.DeviceType) (con
 		return defaultConfig(t), nil
 	}
 	return chosen, nil
+}
+
+// classCapsFor is the MPS limits the class's config sets for one
+// allocated device: of the last class entry that targets its request and
+// fits the device and sets any; nil for none. The admin sells those, so a
+// claim's config may only lower them (device.planMPS).
+func classCapsFor(configs []opaqueConfig, request string, t device.DeviceType) *configapi.MpsConfig {
+	var caps *configapi.MpsConfig
+	for _, c := range configs {
+		if !c.fromClass || (len(c.requests) > 0 && !targets(c.requests, request)) ||
+			c.config.GetObjectKind().GroupVersionKind().Kind != configKinds[t] {
+			continue
+		}
+		if m := configapi.MPSConfigOf(c.config); m != nil {
+			caps = m
+		}
+	}
+	return caps
 }
 
 // defaultConfig is what a device gets when no config names it: replicas

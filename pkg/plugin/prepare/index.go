@@ -16,7 +16,11 @@ type claimIndex struct {
 	claims   map[types.UID]*checkpoint.Claim
 	owner    map[string]types.UID // device -> the claim holding it exclusively
 	reserved map[string]types.UID // devices of claims being prepared
-	devices  int
+	// modes are the claims holding (or being prepared on) each GPU, by the
+	// GPU's mode they hold it in: GPU UUID -> mode -> claim -> a device.
+	// Admin access (monitoring) is not a hold.
+	modes   map[string]map[string]map[types.UID]string
+	devices int
 }
 
 func newClaimIndex() *claimIndex {
@@ -24,6 +28,7 @@ func newClaimIndex() *claimIndex {
 		claims:   map[types.UID]*checkpoint.Claim{},
 		owner:    map[string]types.UID{},
 		reserved: map[string]types.UID{},
+		modes:    map[string]map[string]map[types.UID]string{},
 	}
 }
 
@@ -36,10 +41,18 @@ func (x *claimIndex) get(uid types.UID) *checkpoint.Claim {
 // reserve refuses a device that another claim holds: Kubernetes should never
 // allocate it twice, and the driver is the last line of defence. Admin
 // access (monitoring) and multi-allocatable devices (shares) are exempt.
+// It also refuses a device of a GPU that another claim holds in another
+// mode (whole gpu-3 and replica gpu-3-ts-0 are one GPU): during a
+// node-config rollout the old instance may prepare a name the new one no
+// longer publishes, and a replacement claim may come while the record of
+// the claim it replaces still holds the GPU.
 func (x *claimIndex) reserve(uid types.UID, plan []device.Planned) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, p := range plan {
+		if err := x.otherMode(uid, p); err != nil {
+			return err
+		}
 		if !p.Exclusive() {
 			continue
 		}
@@ -55,8 +68,65 @@ func (x *claimIndex) reserve(uid types.UID, plan []device.Planned) error {
 		if p.Exclusive() {
 			x.reserved[p.Device.Name()] = uid
 		}
+		if !p.AdminAccess() {
+			x.hold(p.Device.GPU.UUID, p.Device.Kind.ModeName(), uid, p.Device.Name())
+		}
 	}
 	return nil
+}
+
+// otherMode refuses p when another claim holds p's GPU in another mode.
+func (x *claimIndex) otherMode(uid types.UID, p device.Planned) error {
+	if p.AdminAccess() {
+		return nil
+	}
+	mine := p.Device.Kind.ModeName()
+	for mode, holders := range x.modes[p.Device.GPU.UUID] {
+		if mode == mine {
+			continue
+		}
+		for other, dev := range holders {
+			if other != uid {
+				return fmt.Errorf("GPU %d is held by claim %s as device %s (%s); device %s (%s) of this claim is another mode of it: "+
+					"a GPU has one owner, so this claim is refused until that one is unprepared",
+					p.Device.GPU.Index, x.describe(other), dev, modeLabel(mode), p.Device.Name(), modeLabel(mine))
+			}
+		}
+	}
+	return nil
+}
+
+// modeLabel names a recorded GPU mode in a message.
+func modeLabel(mode string) string {
+	if mode == "" {
+		return "whole GPU"
+	}
+	return mode
+}
+
+// hold records that claim uid holds device dev of the GPU in mode.
+func (x *claimIndex) hold(gpu, mode string, uid types.UID, dev string) {
+	byMode := x.modes[gpu]
+	if byMode == nil {
+		byMode = map[string]map[types.UID]string{}
+		x.modes[gpu] = byMode
+	}
+	if byMode[mode] == nil {
+		byMode[mode] = map[types.UID]string{}
+	}
+	byMode[mode][uid] = dev
+}
+
+// unhold forgets claim uid's hold of the GPU in mode.
+func (x *claimIndex) unhold(gpu, mode string, uid types.UID) {
+	byMode := x.modes[gpu]
+	delete(byMode[mode], uid)
+	if len(byMode[mode]) == 0 {
+		delete(byMode, mode)
+	}
+	if len(byMode) == 0 {
+		delete(x.modes, gpu)
+	}
 }
 
 func (x *claimIndex) describe(uid types.UID) string {
@@ -73,6 +143,7 @@ func (x *claimIndex) release(uid types.UID, plan []device.Planned) {
 		if x.reserved[p.Device.Name()] == uid {
 			delete(x.reserved, p.Device.Name())
 		}
+		x.unhold(p.Device.GPU.UUID, p.Device.Kind.ModeName(), uid)
 	}
 }
 
@@ -90,6 +161,9 @@ func (x *claimIndex) add(c *checkpoint.Claim) {
 		if !d.AdminAccess && !d.Shared {
 			x.owner[d.Device] = uid
 		}
+		if !d.AdminAccess {
+			x.hold(d.GPUUUID, d.GPUMode, uid, d.Device)
+		}
 	}
 }
 
@@ -106,6 +180,7 @@ func (x *claimIndex) remove(c *checkpoint.Claim) {
 		if x.owner[d.Device] == uid {
 			delete(x.owner, d.Device)
 		}
+		x.unhold(d.GPUUUID, d.GPUMode, uid)
 	}
 }
 

@@ -45,13 +45,16 @@ func (s *State) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, r
 	}
 	gpus := planGPUs(plan)
 	defer s.inflight.add(claim.UID, gpus)()
-	held, err := s.lockFresh(ctx, gpus)
+	held, err := s.lockFresh(ctx, lockHolder(claim.UID), gpus)
 	if err != nil {
 		return nil, err
 	}
 	defer held.unlock()
 	return s.prepareLocked(ctx, claim, plan, held)
 }
+
+// lockHolder names a claim as the holder of its GPUs' locks.
+func lockHolder(uid types.UID) string { return "claim " + string(uid) }
 
 // preparedBefore returns the recorded devices of a claim prepared earlier,
 // read again under the locks of the GPUs its record names. It runs before
@@ -62,7 +65,7 @@ func (s *State) preparedBefore(ctx context.Context, uid types.UID) ([]kubeletplu
 	if err != nil || rec == nil {
 		return nil, false, err
 	}
-	held, err := s.locks.lock(recordGPUs(rec))
+	held, err := s.locks.lock(ctx, lockHolder(uid), recordGPUs(rec))
 	if err != nil {
 		return nil, false, err
 	}
@@ -173,7 +176,7 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	if err != nil {
 		return device.Planned{}, err
 	}
-	p := device.Planned{Result: r, Device: dev, Config: cfg}
+	p := device.Planned{Result: r, Device: dev, Config: cfg, ClassCaps: classCapsFor(configs, r.Request, dev.Kind.Type())}
 	if p.AdminAccess() {
 		return p, nil // monitoring never changes a GPU's settings
 	}

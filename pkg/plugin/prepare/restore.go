@@ -96,7 +96,7 @@ func (s *State) CheckClaims(ctx context.Context, client kubernetes.Interface, da
 // restoreRecords loads the checkpoint and undoes interrupted prepares,
 // holding every GPU.
 func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error) {
-	held, err := s.lockAll()
+	held, err := s.lockAll(ctx, "the start's restore of prepared claims")
 	if err != nil {
 		return nil, err
 	}
@@ -127,8 +127,9 @@ func (s *State) restoreRecords(ctx context.Context) ([]checkpoint.Damaged, error
 }
 
 // lockAll locks every GPU a claim may hold: those this node publishes and
-// those that records name (a GPU may have gone since).
-func (s *State) lockAll() (*heldGPUs, error) {
+// those that records name (a GPU may have gone since). Only the start
+// does, so it waits as the start does (StartLockWait).
+func (s *State) lockAll(ctx context.Context, holder string) (*heldGPUs, error) {
 	records, _, err := s.env.Store.List()
 	if err != nil {
 		return nil, err
@@ -140,7 +141,7 @@ func (s *State) lockAll() (*heldGPUs, error) {
 	for _, rec := range records {
 		gpus = append(gpus, recordGPUs(rec)...)
 	}
-	return s.locks.lock(gpus)
+	return s.locks.lockWithin(ctx, max(s.locks.wait, StartLockWait), holder, gpus)
 }
 
 // adoptAll counts every record's sharing holds, interrupted ones included,
@@ -334,7 +335,7 @@ func (s *State) allocatedHere(claim *resourceapi.ResourceClaim) bool {
 // every GPU, so no prepare (of either plugin instance) is between writing a
 // spec and writing its record.
 func (s *State) deleteOrphanSpecs(ctx context.Context, keep map[string]bool) error {
-	held, err := s.lockAll()
+	held, err := s.lockAll(ctx, "the start's cleanup of CDI specs")
 	if err != nil {
 		return err
 	}

@@ -28,13 +28,14 @@ import (
 )
 
 // sharingNode: GPU 4 time-sliced 4 ways (interval Long), GPU 5 shared,
-// GPU 6 two replicas with MPS, GPU 7 shared with MPS.
+// GPU 6 two replicas with MPS, GPU 7 shared with MPS, shares up to 16Gi.
 func sharingNode() *configapi.NodeConfig {
 	return &configapi.NodeConfig{GPUs: []configapi.GpuModeSelector{
 		{Indexes: []int{4}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 4, Interval: configapi.LongTimeSlice}}},
 		{Indexes: []int{5}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{}}},
 		{Indexes: []int{6}, GpuMode: configapi.GpuMode{TimeSlicing: &configapi.TimeSlicingMode{Replicas: 2, Strategy: configapi.MPSStrategy}}},
-		{Indexes: []int{7}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{Strategy: configapi.MPSStrategy}}},
+		{Indexes: []int{7}, GpuMode: configapi.GpuMode{Shared: &configapi.SharedMode{Strategy: configapi.MPSStrategy,
+			Memory: configapi.SharedMemoryPolicy{Max: ptr.To(resource.MustParse("16Gi"))}}}},
 	}}
 }
 
@@ -392,10 +393,10 @@ func TestMPSLimitsInCDISpec(t *testing.T) {
 	if len(got) < 2 || !strings.HasPrefix(got[0], "nvidia-cuda-mps-control -d") {
 		t.Errorf("daemon not started once then checked: %v", got)
 	}
-	// The daemon holds the limits too: a client that drops its
-	// environment still gets no more than its share.
-	if !slices.Contains(got, "nvidia-cuda-mps-control set_default_active_thread_percentage 13 set_default_device_pinned_mem_limit 0 10240M") {
-		t.Errorf("the daemon was not given the claims' limits: %v", got)
+	// The daemon holds limits too: a client that drops its environment
+	// still gets no more than the largest share the node sells (16Gi).
+	if !slices.Contains(got, "nvidia-cuda-mps-control set_default_active_thread_percentage 20 set_default_device_pinned_mem_limit 0 16384M") {
+		t.Errorf("the daemon was not given the node configuration's limits: %v", got)
 	}
 	for _, uid := range []string{"a", "b"} {
 		if err := e.state.Unprepare(e.Ctx, types.UID(uid)); err != nil {
@@ -434,7 +435,7 @@ func TestClaimConfigErrors(t *testing.T) {
 		"Exclusive on a replica": {preparetest.NewClaim("a").Device("gpu", "gpu-4-ts-0").
 			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"Exclusive"}}`).Build(), "shares its GPU by design"},
 		"limit above replica memory": {preparetest.NewClaim("b").Device("gpu", "gpu-6-ts-0").
-			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"50Gi"}}}`).Build(), "exceeds the device's memory"},
+			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"50Gi"}}}`).Build(), "mpsConfig.defaultPinnedDeviceMemoryLimit 50Gi is above the cap of"},
 		"bad interval": {preparetest.NewClaim("c").Device("gpu", "gpu-0").
 			Config(resourceapi.AllocationConfigSourceClaim, head+`{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Eternal"}}}`).Build(), `unsupported value "Eternal"`},
 	} {

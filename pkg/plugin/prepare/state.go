@@ -9,7 +9,9 @@ import (
 	"cmp"
 	"context"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
@@ -45,6 +47,9 @@ type StateConfig struct {
 	// instance of a rolling update; empty means "locks" beside the
 	// checkpoint directory.
 	LockDir string
+	// LockWait bounds the wait for a GPU's lock; zero means
+	// DefaultLockWait.
+	LockWait time.Duration
 	// BootIDPath is where the ID of the node's current boot is read;
 	// empty means DefaultBootIDPath.
 	BootIDPath string
@@ -142,6 +147,21 @@ func (s *State) ReplaceGPUDevices(uuid string, devs []device.AllocatableDevice) 
 	s.devices = next
 }
 
+// gpuIndexes names the GPUs of devices by their index, for errors; a GPU
+// no device names (gone since its claims were prepared) by its UUID.
+func gpuIndexes(devices []device.AllocatableDevice) func(uuid string) string {
+	index := make(map[string]int, len(devices))
+	for _, d := range devices {
+		index[d.GPU.UUID] = d.GPU.Index
+	}
+	return func(uuid string) string {
+		if i, ok := index[uuid]; ok {
+			return strconv.Itoa(i)
+		}
+		return uuid
+	}
+}
+
 // NewState builds an empty state; Restore loads what a previous run left.
 func NewState(cfg StateConfig) *State {
 	devices := make(map[string]*device.AllocatableDevice, len(cfg.Devices))
@@ -165,6 +185,8 @@ func NewState(cfg StateConfig) *State {
 	if s.env.Faults == nil {
 		s.env.Faults = device.NoFaults{}
 	}
+	s.locks.wait = cmp.Or(cfg.LockWait, DefaultLockWait)
+	s.locks.label = gpuIndexes(cfg.Devices)
 	s.env.Rebound = s.GPURebound
 	s.steps = cmp.Or[StepRecorder](cfg.Steps, NoSteps{})
 	s.bootID, s.bootIDErr = readBootID(cmp.Or(cfg.BootIDPath, DefaultBootIDPath))

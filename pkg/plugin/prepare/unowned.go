@@ -30,7 +30,7 @@ type migKey struct {
 // prepare. It holds every GPU, so that no prepare of the other instance of
 // a rolling update is half-way.
 func (s *State) findUnownedMIG(ctx context.Context) error {
-	held, err := s.lockAll()
+	held, err := s.lockAll(ctx, "the start's look for unowned MIG devices")
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ func (s *State) Unprepare(ctx context.Context, uid types.UID) (err error) {
 	if err != nil || gpus == nil {
 		return err
 	}
-	held, err := s.lockFresh(ctx, gpus)
+	held, err := s.lockFresh(ctx, lockHolder(uid), gpus)
 	if err != nil {
 		return err
 	}
