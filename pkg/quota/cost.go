@@ -113,13 +113,13 @@ func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, prof
 	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[shapeHash]*price{}, profilesOf: map[DeviceID][]string{}}
 }
 
-// ShapesOf names the GpuShapes a claim's spec is an instance of (each
-// counts one), nil for none. pkg/shape knows what makes a claim a shape's
+// ShapesOf counts the instances of each GpuShape a claim's spec holds,
+// nil for none. pkg/shape knows what makes a claim a shape's
 // and imports this package, so the pricer is handed the test.
 type ShapesOf func(spec *resourceapi.ResourceClaimSpec) map[string]int64
 
-// WithShapes has the pricer charge every claim one instance of each shape
-// f names (Charge.Shapes), allocated or not; it returns p. Call it before
+// WithShapes has the pricer charge every claim the instances of each
+// shape f counts (Charge.Shapes), allocated or not; it returns p. Call it before
 // the pricer is used.
 func (p *Pricer) WithShapes(f ShapesOf) *Pricer {
 	p.shapesOf = f
