@@ -39,8 +39,11 @@ import (
 //     pod's claim again) cannot take the freed quota first. It lapses like
 //     any reservation (reservationGrace);
 //  3. deletes the picked claims, each only if it is still unallocated (the
-//     delete is preconditioned on the resourceVersion it was judged at:
-//     a claim the scheduler allocated meanwhile is kept).
+//     delete is preconditioned on the resourceVersion last read: a claim
+//     the scheduler allocated meanwhile is kept; any other write to it, a
+//     label, is read again and the delete retried). An unallocated claim
+//     being deleted is charged nothing, so a finalizer the borrower added
+//     keeps the object, not the quota.
 //
 // The lender's refusal says so; its pod is nudged, and its claim admitted,
 // once the deletions reach the cache. Allocated claims are never taken: a
@@ -247,20 +250,89 @@ func (a *Accountant) reclaim(ctx context.Context, plans []*reclaimPlan) {
 	}()
 }
 
-// deleteVictim deletes one claim if it is still what it was judged at.
+// reclaimDeleteTries bounds the deletes of one victim: a conflict is
+// re-read and retried while the claim is still unallocated with the same
+// UID, so a borrower that relabels its idle claims in a loop has to win
+// that race every time.
+const reclaimDeleteTries = 5
+
+// deleteVictim deletes one claim while it is still what it was judged: the
+// same UID, unallocated. The delete is preconditioned on the
+// resourceVersion last read, so a claim the scheduler allocates between the
+// read and the delete is kept; a conflict (any write to the claim, a label
+// as well as an allocation) reads the claim again and decides anew.
 func (a *Accountant) deleteVictim(ctx context.Context, lender string, v reclaimVictim) {
 	logger := klog.FromContext(ctx).WithValues("lender", lender, "borrower", v.tenant, "resourceClaim", v.key)
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: v.key.Namespace, Name: v.key.Name, UID: v.uid}}
-	err := a.ledger.client.Delete(ctx, c, client.Preconditions{UID: &v.uid, ResourceVersion: &v.resourceVersion})
+	rv := v.resourceVersion
+	for try := 1; ; try++ {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: v.key.Namespace, Name: v.key.Name, UID: v.uid}}
+		err := a.ledger.client.Delete(ctx, c, client.Preconditions{UID: &v.uid, ResourceVersion: &rv})
+		switch {
+		case err == nil:
+			a.confirmReclaim(ctx, logger, lender, v)
+			return
+		case apierrors.IsNotFound(err):
+			logger.V(2).Info("Not reclaiming a claim deleted meanwhile")
+			return
+		case apierrors.IsConflict(err) && try < reclaimDeleteTries:
+			fresh, why, err := a.rereadVictim(ctx, v)
+			if err != nil {
+				logger.Error(err, "Reclaiming lent quota: reading a borrower's claim again after a conflict")
+				return
+			}
+			if why != "" {
+				logger.V(2).Info("Not reclaiming a claim that changed", "why", why)
+				return
+			}
+			rv = fresh.ResourceVersion
+		default:
+			logger.Error(err, "Reclaiming lent quota: deleting a borrower's claim", "tries", try)
+			return
+		}
+	}
+}
+
+// rereadVictim reads a victim live after a conflicting delete; why says,
+// when it is not empty, why the claim is no longer one to delete.
+func (a *Accountant) rereadVictim(ctx context.Context, v reclaimVictim) (*resourceapi.ResourceClaim, string, error) {
+	var fresh resourceapi.ResourceClaim
+	err := a.ledger.client.Get(ctx, v.key, &fresh)
 	switch {
-	case err == nil:
+	case apierrors.IsNotFound(err):
+		return nil, "deleted meanwhile", nil
+	case err != nil:
+		return nil, "", fmt.Errorf("getting ResourceClaim %s: %w", v.key, err)
+	case fresh.UID != v.uid:
+		return nil, "another claim of the name", nil
+	case fresh.Status.Allocation != nil:
+		return nil, "allocated meanwhile", nil
+	case fresh.DeletionTimestamp != nil:
+		return nil, "being deleted already (it costs nothing)", nil
+	}
+	return &fresh, "", nil
+}
+
+// confirmReclaim reads a deleted victim back: the metric counts it, and the
+// borrower is told it is gone, only when it is; one that finalizers keep
+// is charged nothing while it waits (quota.Pricer.Cost), and the borrower
+// is told that instead.
+func (a *Accountant) confirmReclaim(ctx context.Context, logger klog.Logger, lender string, v reclaimVictim) {
+	c := &resourceapi.ResourceClaim{}
+	err := a.ledger.client.Get(ctx, v.key, c)
+	switch {
+	case apierrors.IsNotFound(err) || (err == nil && c.UID != v.uid):
+		c.ObjectMeta = metav1.ObjectMeta{Namespace: v.key.Namespace, Name: v.key.Name, UID: v.uid}
 		reclaimedClaims.WithLabelValues(v.tenant).Inc()
 		a.recordReclaim(c, lender)
 		logger.Info("Reclaimed lent quota: deleted a borrower's unallocated claim", "units", v.charge.Units.String(), "memory", v.charge.Memory)
-	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
-		logger.V(2).Info("Not reclaiming a claim that changed (allocated or deleted meanwhile)", "err", err)
+	case err != nil:
+		logger.Error(err, "Reclaimed lent quota: reading a deleted claim back")
 	default:
-		logger.Error(err, "Reclaiming lent quota: deleting a borrower's claim")
+		a.recordEvent(c, "QuotaReclaimed", fmt.Sprintf(
+			"marked for deletion: the claim borrowed its cohort's quota and stayed unallocated for over %s, and TenantQuota %q needs its own quota back; "+
+				"finalizers %s keep it, but it is charged nothing and is never allocated",
+			a.ReclaimAfter, lender, strings.Join(c.Finalizers, ", ")))
+		logger.Info("Reclaimed lent quota: a borrower's unallocated claim is being deleted, held by finalizers", "finalizers", c.Finalizers)
 	}
 }
 

@@ -161,3 +161,72 @@ func waitGone(t *testing.T, c client.Client, namespace, name string) {
 		t.Fatalf("claim %s/%s was not deleted: %v", namespace, name, err)
 	}
 }
+
+// Issue 55 route 2: a borrower that puts a finalizer of its own on its idle
+// claims turned reclaim into a no-op: deleted, they only got a
+// deletionTimestamp and were charged still, and the lender was refused on
+// every retry while the metric counted them reclaimed. An unallocated
+// claim being deleted costs nothing (the scheduler never allocates it),
+// and the metric counts only claims really gone.
+func TestReclaimIsNotDefeatedByABorrowersFinalizer(t *testing.T) {
+	objs := reclaimWorld(t, 20*time.Minute, 20*time.Minute)
+	for _, o := range objs {
+		if c, ok := o.(*resourceapi.ResourceClaim); ok && c.Status.Allocation == nil {
+			c.Finalizers = []string{"borrower.example.com/hold"}
+		}
+	}
+	acct, c := newAccountant(t, objs...)
+	acct.ReclaimAfter = 10 * time.Minute
+	reclaimedBefore := testutil.ToFloat64(reclaimedClaims.WithLabelValues("team-a"))
+
+	adm, err := acct.Admit(ctx(t), claim("b", "lender-1", "h100", 1), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adm.Allowed || !strings.Contains(adm.Reason, "Reclaiming it") {
+		t.Fatalf("lender's first claim: allowed %v, %q; want a refusal that reclaims", adm.Allowed, adm.Reason)
+	}
+	err = wait.PollUntilContextTimeout(ctx(t), 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var got resourceapi.ResourceClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "a", Name: "idle-2"}, &got); err != nil {
+			return false, err
+		}
+		return got.DeletionTimestamp != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("a/idle-2 was not deleted: %v", err)
+	}
+	adm, err = acct.Admit(ctx(t), claim("b", "lender-2", "h100", 1), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !adm.Allowed {
+		t.Errorf("lender's retry refused while the reclaimed claim waits on its borrower's finalizer: %s", adm.Reason)
+	}
+	if got := testutil.ToFloat64(reclaimedClaims.WithLabelValues("team-a")) - reclaimedBefore; got != 0 {
+		t.Errorf("gpuaas_quota_reclaimed_claims_total{tenant=team-a} grew by %v for a claim its finalizer keeps, want 0", got)
+	}
+}
+
+// Issue 55 route 3: the delete was preconditioned on the resourceVersion
+// judged, and a conflict taken for "allocated or deleted meanwhile", so a
+// borrower relabelling its idle claims in a loop made every delete
+// conflict. A conflict now re-reads the claim and deletes it again while
+// it is still unallocated with the same UID.
+func TestReclaimDeletesAClaimRelabelledMeanwhile(t *testing.T) {
+	acct, c := newAccountant(t, reclaimWorld(t, time.Hour, time.Hour-time.Second)...)
+	acct.ReclaimAfter = time.Minute
+	var got resourceapi.ResourceClaim
+	if err := c.Get(ctx(t), client.ObjectKey{Namespace: "a", Name: "idle-2"}, &got); err != nil {
+		t.Fatal(err)
+	}
+	victim := reclaimVictim{tenant: "team-a", key: client.ObjectKeyFromObject(&got), uid: got.UID, resourceVersion: got.ResourceVersion}
+	got.Labels = map[string]string{"relabelled": "1"}
+	if err := c.Update(ctx(t), &got); err != nil {
+		t.Fatal(err)
+	}
+	acct.deleteVictim(ctx(t), "team-b", victim)
+	if exists(t, c, "a", "idle-2") {
+		t.Fatal("a claim relabelled after it was judged, still unallocated, was kept")
+	}
+}
