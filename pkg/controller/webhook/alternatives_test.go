@@ -197,7 +197,7 @@ func heavySelector(inner, salt int) string {
 	return fmt.Sprintf("[%s].all(x, [%s].all(y, x + y >= %d))", strings.Join(outer, ","), strings.Join(outer[:inner], ","), -salt)
 }
 
-func newAlternativesWebhook(t *testing.T, acct *quotaadmission.Accountant) *alternativesWebhook {
+func newAlternativesWebhook(t testing.TB, acct *quotaadmission.Accountant) *alternativesWebhook {
 	t.Helper()
 	s, err := testworld.Scheme()
 	if err != nil {
