@@ -15,9 +15,15 @@ type Charged struct {
 	Allocated bool
 }
 
-// Cost is what a claim is charged now: from its allocation when it has one,
-// else its worst case (ClaimCost).
+// Cost is what a claim is charged now: from its allocation when it has one;
+// nothing when it has none and is being deleted, as the scheduler never
+// allocates a claim being deleted, so a finalizer that keeps it (a
+// borrower's own, to defeat reclaim) holds no quota with it; else its worst
+// case (ClaimCost).
 func (p *Pricer) Cost(ctx context.Context, claim *resourceapi.ResourceClaim) Charged {
+	if claim.Status.Allocation == nil && claim.DeletionTimestamp != nil {
+		return Charged{}
+	}
 	if claim.Status.Allocation == nil {
 		return Charged{Charge: p.ClaimCost(ctx, &claim.Spec)}
 	}

@@ -33,13 +33,20 @@ type celBudgetKey struct{}
 type celBudget struct {
 	left   atomic.Int64
 	cancel context.CancelCauseFunc
+	// outer is the budget ctx had already, which every evaluation spends
+	// from too (the alternatives webhook prices each alternative as a
+	// claim, all under the one claim's budget).
+	outer *celBudget
 }
 
 // WithCELBudget is ctx for pricing one claim within cost units of CEL
-// evaluation; call stop when the pricing is done.
+// evaluation; call stop when the pricing is done. Within a budget ctx has
+// already, both are spent: the inner one cannot grant more than is left of
+// the outer one.
 func WithCELBudget(ctx context.Context, cost int64) (_ context.Context, stop func()) {
+	outer, _ := ctx.Value(celBudgetKey{}).(*celBudget)
 	ctx, cancel := context.WithCancelCause(ctx)
-	b := &celBudget{cancel: cancel}
+	b := &celBudget{cancel: cancel, outer: outer}
 	b.left.Store(cost)
 	return context.WithValue(ctx, celBudgetKey{}, b), func() { cancel(context.Canceled) }
 }
@@ -51,11 +58,15 @@ func spendCEL(ctx context.Context, details *cel.EvalDetails) {
 	}
 }
 
-// spendCost charges cost units to ctx's budget, if it has one.
+// spendCost charges cost units to ctx's budget and those it is within,
+// if it has one. Spending an outer budget's last cancels its context, and
+// so every context within it, with the same cause.
 func spendCost(ctx context.Context, cost uint64) {
 	b, _ := ctx.Value(celBudgetKey{}).(*celBudget)
-	if b != nil && b.left.Add(-int64(min(cost, uint64(MaxCELCostPerClaim)))) <= 0 {
-		b.cancel(ErrCELBudgetSpent)
+	for ; b != nil; b = b.outer {
+		if b.left.Add(-int64(min(cost, uint64(MaxCELCostPerClaim)))) <= 0 {
+			b.cancel(ErrCELBudgetSpent)
+		}
 	}
 }
 

@@ -28,6 +28,8 @@ type Pricer struct {
 	profiles map[string]bool
 	// shapesOf names the shapes a claim is an instance of (WithShapes).
 	shapesOf ShapesOf
+	// slots bound the new shapes evaluated at once (WithSlots).
+	slots *PricingSlots
 
 	mu         sync.Mutex
 	memo       map[shapeHash]*price  // see remember
@@ -49,26 +51,39 @@ type price struct {
 	interrupted bool
 }
 
-// shapeSlots bounds how many new request shapes are evaluated against the
-// devices at once, process-wide. A shape is priced by evaluating its CEL
-// selectors against every published device, and anyone who may create
-// claims (dry runs included) chooses the shapes: unbounded, a burst of new
-// shapes took the CPU the fail-closed claim webhook needs. A caller waits
-// for a slot only as long as its context lives.
-var shapeSlots = make(chan struct{}, 2)
+// PricingSlots bound how many new request shapes are evaluated against
+// the devices at once. A shape is priced by evaluating its CEL selectors
+// against every published device, and anyone who may create claims (dry
+// runs included) chooses the shapes: unbounded, a burst of new shapes took
+// the CPU the fail-closed claim webhook needs. A caller waits for a slot
+// only as long as its context lives. Dry runs have slots of their own: a
+// dry run stores nothing, and two of them held both claims' slots while
+// another tenant's new shape waited 4.8 of its 5 s (issue 36); dry runs
+// queue behind each other, never ahead of a claim being created.
+//
+// The Accountant owns one set and hands it to every Pricer it builds, so
+// the bound holds across catalog generations; a process-wide set shared
+// every test's and replica's pricing by accident (issue 55).
+type PricingSlots struct {
+	claims, dryRuns chan struct{}
+}
 
-// dryRunSlots are the dry runs' own: a dry run stores nothing, and two of
-// them held both shapeSlots while another tenant's new shape waited 4.8 of
-// its 5 s (issue 36). Dry runs queue behind each other, never ahead of a
-// claim being created.
-var dryRunSlots = make(chan struct{}, 1)
+// NewPricingSlots are claims slots for claims being created and dryRuns
+// for dry runs.
+func NewPricingSlots(claims, dryRuns int) *PricingSlots {
+	return &PricingSlots{claims: make(chan struct{}, claims), dryRuns: make(chan struct{}, dryRuns)}
+}
+
+// DefaultPricingSlots are the controller's: two for claims, one for dry
+// runs.
+func DefaultPricingSlots() *PricingSlots { return NewPricingSlots(2, 1) }
 
 // slotsFor is the pool a pricing under ctx takes its slot from.
-func slotsFor(ctx context.Context) chan struct{} {
+func (s *PricingSlots) slotsFor(ctx context.Context) chan struct{} {
 	if dryRunOf(ctx) != nil {
-		return dryRunSlots
+		return s.dryRuns
 	}
-	return shapeSlots
+	return s.claims
 }
 
 // Unpriced is a request whose worst case what is published cannot bound:
@@ -110,16 +125,25 @@ func (u Unpriced) Reason() string {
 // profiles the names of GpuProfiles, whose classes are ours even before
 // they exist or match a device.
 func NewPricer(inv *Inventory, classes map[string]*resourceapi.DeviceClass, profiles map[string]bool) *Pricer {
-	return &Pricer{inv: inv, classes: classes, profiles: profiles, memo: map[shapeHash]*price{}, profilesOf: map[DeviceID][]string{}}
+	return &Pricer{inv: inv, classes: classes, profiles: profiles, slots: DefaultPricingSlots(),
+		memo: map[shapeHash]*price{}, profilesOf: map[DeviceID][]string{}}
 }
 
-// ShapesOf names the GpuShapes a claim's spec is an instance of (each
-// counts one), nil for none. pkg/shape knows what makes a claim a shape's
+// WithSlots has the pricer take its slots for new shapes from s, shared
+// with every pricer given s, instead of slots of its own; it returns p.
+// Call it before the pricer is used.
+func (p *Pricer) WithSlots(s *PricingSlots) *Pricer {
+	p.slots = s
+	return p
+}
+
+// ShapesOf counts the instances of each GpuShape a claim's spec holds,
+// nil for none. pkg/shape knows what makes a claim a shape's
 // and imports this package, so the pricer is handed the test.
 type ShapesOf func(spec *resourceapi.ResourceClaimSpec) map[string]int64
 
-// WithShapes has the pricer charge every claim one instance of each shape
-// f names (Charge.Shapes), allocated or not; it returns p. Call it before
+// WithShapes has the pricer charge every claim the instances of each
+// shape f counts (Charge.Shapes), allocated or not; it returns p. Call it before
 // the pricer is used.
 func (p *Pricer) WithShapes(f ShapesOf) *Pricer {
 	p.shapesOf = f
@@ -244,7 +268,7 @@ func (p *Pricer) priceOf(ctx context.Context, class string, sel []resourceapi.De
 	if pr, ok := p.recall(ctx, key); ok {
 		return pr
 	}
-	slots := slotsFor(ctx)
+	slots := p.slots.slotsFor(ctx)
 	select {
 	case slots <- struct{}{}:
 	case <-ctx.Done():

@@ -72,11 +72,14 @@ type Tenant struct {
 	// Borrow caps borrowing beyond Limits (Units and Memory only); nil
 	// means up to what the cohort has idle.
 	Borrow Limits
+	// ReclaimStandalone: a lender may reclaim the tenant's borrowing claims
+	// that no pod's template made, too.
+	ReclaimStandalone bool
 }
 
 // TenantFromQuota converts a TenantQuota. Quantities convert exactly.
 func TenantFromQuota(q *gpuaas.TenantQuota) Tenant {
-	t := Tenant{Name: q.Name, Cohort: q.Spec.Cohort}
+	t := Tenant{Name: q.Name, Cohort: q.Spec.Cohort, ReclaimStandalone: q.Spec.ReclaimStandaloneClaims}
 	t.Limits.Devices = q.Spec.Limits.Devices
 	t.Limits.Shapes = q.Spec.Limits.Shapes
 	if u := q.Spec.Limits.GpuUnits; u != nil {

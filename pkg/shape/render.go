@@ -137,52 +137,217 @@ func Describe(s *gpuaas.GpuShape) string {
 	return out
 }
 
-// InstanceOf reports whether a claim asks for what the shape sells: the
-// same requests (class, mode and count) and the same alignment, whatever
-// the requests are named and in whatever order. A TenantQuota's cap on a
-// shape's instances counts these: with SameClaim, a tenant who renamed or
-// reordered the template's requests got the same devices uncounted.
-// Selectors, tolerations and config a claim adds are not compared, as in
-// SameClaim: such a claim asks for the shape's devices or fewer.
-func InstanceOf(s *gpuaas.GpuShape, spec *resourceapi.ResourceClaimSpec) bool {
-	want := ClaimSpec(s)
-	return sameKeys(requestKeys(want.Devices.Requests), requestKeys(spec.Devices.Requests)) &&
-		sameKeys(constraintKeys(want.Devices.Constraints), constraintKeys(spec.Devices.Constraints))
+// Instances is how many instances of the shape a claim holds: what a
+// TenantQuota's cap on the shape counts. The claim is normalized first, so
+// the same devices asked another way count the same: request names and
+// order do not matter; a firstAvailable request is each of its
+// alternatives in turn, and the claim counts its worst alternative's
+// instances (as units charge the worst alternative); counts are summed per
+// class and mode across requests (a pair is two count-1 requests as well as
+// one count-2 one); the claim's constraints may be more than the shape's
+// (written twice, or on other attributes). Requests a matchAttribute
+// constraint on the shape's alignment attribute binds together are one
+// aligned group, and a group holds as many instances as it has each part
+// of the shape, so k disjoint copies in one claim are k instances. An
+// aligned shape counts only requests such a constraint covers; without
+// alignment the whole claim is one group. AdminAccess requests hold no
+// devices. Selectors, tolerations and config a claim adds are not
+// compared, as in SameClaim: such a claim asks for the shape's devices or
+// fewer.
+func Instances(s *gpuaas.GpuShape, spec *resourceapi.ResourceClaimSpec) int64 {
+	need := shapeNeeds(s)
+	if len(need) == 0 {
+		return 0
+	}
+	attr, aligned := AlignmentAttribute(s.Spec.Alignment)
+	var worst int64
+	for _, reqs := range choices(spec.Devices.Requests) {
+		var n int64
+		for _, have := range groups(reqs, spec.Devices.Constraints, attr, aligned) {
+			n += instancesIn(need, have)
+		}
+		worst = max(worst, n)
+	}
+	return worst
 }
 
-// requestKeys describe each request by what it asks for, not its name;
-// a request of alternatives (firstAvailable) is never the shape's.
-func requestKeys(rs []resourceapi.DeviceRequest) []string {
-	keys := make([]string, 0, len(rs))
+// maxChoices bounds how many combinations of firstAvailable alternatives
+// Instances tries one by one (the API allows 8 alternatives in each of 32
+// requests); past it, every alternative counts at once, which holds at
+// least as many instances as any one combination.
+const maxChoices = 256
+
+// chosen is one request of a normalized claim: an exact request, or the
+// alternative of a firstAvailable request tried.
+type chosen struct {
+	name, sub string // sub: the alternative's name, "" for an exact request
+	key       string // class and mode
+	count     int64  // devices with ExactCount; 1 with All (one request)
+}
+
+// appliesTo reports whether a constraint naming refs binds r: no refs is
+// every request; "main" binds all of its alternatives, "main/sub" one.
+func (r chosen) appliesTo(refs []string) bool {
+	if len(refs) == 0 {
+		return true
+	}
+	return slices.Contains(refs, r.name) || (r.sub != "" && slices.Contains(refs, r.name+"/"+r.sub))
+}
+
+func partKey(class string, mode resourceapi.DeviceAllocationMode) string {
+	if mode == resourceapi.DeviceAllocationModeAll {
+		return class + "/All"
+	}
+	return class + "/ExactCount"
+}
+
+func deviceCount(mode resourceapi.DeviceAllocationMode, count int64) int64 {
+	if mode == resourceapi.DeviceAllocationModeAll {
+		return 1
+	}
+	return max(count, 1) // the API's default: one device
+}
+
+// shapeNeeds is what one instance of the shape takes, per class and mode.
+func shapeNeeds(s *gpuaas.GpuShape) map[string]int64 {
+	need := map[string]int64{}
+	for _, r := range ClaimSpec(s).Devices.Requests {
+		need[partKey(r.Exactly.DeviceClassName, r.Exactly.AllocationMode)] += deviceCount(r.Exactly.AllocationMode, r.Exactly.Count)
+	}
+	return need
+}
+
+// choices are the claim's requests once per combination of firstAvailable
+// alternatives, or, past maxChoices, once with every alternative at once.
+func choices(rs []resourceapi.DeviceRequest) [][]chosen {
+	combos := 1
 	for _, r := range rs {
-		if r.Exactly == nil || len(r.FirstAvailable) > 0 {
-			keys = append(keys, "alternatives")
+		if r.Exactly == nil && len(r.FirstAvailable) > 0 {
+			combos *= len(r.FirstAvailable)
+		}
+		if combos > maxChoices {
+			return [][]chosen{allAlternatives(rs)}
+		}
+	}
+	out := [][]chosen{nil}
+	for _, r := range rs {
+		if e := r.Exactly; e != nil {
+			if ptr.Deref(e.AdminAccess, false) {
+				continue
+			}
+			c := chosen{name: r.Name, key: partKey(e.DeviceClassName, e.AllocationMode), count: deviceCount(e.AllocationMode, e.Count)}
+			for i := range out {
+				out[i] = append(out[i], c)
+			}
 			continue
 		}
-		// The API's defaults: ExactCount, one device.
-		mode, count := resourceapi.DeviceAllocationModeExactCount, max(r.Exactly.Count, 1)
-		if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
-			mode, count = resourceapi.DeviceAllocationModeAll, 0
+		if len(r.FirstAvailable) == 0 {
+			continue
 		}
-		keys = append(keys, fmt.Sprintf("%s/%s/%d", r.Exactly.DeviceClassName, mode, count))
+		var next [][]chosen
+		for _, prefix := range out {
+			for _, sub := range r.FirstAvailable {
+				c := chosen{name: r.Name, sub: sub.Name, key: partKey(sub.DeviceClassName, sub.AllocationMode), count: deviceCount(sub.AllocationMode, sub.Count)}
+				next = append(next, append(slices.Clone(prefix), c))
+			}
+		}
+		out = next
 	}
-	return keys
+	return out
 }
 
-func constraintKeys(cs []resourceapi.DeviceConstraint) []string {
-	keys := make([]string, 0, len(cs))
+// allAlternatives is the claim as if it got every alternative of each
+// firstAvailable request.
+func allAlternatives(rs []resourceapi.DeviceRequest) []chosen {
+	var out []chosen
+	for _, r := range rs {
+		if e := r.Exactly; e != nil {
+			if !ptr.Deref(e.AdminAccess, false) {
+				out = append(out, chosen{name: r.Name, key: partKey(e.DeviceClassName, e.AllocationMode), count: deviceCount(e.AllocationMode, e.Count)})
+			}
+			continue
+		}
+		for _, sub := range r.FirstAvailable {
+			out = append(out, chosen{name: r.Name, sub: sub.Name, key: partKey(sub.DeviceClassName, sub.AllocationMode), count: deviceCount(sub.AllocationMode, sub.Count)})
+		}
+	}
+	return out
+}
+
+// groups sums the devices of the requests that are aligned together, per
+// class and mode: every request, without alignment; else each set of
+// requests that constraints on attr bind together (two constraints
+// sharing a request bind both sets: all their devices share the value).
+func groups(reqs []chosen, cs []resourceapi.DeviceConstraint, attr resourceapi.FullyQualifiedName, aligned bool) []map[string]int64 {
+	if !aligned {
+		have := map[string]int64{}
+		for _, r := range reqs {
+			have[r.key] += r.count
+		}
+		return []map[string]int64{have}
+	}
+	// Union-find over the requests' indices; -1: no constraint on attr
+	// covers the request, so its devices are not aligned.
+	parent := make([]int, len(reqs))
+	for i := range parent {
+		parent[i] = -1
+	}
+	find := func(i int) int {
+		for parent[i] != i {
+			i = parent[i]
+		}
+		return i
+	}
 	for _, c := range cs {
-		keys = append(keys, string(ptr.Deref(c.MatchAttribute, "")))
+		if ptr.Deref(c.MatchAttribute, "") != attr {
+			continue
+		}
+		root := -1
+		for i, r := range reqs {
+			if !r.appliesTo(c.Requests) {
+				continue
+			}
+			if parent[i] == -1 {
+				parent[i] = i
+			}
+			if root == -1 {
+				root = find(i)
+				continue
+			}
+			if ri := find(i); ri != root {
+				parent[ri] = root
+			}
+		}
 	}
-	return keys
+	byRoot := map[int]map[string]int64{}
+	for i, r := range reqs {
+		if parent[i] == -1 {
+			continue
+		}
+		root := find(i)
+		if byRoot[root] == nil {
+			byRoot[root] = map[string]int64{}
+		}
+		byRoot[root][r.key] += r.count
+	}
+	out := make([]map[string]int64, 0, len(byRoot))
+	for _, have := range byRoot {
+		out = append(out, have)
+	}
+	return out
 }
 
-// sameKeys compares two lists as multisets.
-func sameKeys(a, b []string) bool {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	return slices.Equal(a, b)
+// instancesIn is how many instances one aligned group holds: as many as it
+// has of the part it has least of.
+func instancesIn(need, have map[string]int64) int64 {
+	n := int64(-1)
+	for key, per := range need {
+		k := have[key] / per
+		if n == -1 || k < n {
+			n = k
+		}
+	}
+	return max(n, 0)
 }
 
 // SameClaim reports whether a claim's spec is the shape's rendered spec:

@@ -120,6 +120,12 @@ func TestSameClaim(t *testing.T) {
 	}
 	edits := otherClaims()
 	edits["renamed"] = func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Name = "x" }
+	// More than the shape's devices: Instances counts the instance they
+	// hold, but the claim is not the shape's.
+	edits["count"] = func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 }
+	edits["one more"] = func(c *resourceapi.ResourceClaimSpec) {
+		c.Devices.Requests = append(c.Devices.Requests, c.Devices.Requests[0])
+	}
 	for name, edit := range edits {
 		c := ClaimSpec(s)
 		edit(&c)
@@ -129,31 +135,96 @@ func TestSameClaim(t *testing.T) {
 	}
 }
 
-// InstanceOf is what a TenantQuota's shape cap counts: the shape's requests
+// Instances is what a TenantQuota's shape cap counts: the shape's requests
 // and alignment under any names, in any order; SameClaim (Refuse) keeps
-// names and order.
-func TestInstanceOf(t *testing.T) {
+// names and order. A claim that holds more than one instance's devices on
+// one alignment counts what it holds.
+func TestInstances(t *testing.T) {
 	s := slot()
 	spec := ClaimSpec(s)
-	if !InstanceOf(s, &spec) {
-		t.Fatal("the rendered spec is not an instance")
+	if n := Instances(s, &spec); n != 1 {
+		t.Fatalf("the rendered spec: %d instances, want 1", n)
 	}
 	disguised := ClaimSpec(s)
 	disguised.Devices.Requests[0].Name, disguised.Devices.Requests[1].Name = "b", "a"
 	disguised.Devices.Requests[0], disguised.Devices.Requests[1] = disguised.Devices.Requests[1], disguised.Devices.Requests[0]
-	if !InstanceOf(s, &disguised) {
-		t.Error("renamed and reordered requests: not an instance")
+	if n := Instances(s, &disguised); n != 1 {
+		t.Errorf("renamed and reordered requests: %d instances, want 1", n)
 	}
 	defaulted := ClaimSpec(s)
 	defaulted.Devices.Requests[0].Exactly.AllocationMode, defaulted.Devices.Requests[0].Exactly.Count = "", 0
-	if !InstanceOf(s, &defaulted) {
-		t.Error("a request left to the API's defaults (one device): not an instance")
+	if n := Instances(s, &defaulted); n != 1 {
+		t.Errorf("a request left to the API's defaults (one device): %d instances, want 1", n)
 	}
 	for name, edit := range otherClaims() {
 		c := ClaimSpec(s)
 		edit(&c)
-		if InstanceOf(s, &c) {
-			t.Errorf("%s: a different claim counts as an instance", name)
+		if n := Instances(s, &c); n != 0 {
+			t.Errorf("%s: a different claim counts %d instances", name, n)
+		}
+	}
+	for name, edit := range map[string]func(*resourceapi.ResourceClaimSpec){
+		"two GPUs, one NIC": func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 },
+		"one more GPU": func(c *resourceapi.ResourceClaimSpec) {
+			c.Devices.Requests = append(c.Devices.Requests, c.Devices.Requests[0])
+		},
+		"a second constraint on the NIC": func(c *resourceapi.ResourceClaimSpec) {
+			c.Devices.Constraints = append(c.Devices.Constraints, resourceapi.DeviceConstraint{Requests: []string{"nic"},
+				MatchAttribute: ptr.To[resourceapi.FullyQualifiedName](numaNode)})
+		},
+	} {
+		c := ClaimSpec(s)
+		edit(&c)
+		if n := Instances(s, &c); n != 1 {
+			t.Errorf("%s: %d instances, want 1 (it holds one instance's devices on one root)", name, n)
+		}
+	}
+}
+
+// A claim holds k instances of k disjoint copies, aligned by one
+// constraint or one each; requests left out of every constraint on the
+// alignment are not aligned; a constraint naming a firstAvailable
+// alternative binds that alternative only.
+func TestInstancesOfCopiesAndAlternatives(t *testing.T) {
+	s := slot()
+	exact := func(name, class string, count int64) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, Count: count}}
+	}
+	onRoot := func(refs ...string) resourceapi.DeviceConstraint {
+		return resourceapi.DeviceConstraint{Requests: refs, MatchAttribute: ptr.To[resourceapi.FullyQualifiedName](pcieRoot)}
+	}
+	alt := func(name string, subs ...resourceapi.DeviceSubRequest) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: name, FirstAvailable: subs}
+	}
+	for name, tc := range map[string]struct {
+		spec resourceapi.DeviceClaim
+		want int64
+	}{
+		"two copies, one constraint each": {resourceapi.DeviceClaim{
+			Requests:    []resourceapi.DeviceRequest{exact("g1", "h100", 1), exact("n1", "nic.example.com", 1), exact("g2", "h100", 1), exact("n2", "nic.example.com", 1)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot("g1", "n1"), onRoot("g2", "n2")}}, 2},
+		"three copies, counted": {resourceapi.DeviceClaim{
+			Requests:    []resourceapi.DeviceRequest{exact("g", "h100", 3), exact("n", "nic.example.com", 3)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot()}}, 3},
+		"a NIC left unaligned": {resourceapi.DeviceClaim{
+			Requests:    []resourceapi.DeviceRequest{exact("g1", "h100", 1), exact("n1", "nic.example.com", 1), exact("g2", "h100", 1), exact("n2", "nic.example.com", 1)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot("g1", "n1", "g2")}}, 1},
+		"worst alternative": {resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{alt("g", resourceapi.DeviceSubRequest{Name: "a100", DeviceClassName: "a100", Count: 1},
+				resourceapi.DeviceSubRequest{Name: "h100", DeviceClassName: "h100", Count: 2}), exact("n", "nic.example.com", 2)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot()}}, 2},
+		"a constraint on the other alternative": {resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{alt("g", resourceapi.DeviceSubRequest{Name: "a100", DeviceClassName: "a100", Count: 1},
+				resourceapi.DeviceSubRequest{Name: "h100", DeviceClassName: "h100", Count: 1}), exact("n", "nic.example.com", 1)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot("g/a100", "n")}}, 0},
+		"admin access holds nothing": {resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "g", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "h100", AdminAccess: ptr.To(true)}},
+				exact("n", "nic.example.com", 1)},
+			Constraints: []resourceapi.DeviceConstraint{onRoot()}}, 0},
+	} {
+		spec := resourceapi.ResourceClaimSpec{Devices: tc.spec}
+		if n := Instances(s, &spec); n != tc.want {
+			t.Errorf("%s: %d instances, want %d", name, n, tc.want)
 		}
 	}
 }
@@ -162,12 +233,8 @@ func TestInstanceOf(t *testing.T) {
 // or another alignment: neither the shape's claim nor an instance of it.
 func otherClaims() map[string]func(*resourceapi.ResourceClaimSpec) {
 	return map[string]func(*resourceapi.ResourceClaimSpec){
-		"count":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[0].Exactly.Count = 2 },
 		"class":    func(c *resourceapi.ResourceClaimSpec) { c.Devices.Requests[1].Exactly.DeviceClassName = "other" },
 		"no align": func(c *resourceapi.ResourceClaimSpec) { c.Devices.Constraints = nil },
-		"one more": func(c *resourceapi.ResourceClaimSpec) {
-			c.Devices.Requests = append(c.Devices.Requests, c.Devices.Requests[0])
-		},
 		"numa align": func(c *resourceapi.ResourceClaimSpec) {
 			c.Devices.Constraints[0].MatchAttribute = ptr.To[resourceapi.FullyQualifiedName](numaNode)
 		},

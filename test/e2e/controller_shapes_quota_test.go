@@ -104,3 +104,84 @@ func TestControllerShapeQuota(t *testing.T) {
 	})
 	rc.alive(t)
 }
+
+// TestControllerShapeQuotaCountsTheDevicesAskedAnotherWay (issue 55 route
+// 1): with shapes {node: 0, pair: 0, slot: 1}, the tenant's own
+// ServiceAccount asks for the same devices without the templates' specs:
+// the whole-node lease as a firstAvailable of one alternative, the NUMA
+// pair with its constraint written twice, the pair split into two count-1
+// requests under one constraint, and two GPU+NIC slots in one claim. Each
+// is refused by the shape cap; one slot is admitted.
+func TestControllerShapeQuotaCountsTheDevicesAskedAnotherWay(t *testing.T) {
+	rc := startController(t)
+	ctx := framework.Context(t, 3*time.Minute)
+	name := uniqueName("asked")
+	product := "E2E Shape GPU " + name
+	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
+	waitForProfileReady(t, name)
+	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == %q", e2eNICDriver)}}}}}
+	createObject(t, nicClass)
+	node := name + "-node"
+	var gpus []resourceapi.Device
+	for i := range 4 {
+		d := e2eShapeGPU(fmt.Sprintf("gpu-%d", i), product, "pci0000:00")
+		d.Attributes["resource.kubernetes.io/numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](0)}
+		gpus = append(gpus, d)
+	}
+	createObject(t, e2eSlice(name+"-gpus", "gpu.gpuaas.io", node, gpus))
+	ns := cp.CreateNamespace(t, "asked")
+	tenant, err := cp.NewTenant(ctx, ns, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeShape, pairShape, slotShape := name+"-node", name+"-pair", name+"-slot"
+	createObject(t, quotaFor(name, []string{ns}, gpuaas.QuotaLimits{Shapes: map[string]int64{nodeShape: 0, pairShape: 0, slotShape: 1}}))
+	for _, s := range []*gpuaas.GpuShape{
+		{ObjectMeta: metav1.ObjectMeta{Name: nodeShape}, Spec: gpuaas.GpuShapeSpec{
+			Requests: []gpuaas.ShapeRequest{{Name: "gpus", Profile: name, AllocationMode: gpuaas.ShapeAll}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: pairShape}, Spec: gpuaas.GpuShapeSpec{
+			Requests: []gpuaas.ShapeRequest{{Name: "gpus", Profile: name, Count: ptr.To[int64](2)}}, Alignment: gpuaas.AlignNUMANode}},
+		{ObjectMeta: metav1.ObjectMeta{Name: slotShape}, Spec: gpuaas.GpuShapeSpec{
+			Requests:  []gpuaas.ShapeRequest{{Name: "gpu", Profile: name}, {Name: "nic", DeviceClassName: nicClass.Name}},
+			Alignment: gpuaas.AlignPCIeRoot}},
+	} {
+		createObject(t, s)
+		waitForShape(t, s.Name, "observed", func(s *gpuaas.GpuShape) bool { return s.Status.ObservedGeneration > 0 })
+	}
+	gpu := func(req string, count int64) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: req, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: name,
+			AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}}
+	}
+	nic := func(req string) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: req, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicClass.Name,
+			AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}
+	}
+	onNUMA := resourceapi.DeviceConstraint{MatchAttribute: ptr.To[resourceapi.FullyQualifiedName]("resource.kubernetes.io/numaNode")}
+	onRoot := resourceapi.DeviceConstraint{MatchAttribute: ptr.To[resourceapi.FullyQualifiedName]("resource.kubernetes.io/pcieRoot")}
+	claimOf := func(claimName string, reqs []resourceapi.DeviceRequest, cs ...resourceapi.DeviceConstraint) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: claimName},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs, Constraints: cs}}}
+	}
+	create := func(c *resourceapi.ResourceClaim) error {
+		_, err := tenant.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{})
+		return err
+	}
+	for _, tc := range []struct {
+		claim *resourceapi.ResourceClaim
+		shape string
+	}{
+		{claimOf("lease", []resourceapi.DeviceRequest{{Name: "gpus", FirstAvailable: []resourceapi.DeviceSubRequest{
+			{Name: "all", DeviceClassName: name, AllocationMode: resourceapi.DeviceAllocationModeAll}}}}), nodeShape},
+		{claimOf("pair-twice", []resourceapi.DeviceRequest{gpu("gpus", 2)}, onNUMA, onNUMA), pairShape},
+		{claimOf("pair-split", []resourceapi.DeviceRequest{gpu("a", 1), gpu("b", 1)}, onNUMA), pairShape},
+		{claimOf("two-slots", []resourceapi.DeviceRequest{gpu("gpu-1", 1), nic("nic-1"), gpu("gpu-2", 1), nic("nic-2")}, onRoot), slotShape},
+	} {
+		mustDeny(t, create(tc.claim), fmt.Sprintf("instances of shape %q", tc.shape))
+	}
+	if err := create(claimOf("one-slot", []resourceapi.DeviceRequest{gpu("gpu", 1), nic("nic")}, onRoot)); err != nil {
+		t.Fatalf("one slot refused under its limit of 1: %v", err)
+	}
+	rc.alive(t)
+}

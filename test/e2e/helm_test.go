@@ -616,3 +616,122 @@ func TestHelmDriverRootsForThePlugin(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmControllerWritesOnlyItsOwnClassesAndClaims (issue 55 route 7):
+// the controller's ServiceAccount may delete any ResourceClaim and write
+// any DeviceClass as far as RBAC goes; the chart's policies let it delete
+// only claims that hold no other driver's devices, and write only
+// DeviceClasses a GpuProfile of their name controls.
+func TestHelmControllerWritesOnlyItsOwnClassesAndClaims(t *testing.T) {
+	helmBin(t) // one skip line when helm is not built
+	ns := cp.CreateNamespace(t, "helm-fence")
+	release := "fence"
+	_, objs := renderChart(t, release, ns)
+	installKinds := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+	ctx := framework.Context(t, 3*time.Minute)
+	controllerSA := ""
+	for _, o := range objs {
+		if !slices.Contains(installKinds, o.GetKind()) {
+			continue
+		}
+		if _, err := cp.ApplyObject(ctx, o, ns); err != nil {
+			t.Fatal(err)
+		}
+		if o.GetNamespace() == "" && o.GetKind() != "ServiceAccount" && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
+			deleteClusterObjectAtCleanup(t, o)
+		}
+		if o.GetKind() == "ServiceAccount" && strings.HasSuffix(o.GetName(), "-controller") {
+			controllerSA = o.GetName()
+		}
+	}
+	if controllerSA == "" {
+		t.Fatal("no controller ServiceAccount rendered")
+	}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: fmt.Sprintf("system:serviceaccount:%s:%s", ns, controllerSA),
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	controller := kubernetes.NewForConfigOrDie(cfg)
+	admin := cp.Client
+
+	// Someone else's DeviceClass (NVIDIA's, an admin's): the policy
+	// refuses the controller's update, once it is active.
+	foreign, err := admin.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "fence-foreign-" + ns}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.ResourceV1().DeviceClasses().Delete(context.Background(), foreign.Name, metav1.DeleteOptions{})
+	})
+	var refusal error
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := admin.ResourceV1().DeviceClasses().Get(ctx, foreign.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		got.Labels = map[string]string{"taken": "over"}
+		_, refusal = controller.ResourceV1().DeviceClasses().Update(ctx, got, metav1.UpdateOptions{})
+		return refusal != nil && strings.Contains(refusal.Error(), "ValidatingAdmissionPolicy"), nil
+	})
+	if err != nil || !apierrors.IsForbidden(refusal) || !strings.Contains(refusal.Error(), "a GpuProfile of the same name controls") {
+		t.Fatalf("the controller's update of a foreign DeviceClass: want Forbidden by the policy, got %v (%v)", refusal, err)
+	}
+	if err := controller.ResourceV1().DeviceClasses().Delete(ctx, foreign.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the controller's delete of a foreign DeviceClass: want Forbidden, got %v", err)
+	}
+	// A class its profile renders: created, updated, deleted.
+	owned := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "fence-owned-" + ns, OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: "gpuaas.io/v1alpha1", Kind: "GpuProfile", Name: "fence-owned-" + ns, UID: "fence-profile-uid", Controller: ptrTo(true)}}}}
+	owned, err = controller.ResourceV1().DeviceClasses().Create(ctx, owned, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the controller creating its profile's DeviceClass: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = admin.ResourceV1().DeviceClasses().Delete(context.Background(), owned.Name, metav1.DeleteOptions{})
+	})
+	owned.Labels = map[string]string{"rendered": "again"}
+	if owned, err = controller.ResourceV1().DeviceClasses().Update(ctx, owned, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the controller updating its profile's DeviceClass: %v", err)
+	}
+	owned.OwnerReferences = nil
+	if _, err := controller.ResourceV1().DeviceClasses().Update(ctx, owned, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the controller dropping its profile's control of a DeviceClass: want Forbidden, got %v", err)
+	}
+	if err := controller.ResourceV1().DeviceClasses().Delete(ctx, owned.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("the controller deleting its profile's DeviceClass: %v", err)
+	}
+
+	// Claims: one allocated another driver's device is refused; one of
+	// ours, and an unallocated one, are deleted.
+	claims := admin.ResourceV1().ResourceClaims(ns)
+	allocated := func(name, driver string) *resourceapi.ResourceClaim {
+		c, err := claims.Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "any"}}}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if driver == "" {
+			return c
+		}
+		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "gpu", Driver: driver, Pool: "node-1", Device: "gpu-0"}}}}
+		if c, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	other := allocated("other-driver", "gpu.nvidia.com")
+	if err := controller.ResourceV1().ResourceClaims(ns).Delete(ctx, other.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) ||
+		!strings.Contains(err.Error(), "no other driver's devices") {
+		t.Fatalf("the controller deleting a claim of another driver's devices: want Forbidden by the policy, got %v", err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{allocated("ours", helmDriver), allocated("unallocated", "")} {
+		if err := controller.ResourceV1().ResourceClaims(ns).Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("the controller deleting claim %s: %v", c.Name, err)
+		}
+	}
+}

@@ -399,6 +399,9 @@ func attackClusterScoped(t *testing.T, ctx context.Context, env *redTeamEnv) {
 // template of its own, controlled by owner (if any).
 func attackLockLenderOut(t *testing.T, ctx context.Context, env *redTeamEnv) {
 	env.allowBorrowing(t, ctx)
+	// The hogs are standalone claims (no pod's template made them), which
+	// a lender reclaims only from a tenant opted in (issue 55 route 7).
+	env.changeQuota(t, ctx, func(q *gpuaas.TenantQuota) { q.Spec.ReclaimStandaloneClaims = true })
 	// Its own second unit, then the peer's idle one, then more: bare
 	// claims no pod uses.
 	var hogs []*resourceapi.ResourceClaim

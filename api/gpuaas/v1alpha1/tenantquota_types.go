@@ -65,6 +65,16 @@ type TenantQuotaSpec struct {
 	// +optional
 	BorrowingLimit *BorrowingLimit `json:"borrowingLimit,omitempty"`
 
+	// ReclaimStandaloneClaims lets a cohort lender reclaim the tenant's
+	// borrowing claims that no pod's template made (created by hand or by
+	// another controller) once they have stayed unallocated past the
+	// controller's reclaimUnallocatedAfter. Such a claim is deleted for
+	// good: nothing makes it again. Unset, only the claims the
+	// kube-controller-manager made from a pod's template are reclaimed (it
+	// makes them again), and a lender waits for the others.
+	// +optional
+	ReclaimStandaloneClaims bool `json:"reclaimStandaloneClaims,omitempty"`
+
 	// Kueue, when set, has the controller (run with --kueue) keep a Kueue
 	// ClusterQueue that mirrors this tenant, so the two quotas never
 	// disagree: its namespaces, its cohort, and limits.gpuUnits (and

@@ -36,6 +36,9 @@ type Accountant struct {
 	// ReclaimEvents, when set, records on each claim deleted to give a
 	// lender its quota back why it went.
 	ReclaimEvents events.EventRecorder
+	// pricingSlots bound the new request shapes the accountant's pricers
+	// evaluate at once (see SetPricingSlots).
+	pricingSlots *quota.PricingSlots
 
 	// Locks. Four guard the books' running totals, each for a reason of
 	// its own; none is held across an API call, and they nest only in the
@@ -150,6 +153,8 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		live:    map[string]liveNamespace{},
 		now:     time.Now,
 
+		pricingSlots: quota.DefaultPricingSlots(),
+
 		progress: newClaimProgress(),
 	}
 	a.catalogGen.Store(1)
@@ -222,7 +227,7 @@ func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
 		}
 	}
 	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
-	a.cat.pricer.WithShapes(shapesOf(shapes.Items))
+	a.cat.pricer.WithShapes(shapesOf(shapes.Items)).WithSlots(a.pricingSlots)
 	return a.cat, nil
 }
 

@@ -171,6 +171,11 @@ func (g *KueueGate) overrule(ctx context.Context, claim *resourceapi.ResourceCla
 		return v, err
 	}
 	spend := overruleRecord{UID: claim.UID, Name: claim.Name, Workload: wl.uid, Milli: charge.milli}
+	// workloadFor found wl only through the pod claimPod verified: the
+	// claim's controller in the kube-controller-manager's own create.
+	if ref := metav1.GetControllerOf(claim); ref != nil {
+		spend.Pod, spend.PodName = ref.UID, ref.Name
+	}
 	if v.why, err = g.spend(ctx, claim.Namespace, wl, spend, live, claims.Items, dryRun); v.why != "" || err != nil {
 		return v, err
 	}
@@ -372,11 +377,17 @@ type overruleBook struct {
 
 // overruleRecord is one overruled claim.
 type overruleRecord struct {
-	UID      types.UID        `json:"uid"`
-	Name     string           `json:"name"`
-	Workload types.UID        `json:"workload"`
-	Milli    map[string]int64 `json:"milli"`
-	At       time.Time        `json:"at"`
+	UID      types.UID `json:"uid"`
+	Name     string    `json:"name"`
+	Workload types.UID `json:"workload"`
+	// Pod and PodName are the pod the gate verified the claim was made for
+	// (the kube-controller-manager's create, the pod's spec and status):
+	// the sweep keeps the claim past its workload only while that pod
+	// runs. The claim's ownerReferences, later, are the tenant's to edit.
+	Pod     types.UID        `json:"pod,omitempty"`
+	PodName string           `json:"podName,omitempty"`
+	Milli   map[string]int64 `json:"milli"`
+	At      time.Time        `json:"at"`
 }
 
 const (

@@ -13,7 +13,7 @@ import (
 var (
 	reclaimedClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpuaas_quota_reclaimed_claims_total",
-		Help: "Unallocated ResourceClaims of a borrowing tenant deleted to give a cohort lender its own quota back (reclaim.go), by the borrowing tenant.",
+		Help: "Unallocated ResourceClaims of a borrowing tenant deleted to give a cohort lender its own quota back (reclaim.go), by the borrowing tenant; counted once gone, not while finalizers hold them.",
 	}, []string{"tenant"})
 	// A book that cannot be read or written fails its admissions closed,
 	// which the webhook's error counter shows only as a refused claim.

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
@@ -24,7 +23,9 @@ import (
 // pod with --cascade=orphan) keeps the claim after that, and could use it
 // from a pod of its own, outside Kueue, for as long as it likes. So the
 // leader deletes every claim of the overrule books whose workload is no
-// longer active (finished, evicted, gone) and whose own pod no longer runs.
+// longer active (finished, evicted, gone) and whose own pod no longer runs:
+// the pod the gate verified when it admitted the claim, recorded by UID in
+// the book, not whatever the claim's ownerReference names now.
 // A pod of the tenant that holds such a claim already keeps it until it
 // ends (a running pod keeps what it has); no new pod can be given a claim
 // that is being deleted. Until it is gone the claim is charged to its
@@ -107,7 +108,7 @@ func (s *overruleSweeper) endClaim(ctx context.Context, namespace string, r over
 	case claim.UID != r.UID || claim.DeletionTimestamp != nil:
 		return nil
 	}
-	running, err := s.podRuns(ctx, claim)
+	running, err := s.podRuns(ctx, namespace, r)
 	if err != nil || running {
 		return err
 	}
@@ -125,15 +126,18 @@ func (s *overruleSweeper) endClaim(ctx context.Context, namespace string, r over
 	return nil
 }
 
-// podRuns tells whether the pod the claim was made for (its controller)
-// exists and has not finished.
-func (s *overruleSweeper) podRuns(ctx context.Context, claim *resourceapi.ResourceClaim) (bool, error) {
-	ref := metav1.GetControllerOf(claim)
-	if ref == nil || ref.APIVersion != "v1" || ref.Kind != "Pod" {
+// podRuns tells whether the pod the gate verified the claim was made for
+// (recorded by UID in the overrule book) exists and has not finished. The
+// claim's current ownerReferences are not asked: the tenant edits them,
+// and pointed at a never-ending pod of its own they kept the claim past
+// its workload (issue 55 route 6). A record without a pod (written before
+// pods were recorded) keeps nothing.
+func (s *overruleSweeper) podRuns(ctx context.Context, namespace string, r overruleRecord) (bool, error) {
+	if r.Pod == "" || r.PodName == "" {
 		return false, nil
 	}
-	pod, err := newOwnerWalk(s.gate.live).pod(ctx, claim.Namespace, ref.Name)
-	if err != nil || pod == nil || pod.UID != ref.UID {
+	pod, err := newOwnerWalk(s.gate.live).pod(ctx, namespace, r.PodName)
+	if err != nil || pod == nil || pod.UID != r.Pod {
 		return false, err
 	}
 	return pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed, nil

@@ -13,9 +13,9 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
 )
 
-// WatchShapes has the accountant charge every claim one instance of each
-// GpuShape whose requests and alignment it has (shape.InstanceOf), against the
-// shape limits of TenantQuotas (limits.shapes). It is called only where
+// WatchShapes has the accountant charge every claim the instances of each
+// GpuShape it holds (shape.Instances), against the shape limits of
+// TenantQuotas (limits.shapes). It is called only where
 // the GpuShape CRD is served: without it there are no shapes to count.
 // Only a shape's spec changes what a claim is an instance of, so its
 // status writes (the placeable count, every second or so) leave the
@@ -44,12 +44,12 @@ func WatchShapes(ctx context.Context, c cache.Cache, acct *Accountant) error {
 	return nil
 }
 
-// shapesOf is the test the pricer charges shape instances by: the shapes
-// whose requests and alignment the claim has (shape.InstanceOf), under any
-// request names, in any order. Only the spec decides; labels, annotations
-// and names are the tenant's to write and prove nothing, so a claim
-// written by hand to a shape's spec is one of it, and so is one whose
-// requests were renamed to slip past the cap.
+// shapesOf is the test the pricer charges shape instances by: how many
+// instances of each shape the claim holds (shape.Instances), however its
+// requests are named, ordered, split, repeated or wrapped in
+// firstAvailable. Only the spec decides; labels, annotations and names are
+// the tenant's to write and prove nothing, so a claim written by hand to a
+// shape's spec is one of it, and so is one rewritten to slip past the cap.
 func shapesOf(shapes []gpuaas.GpuShape) quota.ShapesOf {
 	if len(shapes) == 0 {
 		return nil
@@ -57,13 +57,14 @@ func shapesOf(shapes []gpuaas.GpuShape) quota.ShapesOf {
 	return func(spec *resourceapi.ResourceClaimSpec) map[string]int64 {
 		var out map[string]int64
 		for i := range shapes {
-			if !shape.InstanceOf(&shapes[i], spec) {
+			n := shape.Instances(&shapes[i], spec)
+			if n == 0 {
 				continue
 			}
 			if out == nil {
 				out = map[string]int64{}
 			}
-			out[shapes[i].Name] = 1
+			out[shapes[i].Name] = n
 		}
 		return out
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // A firstAvailable request is charged for its most expensive alternative
@@ -78,6 +79,11 @@ func (h *alternativesWebhook) Handle(ctx context.Context, req admission.Request)
 	if !hasAlternatives(&claim.Spec) {
 		return admission.Allowed("")
 	}
+	if ptr.Deref(req.DryRun, false) {
+		// Priced in the dry runs' own slots and not remembered, as the
+		// claim webhook prices a dry run (issue 55 route 4).
+		ctx = quota.WithDryRun(ctx)
+	}
 	reasons, tenant, err := h.unfit(ctx, &claim)
 	if err != nil {
 		logger.Error(err, "Judging firstAvailable alternatives failed; the claim keeps them all")
@@ -116,8 +122,13 @@ func hasAlternatives(spec *resourceapi.ResourceClaimSpec) bool {
 // unfit judges every alternative of the claim's firstAvailable requests as
 // a claim of its own (a dry run: nothing is reserved) and returns why each
 // one that would be denied is, by "request/alternative", and the tenant
-// that denies them.
+// that denies them. All of them are priced within one claim's CEL budget
+// (each Admit's budget spends from it too): one budget each let a claim of
+// eight alternatives spend eight claims' worth; those priced after it is
+// spent are refused as too costly to evaluate, and dropped.
 func (h *alternativesWebhook) unfit(ctx context.Context, claim *resourceapi.ResourceClaim) (map[string]string, string, error) {
+	ctx, stop := quota.WithCELBudget(ctx, quota.MaxCELCostPerClaim)
+	defer stop()
 	out := map[string]string{}
 	tenant := ""
 	for _, r := range claim.Spec.Devices.Requests {

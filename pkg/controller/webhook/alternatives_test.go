@@ -1,19 +1,25 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // withAlternatives is a claim whose one request "gpu" asks for the first
@@ -135,4 +141,67 @@ func TestAlternativesWebhookLetsQuotaAdmitTheOthers(t *testing.T) {
 	if resp := trimmer.Handle(ctx(t), garbled); !resp.Allowed {
 		t.Errorf("an undecodable claim was refused: %+v", resp.Result)
 	}
+}
+
+// Issue 55 route 4: the alternatives webhook priced a dry run's
+// alternatives on the unmarked request context, so two `kubectl create
+// --dry-run=server` of heavy alternatives held the claims' pricing slots.
+// A dry run's alternatives are priced in the dry runs' slots: here the
+// claims' slots are never free, and the dry run is judged all the same
+// (the H100 it may not have dropped, for its limit).
+func TestAlternativesWebhookPricesADryRunAsADryRun(t *testing.T) {
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil),
+		tenantQuota("no-h100", 0, gpuaas.TenantQuotaSpec{Namespaces: []string{"a"},
+			Limits: gpuaas.QuotaLimits{GpuUnits: qty("8"), Devices: map[string]int64{"h100": 0}}}))...)
+	acct.SetPricingSlots(quota.NewPricingSlots(0, 1)) // the claims' slots are all taken
+	trimmer := newAlternativesWebhook(t, acct)
+	req := request(t, admissionv1.Create, "a", "dry", withAlternatives("a", "dry", "h100", "mig-1g"))
+	req.DryRun = ptr.To(true)
+	reqCtx, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	resp := trimmer.Handle(reqCtx, req)
+	if !resp.Allowed || len(resp.Patches) != 1 || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "gpu/alt-h100: ") ||
+		!strings.Contains(resp.Warnings[0], "limit 0") {
+		t.Fatalf("dry run: response %+v, patches %+v, warnings %q; want the H100 dropped for its limit", resp.Result, resp.Patches, resp.Warnings)
+	}
+}
+
+// Issue 55 route 4: each alternative of a claim was priced within a CEL
+// budget of its own, so eight alternatives spent eight claims' budgets.
+// All alternatives of one claim are priced under one: here each alone is
+// within it, together they are not, and those past it are dropped as too
+// costly to evaluate.
+func TestAlternativesWebhookPricesAllAlternativesUnderOneBudget(t *testing.T) {
+	acct, _ := newAccountant(t, append(world(t), ns("a", nil), teamQuota("team-a", "a", "8"))...)
+	trimmer := newAlternativesWebhook(t, acct)
+	c := withAlternatives("a", "heavy", "h100", "h100", "h100", "h100", "h100", "h100", "h100", "h100")
+	for i := range c.Spec.Devices.Requests[0].FirstAvailable {
+		sub := &c.Spec.Devices.Requests[0].FirstAvailable[i]
+		sub.Name = fmt.Sprintf("alt-%d", i)
+		sub.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: heavySelector(60, i)}}}
+	}
+	resp := trimmer.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c))
+	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "cost more to evaluate") {
+		t.Fatalf("response %+v, warnings %q; want alternatives dropped for the claim's CEL budget", resp.Result, resp.Warnings)
+	}
+}
+
+// heavySelector is a nested comprehension every device evaluates in full,
+// inner times 700 iterations (with inner 100, about half the API server's
+// cost limit for one expression); salt makes each a new shape.
+func heavySelector(inner, salt int) string {
+	outer := make([]string, 700)
+	for i := range outer {
+		outer[i] = fmt.Sprint(i)
+	}
+	return fmt.Sprintf("[%s].all(x, [%s].all(y, x + y >= %d))", strings.Join(outer, ","), strings.Join(outer[:inner], ","), -salt)
+}
+
+func newAlternativesWebhook(t testing.TB, acct *quotaadmission.Accountant) *alternativesWebhook {
+	t.Helper()
+	s, err := testworld.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &alternativesWebhook{exempt: sets.New[string](), acct: acct, decoder: admission.NewDecoder(s)}
 }

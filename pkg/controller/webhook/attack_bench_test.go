@@ -161,6 +161,79 @@ func BenchmarkPeerAdmissionUnderAttack(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)-1])/1e6, "max-ms")
 }
 
+// BenchmarkPeerAdmissionUnderDryRunAlternatives (issue 55 route 4): a
+// tenant sends server-side dry runs of claims with eight firstAvailable
+// alternatives of maximal selectors through the alternatives webhook, from
+// two callers without pause, while a peer of another cohort creates claims
+// of a new shape each (a selector of its own, so no memo helps) through the
+// claim webhook under the chart's 5 s timeout; reported are the peer's
+// latency and how many of its claims were refused.
+func BenchmarkPeerAdmissionUnderDryRunAlternatives(b *testing.B) {
+	mem, claims := benchCluster(b)
+	acct := quotaadmission.NewAccountant(mem, mem, quotaadmission.NewLedger(benchBooks(b), "gpuaas"))
+	h, _ := newClaimWebhook(b, acct)
+	trimmer := newAlternativesWebhook(b, acct)
+	ctx, stop := context.WithCancel(context.Background())
+	var attackers sync.WaitGroup
+	for a := range 2 {
+		attackers.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				c := maximalAlternatives("tenant-0", fmt.Sprintf("dry-%d-%d", a, i), 1000000*(a+1)+i)
+				req := request(b, admissionv1.Create, c.Namespace, c.Name, c)
+				req.UID, req.DryRun = types.UID(c.Name), ptr.To(true)
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				trimmer.Handle(rctx, req)
+				cancel()
+			}
+		})
+	}
+	time.Sleep(time.Second) // the attack is under way
+	lat := make([]time.Duration, 0, b.N)
+	refused := 0
+	for i := 0; b.Loop(); i++ {
+		c := ownedByPod(claim("tenant-1", fmt.Sprintf("peer-%d", i), "h100", 1), "pod")
+		c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.driver == "gpu.gpuaas.io" && %q != ""`, fmt.Sprint("peer-", i))}}}
+		c.ResourceVersion = "1"
+		req := request(b, admissionv1.Create, c.Namespace, c.Name, c)
+		req.UID = types.UID(fmt.Sprint(i))
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // the chart's webhook timeout
+		start := time.Now()
+		resp := h.Handle(rctx, req)
+		lat = append(lat, time.Since(start))
+		cancel()
+		if !resp.Allowed {
+			refused++
+		}
+		b.StopTimer()
+		stored(acct, mem, claims, 1, claim(req.Namespace, fmt.Sprintf("%s-%d", req.Name, i), "h100", 1))
+		b.StartTimer()
+	}
+	stop()
+	attackers.Wait()
+	reportLatency(b, lat, false)
+	b.ReportMetric(float64(lat[len(lat)-1])/1e6, "max-ms")
+	b.ReportMetric(float64(refused), "refused")
+}
+
+// maximalAlternatives is a claim of one request with eight firstAvailable
+// alternatives, each of eight distinct maximal selectors.
+func maximalAlternatives(namespace, name string, salt int) *resourceapi.ResourceClaim {
+	c := claim(namespace, name, "h100", 1)
+	r := &c.Spec.Devices.Requests[0]
+	r.Exactly = nil
+	for a := range 8 {
+		var sel []resourceapi.DeviceSelector
+		for s := range 8 {
+			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
+				Expression: maximalSelector(fmt.Sprintf("%d-%d-%d", salt, a, s))}})
+		}
+		r.FirstAvailable = append(r.FirstAvailable, resourceapi.DeviceSubRequest{Name: fmt.Sprintf("alt-%d", a),
+			DeviceClassName: "h100", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: sel})
+	}
+	return c
+}
+
 // Issue 36: a claim whose selectors cost more than MaxCELCostPerClaim to
 // price was charged a guess and admitted; it is refused as unpriced, and
 // says why.

@@ -102,12 +102,14 @@ func (h *claimWebhook) admit(ctx context.Context, req admission.Request, claim *
 		return admission.Allowed("")
 	}
 	dryRun := ptr.Deref(req.DryRun, false)
+	if dryRun {
+		// Priced in the dry runs' slots, not remembered (issue 36), from
+		// the first check on.
+		ctx = quota.WithDryRun(ctx)
+	}
 	// Before quota: a refused claim reserves nothing.
 	if resp, refused := h.refuseUnavailable(ctx, claim, dryRun); refused {
 		return resp
-	}
-	if dryRun {
-		ctx = quota.WithDryRun(ctx) // priced, not remembered (issue 36)
 	}
 	adm, err := h.acct.Admit(ctx, claim, dryRun)
 	if err != nil {
