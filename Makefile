@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint validate-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -43,8 +43,8 @@ include $(wildcard hack/make/*.mk)
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-## test: everything CI runs: lint, unit tests with -race, e2e on a real control plane
-test: lint unit e2e
+## test: everything CI runs: lint, unit tests with -race, 1.38's validation of what we write, e2e on a real control plane
+test: lint unit validate-next e2e
 
 ## unit: unit tests (race detector on); the e2e package is excluded here
 # -timeout: go test's default of 10 minutes a package is too short on a cold
@@ -74,6 +74,16 @@ $(GOLANGCI_LINT):
 ## k8s-bins: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet (cached)
 k8s-bins:
 	hack/build-k8s-bins.sh
+
+## validate-next: every object the project writes (the plugin's slices for every node configuration, healthy
+## and tainted; the catalog's classes; the shapes' templates: hack/writtenobjects) checked by Kubernetes 1.38's
+## own validation (hack/validate-next, a module of its own on the 1.38 modules and Go 1.27, which the go command
+## fetches from the module proxy through GOTOOLCHAIN)
+VALIDATE_NEXT_TOOLCHAIN ?= go1.27.4
+validate-next:
+	rm -rf $(OUTPUT)/written-objects
+	$(GO) run ./hack/writtenobjects -out $(OUTPUT)/written-objects
+	cd hack/validate-next && GOTOOLCHAIN=$(VALIDATE_NEXT_TOOLCHAIN) WRITTEN_OBJECTS=$(OUTPUT)/written-objects $(GO) test -count=1 -v ./...
 
 ## k8s-next-check: whether the module proxy serves what the next minor's (1.38) control plane and kubelet need,
 ## each module it refuses named; when nothing is refused, those four built with the Go toolchain their go.mod
