@@ -122,4 +122,3 @@ func handwritten(obj runtime.Object) field.ErrorList {
 	}
 	return field.ErrorList{field.NotSupported[string](field.NewPath("kind"), fmt.Sprintf("%T", obj), nil)}
 }
-
