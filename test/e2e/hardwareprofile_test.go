@@ -8,13 +8,17 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/hardwareprofile"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -100,4 +104,88 @@ func TestHardwareProfilesValidateAgainstTheSchema(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "type Queue takes kueue") {
 		t.Fatalf("a Queue HardwareProfile without kueue: %v, want refused by the schema", err)
 	}
+}
+
+// TestControllerPublishesHardwareProfiles (issue 54): with
+// --hardware-profile-namespace the controller publishes a GpuProfile as a
+// HardwareProfile once the CRD is installed (here after the controller
+// started, when it runs alone), owned by the profile; a hand edit is put
+// back, disabling the profile marks it disabled, and deleting the profile
+// takes it with it (the garbage collector, through the owner reference).
+func TestControllerPublishesHardwareProfiles(t *testing.T) {
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := cp.CreateNamespace(t, "hwp")
+	startControllerWith(t, func(o *controller.Options) { o.HardwareProfileNamespace = ns })
+	p := hardwareProfileCases()[0].DeepCopy()
+	p.Name = uniqueName("shared")
+	createObject(t, p)
+	waitForProfileReady(t, p.Name)
+	installHardwareProfileCRD(t, ctx)
+
+	hps := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns)
+	published := waitForHardwareProfile(t, ctx, ns, p.Name, "published", func(hp *unstructured.Unstructured) bool { return true })
+	live := &gpuaas.GpuProfile{}
+	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: p.Name}, live); err != nil {
+		t.Fatal(err)
+	}
+	want, err := hardwareprofile.Render(live, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := published.GetOwnerReferences(); len(refs) != 1 || refs[0].UID != live.UID {
+		t.Errorf("owner references %+v, want GpuProfile %s's (uid %s)", refs, p.Name, live.UID)
+	}
+	if !reflect.DeepEqual(published.Object["spec"], want.Object["spec"]) {
+		t.Errorf("spec %v, want %v", published.Object["spec"], want.Object["spec"])
+	}
+
+	edited := published.DeepCopy()
+	annotations := edited.GetAnnotations()
+	annotations[hardwareprofile.DisabledAnnotation] = "true"
+	edited.SetAnnotations(annotations)
+	edited.Object["spec"].(map[string]any)["identifiers"] = []any{}
+	if _, err := hps.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForHardwareProfile(t, ctx, ns, p.Name, "put back", func(hp *unstructured.Unstructured) bool {
+		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "false" && reflect.DeepEqual(hp.Object["spec"], want.Object["spec"])
+	})
+
+	live.Spec.Enabled = ptr.To(false)
+	if err := ctrlClient.Update(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	waitForHardwareProfile(t, ctx, ns, p.Name, "disabled", func(hp *unstructured.Unstructured) bool {
+		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "true"
+	})
+
+	if err := ctrlClient.Delete(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := hps.Get(ctx, hardwareprofile.Name(p.Name), metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile %s/%s still there after its GpuProfile was deleted: %v", ns, p.Name, err)
+	}
+}
+
+// waitForHardwareProfile waits until profile's HardwareProfile in ns
+// exists and meets cond.
+func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, profile, what string, cond func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
+	t.Helper()
+	var hp *unstructured.Unstructured
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		hp, err = cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Get(ctx, hardwareprofile.Name(profile), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return cond(hp), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile of GpuProfile %s in %s not %s: %v; last %v", profile, ns, what, err, hp)
+	}
+	return hp
 }
