@@ -24,7 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -52,7 +54,12 @@ type Reconciler struct {
 // Setup adds the reconciler to the manager; direct is an uncached client.
 func Setup(mgr ctrl.Manager, direct client.Client, namespace string, resync time.Duration) error {
 	r := &Reconciler{Profiles: mgr.GetClient(), Direct: direct, Mapper: mgr.GetRESTMapper(), Namespace: namespace, Resync: resync}
-	err := ctrl.NewControllerManagedBy(mgr).Named("hardwareprofile").For(&gpuaas.GpuProfile{}).Complete(r)
+	// The spec (its generation: deletion bumps it too), not the status
+	// the catalog rewrites on every claim's allocation: nothing rendered
+	// comes from the status.
+	err := ctrl.NewControllerManagedBy(mgr).Named("hardwareprofile").
+		For(&gpuaas.GpuProfile{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Complete(r)
 	if err != nil {
 		return fmt.Errorf("setting up the HardwareProfile controller: %w", err)
 	}
