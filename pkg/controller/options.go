@@ -3,7 +3,10 @@ package controller
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 )
@@ -91,6 +94,11 @@ type Options struct {
 	// Empty means DefaultKueueClaimCreators.
 	KueueClaimCreators []string
 
+	// HardwareProfileNamespace, when set, is where each GpuProfile is
+	// published as an OpenShift AI HardwareProfile, once that CRD is served
+	// (pkg/controller/hardwareprofiles); empty publishes none.
+	HardwareProfileNamespace string
+
 	// QuotaBackstop keeps a ResourceQuota in each namespace of a
 	// TenantQuota with device limits, so the API server enforces those
 	// limits too, whatever the webhook does (backstop.go). With Kueue,
@@ -128,6 +136,11 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeAPIQPS < 0 || o.KubeAPIBurst < 0 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must not be negative", o.KubeAPIQPS, o.KubeAPIBurst)
+	}
+	if o.HardwareProfileNamespace != "" {
+		if errs := validation.IsDNS1123Label(o.HardwareProfileNamespace); len(errs) > 0 {
+			return fmt.Errorf("--hardware-profile-namespace %q: %s", o.HardwareProfileNamespace, strings.Join(errs, "; "))
+		}
 	}
 	return o.Webhook.Validate()
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/hardwareprofiles"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
@@ -251,6 +252,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	}
 	if opts.Kueue {
 		if err := kueuemirror.Setup(mgr, direct, opts.LedgerNamespace, opts.Resync, refuser != nil, acct); err != nil {
+			return err
+		}
+	}
+	if opts.HardwareProfileNamespace != "" {
+		if err := hardwareprofiles.Setup(mgr, direct, opts.HardwareProfileNamespace, opts.Resync); err != nil {
 			return err
 		}
 	}

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -233,4 +235,60 @@ func conditionsOf(t *testing.T, cfg *admissionregv1.ValidatingWebhookConfigurati
 	}
 	t.Fatalf("no webhook %s rendered", name)
 	return nil
+}
+
+// TestHardwareProfileNamespace (issue 54): controller.hardwareProfileNamespace
+// passes --hardware-profile-namespace and grants the controller's
+// ClusterRole the HardwareProfiles it writes; unset, neither.
+func TestHardwareProfileNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		sets     []string
+		wantFlag string
+	}{
+		{},
+		{sets: []string{"controller.hardwareProfileNamespace=redhat-ods-applications"}, wantFlag: "--hardware-profile-namespace=redhat-ods-applications"},
+	} {
+		objs := render(t, tc.sets...)
+		var flags []string
+		for _, arg := range controllerContainer(t, controllerDeployment(t, objs)).Args {
+			if strings.HasPrefix(arg, "--hardware-profile-namespace") {
+				flags = append(flags, arg)
+			}
+		}
+		granted := hardwareProfileVerbs(t, objs)
+		if tc.wantFlag == "" {
+			if len(flags) != 0 || granted != nil {
+				t.Errorf("unset: flags %v, ClusterRole verbs on hardwareprofiles %v; want none", flags, granted)
+			}
+			continue
+		}
+		if len(flags) != 1 || flags[0] != tc.wantFlag {
+			t.Errorf("%v: flags %v, want [%s]", tc.sets, flags, tc.wantFlag)
+		}
+		for _, verb := range []string{"get", "create", "update"} { // what the reconciler does
+			if !slices.Contains(granted, verb) {
+				t.Errorf("%v: ClusterRole verbs on hardwareprofiles %v lack %s", tc.sets, granted, verb)
+			}
+		}
+	}
+}
+
+// hardwareProfileVerbs are the verbs the controller's ClusterRoles grant on
+// infrastructure.opendatahub.io hardwareprofiles; nil: no rule names them.
+func hardwareProfileVerbs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	var verbs []string
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" {
+			continue
+		}
+		var role rbacv1.ClusterRole
+		convert(t, o, &role)
+		for _, rule := range role.Rules {
+			if slices.Contains(rule.APIGroups, "infrastructure.opendatahub.io") && slices.Contains(rule.Resources, "hardwareprofiles") {
+				verbs = append(verbs, rule.Verbs...)
+			}
+		}
+	}
+	return verbs
 }

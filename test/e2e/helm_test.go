@@ -71,6 +71,7 @@ kubeletPlugin:
 controller:
   denyUnassigned: true
   exemptNamespaces: [monitoring]
+  hardwareProfileNamespace: redhat-ods-applications
   webhook:
     foreignClasses: [nic.example.com]
   priorityClassName: system-cluster-critical

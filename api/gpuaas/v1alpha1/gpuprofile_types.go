@@ -91,6 +91,76 @@ type GpuProfileSpec struct {
 	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
+
+	// HardwareProfile is what the profile's OpenShift AI HardwareProfile
+	// says beyond the profile itself (docs/platform.md, "OpenShift AI"):
+	// the controller publishes one per profile with
+	// --hardware-profile-namespace, where the HardwareProfile CRD is
+	// served. Unset fields take the documented defaults.
+	// +optional
+	HardwareProfile *HardwareProfileSettings `json:"hardwareProfile,omitempty"`
+}
+
+// HardwareProfileSettings are the parts of an OpenShift AI HardwareProfile
+// the GpuProfile cannot say by itself: the CPU and memory a workload picking
+// it gets (the dashboard hides a profile without both), how many devices
+// it may ask, and the Kueue LocalQueue it is scheduled through.
+type HardwareProfileSettings struct {
+	// DisplayName overrides the profile's displayName in the dashboard.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	DisplayName string `json:"displayName,omitempty"`
+
+	// Description overrides the profile's description in the dashboard.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Description string `json:"description,omitempty"`
+
+	// CPU is the CPU identifier's range, in cores; default 1 to 8, 2 by
+	// default.
+	// +optional
+	CPU *ResourceRange `json:"cpu,omitempty"`
+
+	// Memory is the memory identifier's range; default 2Gi to 64Gi, 8Gi
+	// by default.
+	// +optional
+	Memory *ResourceRange `json:"memory,omitempty"`
+
+	// MaxDevices is the most devices of this profile a workload may ask
+	// through the profile's extendedResourceName (the Accelerator
+	// identifier's maxCount); default 1.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxDevices *int32 `json:"maxDevices,omitempty"`
+
+	// LocalQueueName, when set, makes the HardwareProfile's scheduling
+	// type Queue with this Kueue LocalQueue (the dashboard offers it in
+	// the projects where a LocalQueue of that name exists); unset: type
+	// Node.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	LocalQueueName string `json:"localQueueName,omitempty"`
+
+	// PriorityClass is the Kueue WorkloadPriorityClass of the workloads
+	// started with the HardwareProfile; only with localQueueName.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PriorityClass string `json:"priorityClass,omitempty"`
+}
+
+// ResourceRange is an identifier's least, default and most amount; unset
+// fields take the identifier's defaults.
+type ResourceRange struct {
+	// Min is the least a workload may ask.
+	// +optional
+	Min *resource.Quantity `json:"min,omitempty"`
+	// Default is what a workload gets unless its user asks otherwise.
+	// +optional
+	Default *resource.Quantity `json:"default,omitempty"`
+	// Max is the most a workload may ask.
+	// +optional
+	Max *resource.Quantity `json:"max,omitempty"`
 }
 
 // ProfileSelector selects devices by the attributes the plugin publishes.

@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
+	"github.com/gpuaas/gpu-dra-driver/pkg/hardwareprofile"
+	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
+)
+
+var hardwareProfileGVR = schema.GroupVersionResource{Group: "infrastructure.opendatahub.io", Version: "v1", Resource: "hardwareprofiles"}
+
+// installHardwareProfileCRD installs the test's HardwareProfile CRD
+// (testdata/hardwareprofile/crd.yaml, written from the API's documented
+// fields) and waits until it is served. It stays installed: the CRD is
+// absent from the clusters the other tests model only until a test needs it.
+func installHardwareProfileCRD(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if _, err := cp.Apply(ctx, filepath.Join(repoRoot, "test", "e2e", "testdata", "hardwareprofile"), ""); err != nil {
+		t.Fatalf("installing the HardwareProfile CRD: %v", err)
+	}
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Dynamic.Resource(hardwareProfileGVR).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the HardwareProfile CRD is not served: %v", err)
+	}
+}
+
+// hardwareProfileCases are GpuProfiles that take every branch of the
+// renderer: a shared GPU with its extended resource (the demo catalog's
+// shared-4way), a MIG slice without one and a name that is no DNS label, a
+// Kueue-scheduled whole GPU with a priority class and the admin's ranges,
+// and a disabled profile.
+func hardwareProfileCases() []*gpuaas.GpuProfile {
+	q := func(s string) *resource.Quantity { return ptr.To(resource.MustParse(s)) }
+	return []*gpuaas.GpuProfile{
+		{ObjectMeta: metav1.ObjectMeta{Name: "shared-4way"}, Spec: gpuaas.GpuProfileSpec{
+			DisplayName: "Shared GPU, 4-way", Description: "A quarter of a GPU's memory",
+			Selector: gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeShared}, ExtendedResourceName: ptr.To("gpuaas.io/shared-gpu"),
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "mig-1g.10gb"}, Spec: gpuaas.GpuProfileSpec{
+			DisplayName: "Small MIG slice", Selector: gpuaas.ProfileSelector{MigProfile: "1g.10gb"},
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "whole-h100"}, Spec: gpuaas.GpuProfileSpec{
+			Selector: gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}, ExtendedResourceName: ptr.To("gpuaas.io/h100"),
+			HardwareProfile: &gpuaas.HardwareProfileSettings{
+				DisplayName: "Training, whole H100", CPU: &gpuaas.ResourceRange{Min: q("500m"), Default: q("4"), Max: q("32")},
+				Memory: &gpuaas.ResourceRange{Default: q("32Gi"), Max: q("256Gi")}, MaxDevices: ptr.To[int32](8),
+				LocalQueueName: "team-a", PriorityClass: "batch",
+			},
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "retired"}, Spec: gpuaas.GpuProfileSpec{Enabled: ptr.To(false)}},
+	}
+}
+
+// TestHardwareProfilesValidateAgainstTheSchema: every object the renderer
+// writes is accepted by a HardwareProfile CRD written from the API's
+// fields, with strict field validation (an unknown or misplaced field is an
+// error, not pruned away), and reads back as written.
+func TestHardwareProfilesValidateAgainstTheSchema(t *testing.T) {
+	ctx := framework.Context(t, 2*time.Minute)
+	installHardwareProfileCRD(t, ctx)
+	ns := cp.CreateNamespace(t, "hwp-schema")
+	for _, p := range hardwareProfileCases() {
+		hp, err := hardwareprofile.Render(p, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hp.SetOwnerReferences(nil) // no GpuProfile here: the garbage collector would take it
+		created, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Create(ctx, hp, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
+		if err != nil {
+			t.Fatalf("HardwareProfile of GpuProfile %s refused: %v", p.Name, err)
+		}
+		if !reflect.DeepEqual(hp.Object["spec"], created.Object["spec"]) {
+			t.Errorf("HardwareProfile %s: spec read back %v, want %v as written", hp.GetName(), created.Object["spec"], hp.Object["spec"])
+		}
+	}
+	// The schema is no rubber stamp: what the dashboard could not read is refused.
+	bad, err := hardwareprofile.Render(hardwareProfileCases()[0], ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.SetName("bad")
+	bad.SetOwnerReferences(nil)
+	bad.Object["spec"].(map[string]any)["scheduling"] = map[string]any{"type": "Queue"}
+	_, err = cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Create(ctx, bad, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
+	if err == nil || !strings.Contains(err.Error(), "type Queue takes kueue") {
+		t.Fatalf("a Queue HardwareProfile without kueue: %v, want refused by the schema", err)
+	}
+}
+
+// TestControllerPublishesHardwareProfiles (issue 54): with
+// --hardware-profile-namespace the controller publishes a GpuProfile as a
+// HardwareProfile once the CRD is installed (here after the controller
+// started, when it runs alone), owned by the profile; a hand edit is put
+// back, disabling the profile marks it disabled, and deleting the profile
+// takes it with it (the garbage collector, through the owner reference).
+func TestControllerPublishesHardwareProfiles(t *testing.T) {
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := cp.CreateNamespace(t, "hwp")
+	startControllerWith(t, func(o *controller.Options) { o.HardwareProfileNamespace = ns })
+	p := hardwareProfileCases()[0].DeepCopy()
+	p.Name = uniqueName("shared")
+	createObject(t, p)
+	waitForProfileReady(t, p.Name)
+	installHardwareProfileCRD(t, ctx)
+
+	hps := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns)
+	published := waitForHardwareProfile(t, ctx, ns, p.Name, "published", func(hp *unstructured.Unstructured) bool { return true })
+	live := &gpuaas.GpuProfile{}
+	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: p.Name}, live); err != nil {
+		t.Fatal(err)
+	}
+	want, err := hardwareprofile.Render(live, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := published.GetOwnerReferences(); len(refs) != 1 || refs[0].UID != live.UID {
+		t.Errorf("owner references %+v, want GpuProfile %s's (uid %s)", refs, p.Name, live.UID)
+	}
+	if !reflect.DeepEqual(published.Object["spec"], want.Object["spec"]) {
+		t.Errorf("spec %v, want %v", published.Object["spec"], want.Object["spec"])
+	}
+
+	edited := published.DeepCopy()
+	annotations := edited.GetAnnotations()
+	annotations[hardwareprofile.DisabledAnnotation] = "true"
+	edited.SetAnnotations(annotations)
+	edited.Object["spec"].(map[string]any)["identifiers"] = []any{}
+	if _, err := hps.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForHardwareProfile(t, ctx, ns, p.Name, "put back", func(hp *unstructured.Unstructured) bool {
+		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "false" && reflect.DeepEqual(hp.Object["spec"], want.Object["spec"])
+	})
+
+	live.Spec.Enabled = ptr.To(false)
+	if err := ctrlClient.Update(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	waitForHardwareProfile(t, ctx, ns, p.Name, "disabled", func(hp *unstructured.Unstructured) bool {
+		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "true"
+	})
+
+	if err := ctrlClient.Delete(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := hps.Get(ctx, hardwareprofile.Name(p.Name), metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile %s/%s still there after its GpuProfile was deleted: %v", ns, p.Name, err)
+	}
+}
+
+// waitForHardwareProfile waits until profile's HardwareProfile in ns
+// exists and meets cond.
+func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, profile, what string, cond func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
+	t.Helper()
+	var hp *unstructured.Unstructured
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		hp, err = cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Get(ctx, hardwareprofile.Name(profile), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return cond(hp), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile of GpuProfile %s in %s not %s: %v; last %v", profile, ns, what, err, hp)
+	}
+	return hp
+}
