@@ -22,14 +22,7 @@ func TestKueueMappingsFollowTheCatalog(t *testing.T) {
 	shared := gpuProfile("shared-4way", gpuaas.ProfileSelector{Type: "shared"})
 	c := newFakeClient(t, append(catalog(), a100, off, shared)...)
 	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas"}
-	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	got := cm.Data[MappingsKey]
+	got := reconciledConfig(t, r)
 	for _, want := range []string{
 		"- deviceClassNames:\n  - a100\n  name: gpu.gpuaas.io/a100-milliunits",
 		"- deviceClassNames:\n  - h100\n  - mig-1g\n  name: gpu.gpuaas.io/gpu-milliunits",
@@ -42,6 +35,20 @@ func TestKueueMappingsFollowTheCatalog(t *testing.T) {
 	if strings.Contains(got, "retired") || strings.Contains(got, "shared-4way") {
 		t.Errorf("a disabled or shared profile is mapped:\n%s", got)
 	}
+}
+
+// reconciledConfig reconciles once and returns what r wrote into the
+// ConfigMap.
+func reconciledConfig(t *testing.T, r *kueueMappingsReconciler) string {
+	t.Helper()
+	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := r.direct.Get(ctx(t), types.NamespacedName{Namespace: r.namespace, Name: MappingsConfigMap}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm.Data[MappingsKey]
 }
 
 // pricesBySelector prices a class by the type its selectors name.
@@ -73,14 +80,7 @@ func TestKueueMappingsChargeExtendedResourcesInGPUUnits(t *testing.T) {
 	c := newFakeClient(t, replicas, whole, mig)
 	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas",
 		prices: pricesBySelector{"timeslice": 250, "gpu": 1000}}
-	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	got := cm.Data[MappingsKey]
+	got := reconciledConfig(t, r)
 	for _, want := range []string{
 		"transformations:\n- input: gpuaas.io/shared-gpu\n  outputs:\n    gpu.gpuaas.io/gpu-milliunits: \"250\"\n  strategy: Replace",
 		"- input: nvidia.com/gpu\n  outputs:\n    gpu.gpuaas.io/a100-milliunits: \"1000\"\n  strategy: Replace",

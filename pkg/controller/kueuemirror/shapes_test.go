@@ -3,10 +3,8 @@ package kueuemirror
 import (
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -96,17 +94,10 @@ func renderedMappings(t *testing.T, objs ...client.Object) map[string]kueue.Devi
 	t.Helper()
 	c := newFakeClient(t, objs...)
 	r := &kueueMappingsReconciler{profiles: c, direct: c, namespace: "gpuaas", shapes: true}
-	if _, err := r.Reconcile(ctx(t), kueueMappingsKey); err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := c.Get(ctx(t), types.NamespacedName{Namespace: "gpuaas", Name: MappingsConfigMap}, &cm); err != nil {
-		t.Fatal(err)
-	}
 	var res struct {
 		DeviceClassMappings []kueue.DeviceClassMapping `json:"deviceClassMappings"`
 	}
-	if err := yaml.Unmarshal([]byte(cm.Data[MappingsKey]), &res); err != nil {
+	if err := yaml.Unmarshal([]byte(reconciledConfig(t, r)), &res); err != nil {
 		t.Fatal(err)
 	}
 	mapped := map[string]kueue.DeviceClassMapping{}

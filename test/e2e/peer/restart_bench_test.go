@@ -79,29 +79,23 @@ func BenchmarkPeerRestart(b *testing.B) {
 // restartRounds is how many times BenchmarkPeerRestart runs its rows in
 // one command: PEER_RESTART_ROUNDS, 3 by default. The rows moved between
 // 0.43x and 1.79x from run to run; one run carries no claim.
-func restartRounds() (int, error) {
-	v := os.Getenv("PEER_RESTART_ROUNDS")
-	if v == "" {
-		return 3, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("PEER_RESTART_ROUNDS=%q: want a number of runs, at least 1", v)
-	}
-	return n, nil
-}
+func restartRounds() (int, error) { return envCount("PEER_RESTART_ROUNDS", 3, 1) }
 
 // clusterClaims is how many claims of other nodes BenchmarkPeerRestart
 // makes: PEER_RESTART_CLUSTER_CLAIMS, or about what BenchmarkPeer's
 // cluster holds by its restart rows.
-func clusterClaims() (int, error) {
-	v := os.Getenv("PEER_RESTART_CLUSTER_CLAIMS")
+func clusterClaims() (int, error) { return envCount("PEER_RESTART_CLUSTER_CLAIMS", 2400, 0) }
+
+// envCount reads a count from the environment: def when unset, an error
+// naming the variable when it is not a number of at least least.
+func envCount(name string, def, least int) (int, error) {
+	v := os.Getenv(name)
 	if v == "" {
-		return 2400, nil
+		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("PEER_RESTART_CLUSTER_CLAIMS=%q: want a count of claims", v)
+	if err != nil || n < least {
+		return 0, fmt.Errorf("%s=%q: want a count of at least %d", name, v, least)
 	}
 	return n, nil
 }
