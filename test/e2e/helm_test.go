@@ -86,7 +86,7 @@ tenantQuotas:
 
 // helmBin returns the helm binary, or skips (fails under E2E_REQUIRED=1)
 // when it has not been built.
-func helmBin(t *testing.T) string {
+func helmBin(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(repoRoot, "_output", "bin", "helm")
 	if _, err := os.Stat(bin); err != nil {

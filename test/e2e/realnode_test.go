@@ -89,7 +89,7 @@ func TestRealNode(t *testing.T) {
 
 // requireRealNode skips (fails under E2E_REQUIRED=1) where a real node
 // cannot run: not root, or the binaries not built.
-func requireRealNode(t *testing.T) {
+func requireRealNode(t testing.TB) {
 	t.Helper()
 	reason := framework.RealNodeUnavailable(cp.BinDir)
 	if reason == "" {
@@ -103,7 +103,7 @@ func requireRealNode(t *testing.T) {
 
 // startRealNode starts the suite's real node; options change what it is
 // started with.
-func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *realNode {
+func startRealNode(t testing.TB, options ...func(*framework.RealNodeOptions)) *realNode {
 	t.Helper()
 	ctx := framework.Context(t, 10*time.Minute)
 	images, err := framework.BuildNodeImages(ctx, t.TempDir())
@@ -131,7 +131,7 @@ func startRealNode(t *testing.T, options ...func(*framework.RealNodeOptions)) *r
 // stopAtCleanup stops the real node when the test ends, with the
 // kubelet's last lines if it failed; ctx's values, not its end, reach
 // the stop.
-func stopAtCleanup(t *testing.T, ctx context.Context, rn *framework.RealNode) {
+func stopAtCleanup(t testing.TB, ctx context.Context, rn *framework.RealNode) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("kubelet log %s:\n%s", rn.Kubelet.LogPath, rn.Kubelet.Tail(30))
@@ -154,7 +154,7 @@ const realNodeNVMLEnv = "E2E_REAL_NODE_NVML"
 // onSimulatedLibrary is a startRealNode option: the node's plugin runs
 // --nvml real on the simulated library, built (or taken from its cache)
 // now.
-func onSimulatedLibrary(t *testing.T) func(*framework.RealNodeOptions) {
+func onSimulatedLibrary(t testing.TB) func(*framework.RealNodeOptions) {
 	t.Helper()
 	lib, took, err := shimbuild.Library(repoRoot)
 	if err != nil {
@@ -179,7 +179,7 @@ func realNodeOnSimulatedLibrary() bool { return os.Getenv(realNodeNVMLEnv) != "m
 // uninstallOnCleanup removes the suite's release when the test ends,
 // whether or not the test got as far as its own uninstall. Call it before
 // the install: an install that fails half-way leaves a release too.
-func uninstallOnCleanup(t *testing.T, ctx context.Context, helm string) {
+func uninstallOnCleanup(t testing.TB, ctx context.Context, helm string) {
 	t.Helper()
 	t.Cleanup(func() {
 		// ctx has ended by now; its values have not.
