@@ -11,10 +11,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 )
@@ -98,6 +101,11 @@ func (cp *ControlPlane) ApplyObject(ctx context.Context, obj *unstructured.Unstr
 	if err != nil {
 		return nil, err
 	}
+	if obj.GetKind() == "Namespace" && obj.GetAPIVersion() == "v1" {
+		if err := cp.waitNamespaceNotTerminating(ctx, obj.GetName()); err != nil {
+			return nil, err
+		}
+	}
 	out, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return nil, fmt.Errorf("applying %s %s: %w", obj.GetKind(), objectName(obj), err)
@@ -108,6 +116,30 @@ func (cp *ControlPlane) ApplyObject(ctx context.Context, obj *unstructured.Unstr
 		}
 	}
 	return out, nil
+}
+
+// waitNamespaceNotTerminating waits until the namespace name is not being
+// deleted. A test that applies a namespace an earlier test deleted (the
+// cleanup does not wait for the namespace controller) would otherwise
+// apply it while it terminates and see it vanish a moment later, with
+// everything the test put in it (TestShapeWholeNodeLease after
+// TestShapeWholeNodeLeaseOnRealNode, once the plugin started a second
+// sooner).
+func (cp *ControlPlane) waitNamespaceNotTerminating(ctx context.Context, name string) error {
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		ns, err := cp.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return ns.DeletionTimestamp == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("namespace %s still terminating: %w", name, err)
+	}
+	return nil
 }
 
 // resourceFor maps the object's kind to its resource; for namespaced kinds

@@ -38,7 +38,7 @@ func TestTableRatioIsTheirsOverOurs(t *testing.T) {
 	tab.print(&out)
 	for _, want := range []string{
 		"| row | gpuaas | NVIDIA | NVIDIA / gpuaas |",
-		"| prepare | 2.00 ms / 2.00 ms | 5.00 ms / 5.00 ms | 2.50x |",
+		"| prepare | 2.00 ms / 2.00 ms | 5.00 ms / 5.00 ms | 2.50x / 2.50x |",
 		"| slices | 2 / 8 | 1 / 8 |  |",
 	} {
 		if !strings.Contains(out.String(), want) {
