@@ -367,18 +367,16 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines[:min(n, len(lines))], " | ")
 }
 
-// TestHelmPluginWritesOnlyOwnNodeSlices installs the rendered RBAC and
-// admission policy, then acts as the kubelet plugin's ServiceAccount with
-// the node name a pod-bound token carries.
-func TestHelmPluginWritesOnlyOwnNodeSlices(t *testing.T) {
-	helmBin(t) // one skip line when helm is not built
-	ns := cp.CreateNamespace(t, "helm-rbac")
-	release := "rbac"
+// applyChartAccess applies what the rendered chart grants and fences (its
+// ServiceAccounts, RBAC and admission policies) into ns, removed when the
+// test ends, and returns the name of the ServiceAccount ending in suffix.
+func applyChartAccess(t *testing.T, release, ns, suffix string) string {
+	t.Helper()
 	_, objs := renderChart(t, release, ns)
+	ctx := framework.Context(t, 3*time.Minute)
 	installKinds := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
 		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-	ctx := framework.Context(t, 3*time.Minute)
-	pluginSA := ""
+	sa := ""
 	for _, o := range objs {
 		if !slices.Contains(installKinds, o.GetKind()) {
 			continue
@@ -389,13 +387,25 @@ func TestHelmPluginWritesOnlyOwnNodeSlices(t *testing.T) {
 		if o.GetNamespace() == "" && o.GetKind() != "ServiceAccount" && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
 			deleteClusterObjectAtCleanup(t, o)
 		}
-		if o.GetKind() == "ServiceAccount" && strings.HasSuffix(o.GetName(), "-kubelet-plugin") {
-			pluginSA = o.GetName()
+		if o.GetKind() == "ServiceAccount" && strings.HasSuffix(o.GetName(), suffix) {
+			sa = o.GetName()
 		}
 	}
-	if pluginSA == "" {
-		t.Fatal("no kubelet-plugin ServiceAccount rendered")
+	if sa == "" {
+		t.Fatalf("no ServiceAccount named *%s rendered", suffix)
 	}
+	return sa
+}
+
+// TestHelmPluginWritesOnlyOwnNodeSlices installs the rendered RBAC and
+// admission policy, then acts as the kubelet plugin's ServiceAccount with
+// the node name a pod-bound token carries.
+func TestHelmPluginWritesOnlyOwnNodeSlices(t *testing.T) {
+	helmBin(t) // one skip line when helm is not built
+	ns := cp.CreateNamespace(t, "helm-rbac")
+	release := "rbac"
+	ctx := framework.Context(t, 3*time.Minute)
+	pluginSA := applyChartAccess(t, release, ns, "-kubelet-plugin")
 
 	asPlugin := func(node string) kubernetes.Interface {
 		cfg := rest.CopyConfig(cp.Config)
@@ -627,28 +637,8 @@ func TestHelmControllerWritesOnlyItsOwnClassesAndClaims(t *testing.T) {
 	helmBin(t) // one skip line when helm is not built
 	ns := cp.CreateNamespace(t, "helm-fence")
 	release := "fence"
-	_, objs := renderChart(t, release, ns)
-	installKinds := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 	ctx := framework.Context(t, 3*time.Minute)
-	controllerSA := ""
-	for _, o := range objs {
-		if !slices.Contains(installKinds, o.GetKind()) {
-			continue
-		}
-		if _, err := cp.ApplyObject(ctx, o, ns); err != nil {
-			t.Fatal(err)
-		}
-		if o.GetNamespace() == "" && o.GetKind() != "ServiceAccount" && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
-			deleteClusterObjectAtCleanup(t, o)
-		}
-		if o.GetKind() == "ServiceAccount" && strings.HasSuffix(o.GetName(), "-controller") {
-			controllerSA = o.GetName()
-		}
-	}
-	if controllerSA == "" {
-		t.Fatal("no controller ServiceAccount rendered")
-	}
+	controllerSA := applyChartAccess(t, release, ns, "-controller")
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: fmt.Sprintf("system:serviceaccount:%s:%s", ns, controllerSA),

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -29,10 +27,7 @@ import (
 //	E2E_REQUIRED=1 go test ./test/e2e -run '^$' -bench BenchmarkRealNodePluginRestart -benchtime 1x -v
 func BenchmarkRealNodePluginRestart(b *testing.B) {
 	requireRealNode(b)
-	restarts, err := realRestarts()
-	if err != nil {
-		b.Fatal(err)
-	}
+	restarts := envInt(b, "REAL_RESTARTS", 5)
 	node := startRealNode(b)
 	ctx := framework.Context(b, 30*time.Minute)
 	helm := helmBin(b)
@@ -114,19 +109,6 @@ func restartPluginPod(ctx context.Context, ns, name string, old types.UID) (read
 		return 0, 0, nil, err
 	}
 	return r, running, plugin, nil
-}
-
-// realRestarts is REAL_RESTARTS, 5 by default.
-func realRestarts() (int, error) {
-	v := os.Getenv("REAL_RESTARTS")
-	if v == "" {
-		return 5, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("REAL_RESTARTS=%q: want a number of restarts, at least 1", v)
-	}
-	return n, nil
 }
 
 // msAt is the q quantile of samples in milliseconds (the nearest rank).
