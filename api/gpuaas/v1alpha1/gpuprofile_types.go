@@ -99,6 +99,11 @@ type GpuProfileSpec struct {
 	// served. Unset fields take the documented defaults.
 	// +optional
 	HardwareProfile *HardwareProfileSettings `json:"hardwareProfile,omitempty"`
+
+	// IdlePolicy overrides the tenants' idle policies for this profile's
+	// devices (action None exempts them, e.g. an inference profile).
+	// +optional
+	IdlePolicy *IdlePolicy `json:"idlePolicy,omitempty"`
 }
 
 // HardwareProfileSettings are the parts of an OpenShift AI HardwareProfile

@@ -83,6 +83,13 @@ type TenantQuotaSpec struct {
 	// admin's.
 	// +optional
 	Kueue *TenantKueue `json:"kueue,omitempty"`
+
+	// IdlePolicy acts on the tenant's claims whose GPUs stay idle
+	// (docs/usage.md). A GpuProfile's idlePolicy overrides it for the
+	// profile's devices. Unset: idleness is measured and reported, never
+	// acted on.
+	// +optional
+	IdlePolicy *IdlePolicy `json:"idlePolicy,omitempty"`
 }
 
 // TenantKueue names the Kueue ClusterQueue kept for a tenant.
