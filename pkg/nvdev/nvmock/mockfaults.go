@@ -110,6 +110,9 @@ type mockGPUFaults struct {
 	Holders         []Process `json:"holders,omitempty"`
 	MigModePending  bool      `json:"migModePending,omitempty"`
 	RebindOnMigMode bool      `json:"rebindOnMigMode,omitempty"`
+	// UseUnsupported: the GPU's use calls answer ERROR_NOT_SUPPORTED
+	// (SetUseSupported).
+	UseUnsupported bool `json:"useUnsupported,omitempty"`
 }
 
 // What a GPU of an unknown generation answers: values past every one
