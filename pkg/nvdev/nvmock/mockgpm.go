@@ -181,9 +181,8 @@ func (u *useLayer) gpmMetrics(mg *nvml.GpmMetricsGetType) nvml.Return {
 	if mg == nil {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
-	if mg.Version != nvml.GPM_METRICS_GET_VERSION {
-		return nvml.ERROR_ARGUMENT_VERSION_MISMATCH
-	}
+	// As go-nvml's library does for its callers (C callers set it).
+	mg.Version = nvml.GPM_METRICS_GET_VERSION
 	s1, ok1 := mg.Sample1.(*gpmSample)
 	s2, ok2 := mg.Sample2.(*gpmSample)
 	if !ok1 || !ok2 || int(mg.NumMetrics) > len(mg.Metrics) {

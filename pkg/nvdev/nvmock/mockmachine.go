@@ -252,6 +252,7 @@ func (m *mockMachine) captureUse(g *mockGPU, st *mockGPUState) {
 			}
 		}
 	}
+	st.Processes = g.procs
 	st.Processes = useViewOf(st).alive()
 	if len(st.Processes) == 0 {
 		st.Processes = nil

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 )
@@ -240,7 +241,8 @@ func gpmAround(t *testing.T, lib nvml.Interface, take func(nvml.GpmSample) nvml.
 	if ret := take(samples[1]); ret != nvml.SUCCESS {
 		t.Fatalf("second GPM sample: %v", ret)
 	}
-	mg := nvml.GpmMetricsGetType{Version: nvml.GPM_METRICS_GET_VERSION, NumMetrics: uint32(len(metrics)), Sample1: samples[0], Sample2: samples[1]}
+	// No version: go-nvml's library sets it, and so does the mock.
+	mg := nvml.GpmMetricsGetType{NumMetrics: uint32(len(metrics)), Sample1: samples[0], Sample2: samples[1]}
 	for i, m := range metrics {
 		mg.Metrics[i].MetricId = uint32(m)
 	}
@@ -421,5 +423,38 @@ func TestMockUseInMemory(t *testing.T) {
 	got := gpmBetween(t, lib.NVML(), func(s nvml.GpmSample) nvml.Return { return s.Get(dev) }, nvml.GPM_METRIC_SM_UTIL)
 	if got[0].Value != 0 || got[0].NvmlReturn != uint32(nvml.SUCCESS) {
 		t.Errorf("GPM SM activity: %+v", got[0])
+	}
+}
+
+// The use set from outside survives the changes a plugin makes to the
+// machine (which write the state file from the plugin's memory), and a
+// process on a MIG device ends with the device.
+func TestMockUseSurvivesThePluginsChanges(t *testing.T) {
+	dir := t.TempDir()
+	plugin := openOn(t, "dgxh100", dir)
+	inst := makeMIG(t, gpu(t, plugin, 2), "1g.10gb", 0)
+	setGPUUse(t, dir, "1", nvmock.GPUUse{SMUtil: 40})
+	setProcessUse(t, dir, "1", nvmock.ProcessUse{PID: 11, MemoryUsed: mib})
+	setProcessUse(t, dir, inst.UUID, nvmock.ProcessUse{PID: 12, MemoryUsed: mib})
+	if err := nvmock.SetMIGUse(dir, inst.UUID, nvmock.MIGUse{SMActivity: 30}); err != nil {
+		t.Fatal(err)
+	}
+	makeMIG(t, gpu(t, plugin, 3), "1g.10gb", 0) // the plugin writes the state
+
+	later := openOn(t, "dgxh100", dir)
+	if got := pids(t, gpu(t, later, 1)); len(got) != 1 || got[0].Pid != 11 {
+		t.Errorf("GPU 1's processes after the plugin's change: %+v, want pid 11", got)
+	}
+	if u := utilization(t, gpu(t, later, 1)); u.Gpu != 40 {
+		t.Errorf("GPU 1's utilization after the plugin's change: %+v, want 40%%", u)
+	}
+	if got := pids(t, gpu(t, later, 2)); len(got) != 1 || got[0].Pid != 12 {
+		t.Errorf("GPU 2's processes after the plugin's change: %+v, want pid 12", got)
+	}
+	if err := mig.Destroy(gpu(t, plugin, 2), inst); err != nil {
+		t.Fatal(err)
+	}
+	if got := pids(t, gpu(t, openOn(t, "dgxh100", dir), 2)); len(got) != 0 {
+		t.Errorf("processes of a destroyed MIG device: %+v", got)
 	}
 }
