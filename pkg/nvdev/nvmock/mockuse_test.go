@@ -436,7 +436,7 @@ func TestMockUseSurvivesThePluginsChanges(t *testing.T) {
 	setGPUUse(t, dir, "1", nvmock.GPUUse{SMUtil: 40})
 	setProcessUse(t, dir, "1", nvmock.ProcessUse{PID: 11, MemoryUsed: mib})
 	setProcessUse(t, dir, inst.UUID, nvmock.ProcessUse{PID: 12, MemoryUsed: mib})
-	if err := nvmock.SetMIGUse(dir, inst.UUID, nvmock.MIGUse{SMActivity: 30}); err != nil {
+	if err := nvmock.SetMIGUse(dir, inst.UUID, nvmock.MIGUse{SMActivity: 30, MemoryUsed: 2 * mib}); err != nil {
 		t.Fatal(err)
 	}
 	makeMIG(t, gpu(t, plugin, 3), "1g.10gb", 0) // the plugin writes the state
@@ -451,6 +451,11 @@ func TestMockUseSurvivesThePluginsChanges(t *testing.T) {
 	if got := pids(t, gpu(t, later, 2)); len(got) != 1 || got[0].Pid != 12 {
 		t.Errorf("GPU 2's processes after the plugin's change: %+v, want pid 12", got)
 	}
+	migDev, err := later.DeviceByUUID(inst.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMemory(t, migDev, 2*mib) // the instance's own, more than its process's
 	if err := mig.Destroy(gpu(t, plugin, 2), inst); err != nil {
 		t.Fatal(err)
 	}
