@@ -22,6 +22,10 @@
 //	mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
 //	mocknvml rebind --state-dir DIR --gpu N|UUID
 //	mocknvml reset --state-dir DIR --gpu N|UUID
+//	mocknvml use --state-dir DIR (--gpu N|UUID [--mem P] | --mig UUID) [--sm P] [--mem-used SIZE]
+//	mocknvml use-unsupported --state-dir DIR --gpu N|UUID [--off]
+//	mocknvml proc --state-dir DIR (--gpu N|UUID | --mig UUID) --pid P [--name NAME] [--sm P] [--mem P] [--mem-used SIZE]
+//	mocknvml proc --state-dir DIR --pid P --end
 //
 // reboot simulates a node reboot: MIG devices and compute modes are lost
 // (MIG mode too, except on Ampere) and FILE, the plugin's --boot-id-path,
@@ -60,6 +64,19 @@
 // resets the GPU as nvidia-smi -r does: a pending MIG mode becomes current,
 // MIG devices and the compute mode are lost; it refuses while a process
 // holds the GPU.
+//
+// use, use-unsupported and proc set what the GPUs are doing, which NVML's
+// use calls answer (utilization, memory, processes, GPM; see
+// docs/simulated-nvml.md): use sets a GPU's SM utilization --sm and memory
+// utilization --mem (percents) and memory used --mem-used (a size: 1Gi,
+// 512Mi, bytes), or a MIG device's SM activity (GPM) and memory used;
+// what is not given is 0. use-unsupported makes the GPU's use calls, and
+// its MIG devices', answer NOT_SUPPORTED (a GPU or driver without them),
+// until --off (clear ends it too). proc runs process P on a GPU or MIG
+// device, using --sm and --mem of the GPU's time and --mem-used of its
+// memory, or changes what it does there; --end ends it on every device:
+// NVML lists it no more. A GPU reports at least what its processes add up
+// to.
 //
 // mig-layout does what an admin does with mig-parted before offering a GPU
 // as static MIG: it enables MIG mode on GPU N and makes a MIG device of each
@@ -112,6 +129,10 @@ const usage = `usage:
   mocknvml rebind-on-mig-mode --state-dir DIR --gpu N|UUID [--off]
   mocknvml rebind --state-dir DIR --gpu N|UUID
   mocknvml reset --state-dir DIR --gpu N|UUID
+  mocknvml use --state-dir DIR (--gpu N|UUID [--mem P] | --mig UUID) [--sm P] [--mem-used SIZE]
+  mocknvml use-unsupported --state-dir DIR --gpu N|UUID [--off]
+  mocknvml proc --state-dir DIR (--gpu N|UUID | --mig UUID) --pid P [--name NAME] [--sm P] [--mem P] [--mem-used SIZE]
+  mocknvml proc --state-dir DIR --pid P --end
 --state-dir defaults to $MOCK_NVML_STATE_DIR`
 
 var commands = map[string]func(args []string) error{
@@ -132,6 +153,9 @@ var commands = map[string]func(args []string) error{
 	"rebind-on-mig-mode": rebindOnMigMode,
 	"rebind":             rebind,
 	"reset":              reset,
+	"use":                use,
+	"use-unsupported":    useUnsupported,
+	"proc":               proc,
 	"driver-unload":      func(args []string) error { return driverModule("driver-unload", args, nvmock.UnloadDriver) },
 	"driver-load":        func(args []string) error { return driverModule("driver-load", args, nvmock.LoadDriver) },
 }

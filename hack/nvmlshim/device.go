@@ -343,10 +343,11 @@ func nvmlDeviceGetMemoryInfo(h C.uintptr_t, out unsafe.Pointer) C.int {
 //export nvmlDeviceGetMemoryInfo_v2
 func nvmlDeviceGetMemoryInfo_v2(h C.uintptr_t, out unsafe.Pointer) C.int {
 	return onDevice("nvmlDeviceGetMemoryInfo_v2", h, func(d nvml.Device) nvml.Return {
-		m, ret := d.GetMemoryInfo()
+		m, ret := d.GetMemoryInfo_v2()
 		if ret == nvml.SUCCESS {
 			v2 := (*nvml.Memory_v2)(out)
-			*v2 = nvml.Memory_v2{Version: v2.Version, Total: m.Total, Free: m.Free, Used: m.Used}
+			// The caller's version stays: it is an input.
+			*v2 = nvml.Memory_v2{Version: v2.Version, Total: m.Total, Reserved: m.Reserved, Free: m.Free, Used: m.Used}
 		}
 		return ret
 	})

@@ -265,6 +265,24 @@ func safeKey(obj any) (key any) {
 	return keyOf(obj)
 }
 
+// drop forgets a handle the caller freed (a GPM sample) and frees its
+// memory; later calls with it answer INVALID_ARGUMENT.
+func (t *handleTable) drop(h C.uintptr_t) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.objs[uintptr(h)]
+	if !ok {
+		return
+	}
+	for k, v := range t.keys {
+		if v == uintptr(h) {
+			delete(t.keys, k)
+		}
+	}
+	delete(t.objs, uintptr(h))
+	C.free(e.mem)
+}
+
 func (t *handleTable) get(h C.uintptr_t) any {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -327,6 +328,101 @@ func TestLibraryKeepsTheHostPreemptible(t *testing.T) {
 		case !chained:
 			t.Logf("without the chain: %v (as expected: the host's preemption signals are swallowed)", err)
 		}
+	}
+}
+
+// probeUse is nvmlprobe's use report (nvmlprobe/use.go).
+type probeUse struct {
+	Utilization    nvml.Utilization                `json:"utilization"`
+	UtilizationRet nvml.Return                     `json:"utilizationRet"`
+	Memory         nvml.Memory_v2                  `json:"memory"`
+	MemoryRet      nvml.Return                     `json:"memoryRet"`
+	Processes      []nvml.ProcessInfo              `json:"processes"`
+	ProcessesRet   nvml.Return                     `json:"processesRet"`
+	Samples        []nvml.ProcessUtilizationSample `json:"samples"`
+	SamplesRet     nvml.Return                     `json:"samplesRet"`
+	GPMSupported   uint32                          `json:"gpmSupported"`
+	GPMSupportRet  nvml.Return                     `json:"gpmSupportRet"`
+	SMActivity     float64                         `json:"smActivity"`
+	SMActivityRet  nvml.Return                     `json:"smActivityRet"`
+}
+
+// TestLibraryServesUse: the use set on the machine from outside (what
+// hack/mocknvml use and proc do) is what go-nvml reads through the
+// library, for a whole GPU, a MIG device (GPM through the parent), a GPU
+// whose use calls are switched off, and after a process ended.
+func TestLibraryServesUse(t *testing.T) {
+	n := newNode(t)
+	var inv inventory
+	n.run(&inv, "inventory") // makes the state directory
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const mib = uint64(1) << 20
+	must(nvmock.SetGPUUse(n.state, "1", nvmock.GPUUse{SMUtil: 70, MemUtil: 30, MemoryUsed: 1024 * mib}))
+	must(nvmock.SetProcessUse(n.state, "1", nvmock.ProcessUse{PID: 4242, SMUtil: 70, MemUtil: 30, MemoryUsed: 512 * mib}))
+	must(nvmock.SetProcessUse(n.state, "1", nvmock.ProcessUse{PID: 4243, MemoryUsed: 128 * mib}))
+
+	var whole probeUse
+	n.run(&whole, "use", "--gpu", "1")
+	if whole.UtilizationRet != nvml.SUCCESS || whole.Utilization != (nvml.Utilization{Gpu: 70, Memory: 30}) {
+		t.Errorf("utilization %+v, %v; want 70%%, 30%%", whole.Utilization, whole.UtilizationRet)
+	}
+	total := inv.GPUs[1].MemoryBytes
+	if whole.MemoryRet != nvml.SUCCESS || whole.Memory.Used != 1024*mib || whole.Memory.Free != total-1024*mib || whole.Memory.Total != total {
+		t.Errorf("memory %+v, %v; want 1 GiB of %d used", whole.Memory, whole.MemoryRet, total)
+	}
+	wantProcs := []nvml.ProcessInfo{
+		{Pid: 4242, UsedGpuMemory: 512 * mib, GpuInstanceId: nvmock.WholeGPU, ComputeInstanceId: nvmock.WholeGPU},
+		{Pid: 4243, UsedGpuMemory: 128 * mib, GpuInstanceId: nvmock.WholeGPU, ComputeInstanceId: nvmock.WholeGPU},
+	}
+	if whole.ProcessesRet != nvml.SUCCESS || fmt.Sprint(whole.Processes) != fmt.Sprint(wantProcs) {
+		t.Errorf("processes %+v, %v\nwant %+v", whole.Processes, whole.ProcessesRet, wantProcs)
+	}
+	if whole.SamplesRet != nvml.SUCCESS || len(whole.Samples) != 1 || whole.Samples[0].Pid != 4242 || whole.Samples[0].SmUtil != 70 || whole.Samples[0].MemUtil != 30 {
+		t.Errorf("process samples %+v, %v; want pid 4242's only", whole.Samples, whole.SamplesRet)
+	}
+	if whole.GPMSupported != 1 || whole.SMActivityRet != nvml.SUCCESS || math.Abs(whole.SMActivity-70) > 1e-6 {
+		t.Errorf("GPM: supported %d (%v), SM activity %v (%v); want 70", whole.GPMSupported, whole.GPMSupportRet, whole.SMActivity, whole.SMActivityRet)
+	}
+
+	var made mig.Instance
+	n.run(&made, "mig-create", "--gpu", "2", "--profile", "3g.40gb")
+	must(nvmock.SetMIGUse(n.state, made.UUID, nvmock.MIGUse{SMActivity: 55, MemoryUsed: 2048 * mib}))
+	must(nvmock.SetProcessUse(n.state, made.UUID, nvmock.ProcessUse{PID: 77, MemoryUsed: 256 * mib}))
+	var inMIG probeUse
+	n.run(&inMIG, "use", "--mig", made.UUID)
+	if inMIG.UtilizationRet != nvml.ERROR_NOT_SUPPORTED || inMIG.SamplesRet != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("MIG device: utilization %v, process samples %v; want both NOT_SUPPORTED", inMIG.UtilizationRet, inMIG.SamplesRet)
+	}
+	if inMIG.MemoryRet != nvml.SUCCESS || inMIG.Memory.Used != 2048*mib || inMIG.Memory.Free != inMIG.Memory.Total-2048*mib {
+		t.Errorf("MIG device memory %+v, %v; want 2 GiB used", inMIG.Memory, inMIG.MemoryRet)
+	}
+	wantMIG := []nvml.ProcessInfo{{Pid: 77, UsedGpuMemory: 256 * mib, GpuInstanceId: uint32(made.GIID), ComputeInstanceId: uint32(made.CIID)}}
+	if inMIG.ProcessesRet != nvml.SUCCESS || fmt.Sprint(inMIG.Processes) != fmt.Sprint(wantMIG) {
+		t.Errorf("MIG device processes %+v, %v; want %+v", inMIG.Processes, inMIG.ProcessesRet, wantMIG)
+	}
+	if inMIG.SMActivityRet != nvml.SUCCESS || math.Abs(inMIG.SMActivity-55) > 1e-6 {
+		t.Errorf("MIG device SM activity %v (%v), want 55", inMIG.SMActivity, inMIG.SMActivityRet)
+	}
+
+	must(nvmock.SetUseSupported(n.state, "3", false))
+	var off probeUse
+	n.run(&off, "use", "--gpu", "3")
+	if off.UtilizationRet != nvml.ERROR_NOT_SUPPORTED || off.MemoryRet != nvml.ERROR_NOT_SUPPORTED ||
+		off.SamplesRet != nvml.ERROR_NOT_SUPPORTED || off.GPMSupported != 0 || off.SMActivityRet != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("use calls switched off: %+v; want NOT_SUPPORTED and GPM unsupported", off)
+	}
+
+	must(nvmock.EndProcess(n.state, 4242))
+	var ended probeUse
+	n.run(&ended, "use", "--gpu", "1")
+	if fmt.Sprint(ended.Processes) != fmt.Sprint(wantProcs[1:]) || ended.SamplesRet != nvml.ERROR_NOT_FOUND {
+		t.Errorf("after pid 4242 ended: processes %+v, samples %+v (%v); want pid 4243 only and ERROR_NOT_FOUND",
+			ended.Processes, ended.Samples, ended.SamplesRet)
 	}
 }
 

@@ -40,7 +40,6 @@ int nvmlDeviceGetClkMonStatus() { return gpuaasShimStub("nvmlDeviceGetClkMonStat
 int nvmlDeviceGetClock() { return gpuaasShimStub("nvmlDeviceGetClock"); }
 int nvmlDeviceGetClockInfo() { return gpuaasShimStub("nvmlDeviceGetClockInfo"); }
 int nvmlDeviceGetClockOffsets() { return gpuaasShimStub("nvmlDeviceGetClockOffsets"); }
-int nvmlDeviceGetComputeRunningProcesses() { return gpuaasShimStub("nvmlDeviceGetComputeRunningProcesses"); }
 int nvmlDeviceGetConfComputeGpuAttestationReport() { return gpuaasShimStub("nvmlDeviceGetConfComputeGpuAttestationReport"); }
 int nvmlDeviceGetConfComputeGpuCertificate() { return gpuaasShimStub("nvmlDeviceGetConfComputeGpuCertificate"); }
 int nvmlDeviceGetConfComputeMemSizeInfo() { return gpuaasShimStub("nvmlDeviceGetConfComputeMemSizeInfo"); }
@@ -160,7 +159,6 @@ int nvmlDeviceGetPowerMizerMode_v1() { return gpuaasShimStub("nvmlDeviceGetPower
 int nvmlDeviceGetPowerSource() { return gpuaasShimStub("nvmlDeviceGetPowerSource"); }
 int nvmlDeviceGetPowerState() { return gpuaasShimStub("nvmlDeviceGetPowerState"); }
 int nvmlDeviceGetPowerUsage() { return gpuaasShimStub("nvmlDeviceGetPowerUsage"); }
-int nvmlDeviceGetProcessUtilization() { return gpuaasShimStub("nvmlDeviceGetProcessUtilization"); }
 int nvmlDeviceGetProcessesUtilizationInfo() { return gpuaasShimStub("nvmlDeviceGetProcessesUtilizationInfo"); }
 int nvmlDeviceGetRemappedRows_v2() { return gpuaasShimStub("nvmlDeviceGetRemappedRows_v2"); }
 int nvmlDeviceGetRepairStatus() { return gpuaasShimStub("nvmlDeviceGetRepairStatus"); }
@@ -187,7 +185,6 @@ int nvmlDeviceGetTopologyNearestGpus() { return gpuaasShimStub("nvmlDeviceGetTop
 int nvmlDeviceGetTotalEccErrors() { return gpuaasShimStub("nvmlDeviceGetTotalEccErrors"); }
 int nvmlDeviceGetTotalEnergyConsumption() { return gpuaasShimStub("nvmlDeviceGetTotalEnergyConsumption"); }
 int nvmlDeviceGetUnrepairableMemoryFlag_v1() { return gpuaasShimStub("nvmlDeviceGetUnrepairableMemoryFlag_v1"); }
-int nvmlDeviceGetUtilizationRates() { return gpuaasShimStub("nvmlDeviceGetUtilizationRates"); }
 int nvmlDeviceGetVgpuCapabilities() { return gpuaasShimStub("nvmlDeviceGetVgpuCapabilities"); }
 int nvmlDeviceGetVgpuHeterogeneousMode() { return gpuaasShimStub("nvmlDeviceGetVgpuHeterogeneousMode"); }
 int nvmlDeviceGetVgpuInstancesUtilizationInfo() { return gpuaasShimStub("nvmlDeviceGetVgpuInstancesUtilizationInfo"); }
@@ -274,13 +271,7 @@ int nvmlGetExcludedDeviceInfoByIndex() { return gpuaasShimStub("nvmlGetExcludedD
 int nvmlGetVgpuCompatibility() { return gpuaasShimStub("nvmlGetVgpuCompatibility"); }
 int nvmlGetVgpuDriverCapabilities() { return gpuaasShimStub("nvmlGetVgpuDriverCapabilities"); }
 int nvmlGetVgpuVersion() { return gpuaasShimStub("nvmlGetVgpuVersion"); }
-int nvmlGpmMetricsGet() { return gpuaasShimStub("nvmlGpmMetricsGet"); }
-int nvmlGpmMigSampleGet() { return gpuaasShimStub("nvmlGpmMigSampleGet"); }
-int nvmlGpmQueryDeviceSupport() { return gpuaasShimStub("nvmlGpmQueryDeviceSupport"); }
 int nvmlGpmQueryIfStreamingEnabled() { return gpuaasShimStub("nvmlGpmQueryIfStreamingEnabled"); }
-int nvmlGpmSampleAlloc() { return gpuaasShimStub("nvmlGpmSampleAlloc"); }
-int nvmlGpmSampleFree() { return gpuaasShimStub("nvmlGpmSampleFree"); }
-int nvmlGpmSampleGet() { return gpuaasShimStub("nvmlGpmSampleGet"); }
 int nvmlGpmSetStreamingEnabled() { return gpuaasShimStub("nvmlGpmSetStreamingEnabled"); }
 int nvmlGpuInstanceCreateComputeInstanceWithPlacement() { return gpuaasShimStub("nvmlGpuInstanceCreateComputeInstanceWithPlacement"); }
 int nvmlGpuInstanceGetActiveVgpus() { return gpuaasShimStub("nvmlGpuInstanceGetActiveVgpus"); }

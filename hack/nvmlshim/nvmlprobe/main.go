@@ -13,6 +13,7 @@
 //	nvmlprobe --driver-root DIR mig-destroy --gpu N --gi G --ci C
 //	nvmlprobe --driver-root DIR wait-event --gpu N --timeout D
 //	nvmlprobe --driver-root DIR gc [--timeout D]
+//	nvmlprobe --driver-root DIR use (--gpu N | --mig UUID) [--gpm-interval D]
 package main
 
 import (
@@ -46,6 +47,8 @@ func main() {
 	gi := sub.Int("gi", 0, "GPU instance ID")
 	ci := sub.Int("ci", 0, "compute instance ID")
 	timeout := sub.Duration("timeout", 10*time.Second, "how long to wait")
+	migUUID := sub.String("mig", "", "MIG device UUID (use: instead of --gpu)")
+	gpmInterval := sub.Duration("gpm-interval", 200*time.Millisecond, "time between the two GPM samples (NVML wants over 100ms)")
 	_ = sub.Parse(args)
 
 	lib, err := nvdev.Open(nvdev.Options{Backend: nvdev.BackendReal, DriverRoot: *root})
@@ -93,6 +96,8 @@ func main() {
 		return
 	case "wait-event":
 		out, err = waitEvent(lib, *gpu, *timeout)
+	case "use":
+		out, err = readUse(lib, *gpu, *migUUID, *gpmInterval)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}

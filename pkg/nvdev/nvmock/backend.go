@@ -48,12 +48,13 @@ func open(machine string, opts nvdev.Options) (nvdev.Interface, error) {
 // until release is called (nil for a machine kept in memory). It is what
 // the simulated libnvidia-ml.so.1 (hack/nvmlshim) answers C callers from.
 func NewLibrary(machine string, opts nvdev.Options) (lib nvml.Interface, release func(), err error) {
-	s, err := New(machine, opts.MockSeed)
+	s, err := newMachine(machine, opts.MockSeed)
 	if err != nil {
 		return nil, nil, err
 	}
 	pairWithDriverRoot(s, opts.DriverRoot)
 	if opts.MockStateDir == "" {
+		completeUse(s, idleUse{}, nil)
 		return s, nil, nil
 	}
 	// The session holds the mock driver module, as a real one holds

@@ -48,8 +48,20 @@ var smCounts = map[string]int{
 // New returns a go-nvml mock machine completed with what its devices
 // lack for our device model: a PCI bus ID, a NUMA node, an SM count, and
 // UUIDs that stay the same across restarts for the same seed (a real GPU's
-// UUID never changes; go-nvml draws random ones).
+// UUID never changes; go-nvml draws random ones). Kept in memory, its GPUs
+// answer the use calls (mockuse.go) as idle.
 func New(machine, seed string) (*server.Server, error) {
+	s, err := newMachine(machine, seed)
+	if err != nil {
+		return nil, err
+	}
+	completeUse(s, idleUse{}, nil)
+	return s, nil
+}
+
+// newMachine is New without the use calls, which a persistent machine
+// answers from its state file.
+func newMachine(machine, seed string) (*server.Server, error) {
 	newServer, ok := mockMachines[machine]
 	if !ok {
 		return nil, fmt.Errorf("unknown mock machine %q, want one of %v", machine, Machines())

@@ -38,6 +38,7 @@ func (m *mockMachine) applyGPU(g *mockGPU, st mockGPUState) error {
 	}
 	g.d.Unlock()
 	g.pending, g.binding = st.PendingMigMode, st.Binding
+	g.use, g.procs = st.Use, st.Processes
 	if ret := g.setComputeMode(st.ComputeMode); ret != nvml.SUCCESS {
 		return fmt.Errorf("setting compute mode %d: %w", st.ComputeMode, ret)
 	}
@@ -49,6 +50,7 @@ func (m *mockMachine) applyGPU(g *mockGPU, st mockGPUState) error {
 				return err
 			}
 		}
+		m.giOf(gi).use = gst.Use
 		if err := m.applyCIs(m.giOf(gi), gst); err != nil {
 			return fmt.Errorf("GPU instance %d: %w", gst.ID, err)
 		}

@@ -40,6 +40,9 @@ import (
 //   - MIG mode changes may be refused while a process holds the GPU, stay
 //     pending a reset, or re-bind the GPU with a new minor number
 //     (mockmigmode.go).
+//   - a GPU (or driver) without the use calls answers them, on the GPU
+//     and its MIG devices, with ERROR_NOT_SUPPORTED (SetUseSupported,
+//     mockuse.go); a lost GPU answers them ERROR_GPU_IS_LOST.
 //
 // The file is not part of the machine's state: a fault is not something
 // the plugin does, and keeping it apart lets an injection never wait for,
@@ -110,6 +113,9 @@ type mockGPUFaults struct {
 	Holders         []Process `json:"holders,omitempty"`
 	MigModePending  bool      `json:"migModePending,omitempty"`
 	RebindOnMigMode bool      `json:"rebindOnMigMode,omitempty"`
+	// UseUnsupported: the GPU's use calls answer ERROR_NOT_SUPPORTED
+	// (SetUseSupported).
+	UseUnsupported bool `json:"useUnsupported,omitempty"`
 }
 
 // What a GPU of an unknown generation answers: values past every one

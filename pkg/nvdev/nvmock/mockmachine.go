@@ -57,11 +57,18 @@ type mockGPU struct {
 	binding       int
 	handle        nvml.Device
 	handleBinding int
+	// use and procs are what the GPU is doing, as the state file last
+	// read or written holds them (mockuse.go); guarded by the machine's
+	// mu, replaced, never changed.
+	use   *mockUseState
+	procs []mockProcessState
 }
 
 type mockGI struct {
 	gi       *server.GpuInstance
 	createCI func(*nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return)
+	// use is what the instance is doing, as mockGPU's use.
+	use *mockUseState
 }
 
 // persistMock makes a completed mock machine persistent in dir: rebuilt
@@ -227,9 +234,29 @@ func (m *mockMachine) capture() *mockState {
 	st := &mockState{Version: mockStateVersion, Machine: m.machine, Seed: m.seed}
 	for _, g := range m.gpus {
 		mode, _ := g.getComputeMode()
-		st.GPUs = append(st.GPUs, captureGPU(g.d, mode, g.pending, g.binding))
+		gst := captureGPU(g.d, mode, g.pending, g.binding)
+		m.captureUse(g, &gst)
+		st.GPUs = append(st.GPUs, gst)
 	}
 	return st
+}
+
+// captureUse records what a GPU and its instances are doing. Processes
+// on an instance destroyed since are dropped: they ended with it.
+func (m *mockMachine) captureUse(g *mockGPU, st *mockGPUState) {
+	st.Use = g.use
+	for i := range st.GIs {
+		for gi, mg := range m.gis {
+			if gi.Info.Device == nvml.Device(g.d) && gi.Info.Id == st.GIs[i].ID {
+				st.GIs[i].Use = mg.use
+			}
+		}
+	}
+	st.Processes = g.procs
+	st.Processes = useViewOf(st).alive()
+	if len(st.Processes) == 0 {
+		st.Processes = nil
+	}
 }
 
 // shutdown releases the state file when NVML is shut down.

@@ -272,10 +272,14 @@ func ResetGPU(dir, gpu string) error {
 			return fmt.Errorf("no GPU %s in the state", ref.uuid)
 		}
 		g := &st.GPUs[i]
+		if procs := useViewOf(g).alive(); len(procs) > 0 {
+			return fmt.Errorf("GPU %s runs %d processes (first: pid %d %s); a reset needs them gone", ref.uuid, len(procs), procs[0].PID, procs[0].Name)
+		}
 		if g.PendingMigMode != nil {
 			g.MigMode = *g.PendingMigMode
 		}
 		g.PendingMigMode, g.GIs, g.NextGIID, g.ComputeMode = nil, nil, 0, nvml.COMPUTEMODE_DEFAULT
+		g.Use, g.Processes = nil, nil
 		return nil
 	})
 	if err != nil {

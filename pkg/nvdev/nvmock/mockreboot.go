@@ -16,7 +16,8 @@ import (
 // --boot-id-path on a simulated node). It returns the new boot ID.
 //
 // A reboot loses what the driver keeps only while it is loaded: GPU and
-// compute instances (and so MIG devices) and the compute mode. MIG mode
+// compute instances (and so MIG devices), the compute mode, and every
+// process with the use (mockuse.go). MIG mode
 // survives on Ampere, where NVIDIA's MIG user guide says the setting is
 // kept across reboots (in the InfoROM, like ECC mode) until changed; from
 // Hopper on, the guide says it lasts only while the driver is loaded, so it
@@ -109,6 +110,8 @@ func clearVolatile(st *mockState) error {
 	for i := range st.GPUs {
 		g := &st.GPUs[i]
 		g.GIs, g.NextGIID, g.ComputeMode = nil, 0, nvml.COMPUTEMODE_DEFAULT
+		// Nothing runs on a GPU that has just booted.
+		g.Use, g.Processes = nil, nil
 		// The reset a reboot is applies a pending mode; the driver probes
 		// the GPUs again in bus order, with their first minors.
 		if g.PendingMigMode != nil {

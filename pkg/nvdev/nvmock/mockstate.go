@@ -20,14 +20,18 @@ import (
 // The state file of a persistent mock machine holds what a real GPU keeps
 // while the driver is loaded, whatever happens to the processes using it:
 // MIG mode, GPU and compute instances (with their IDs and placements, from
-// which the mock derives MIG UUIDs) and the compute mode. Time-slice
+// which the mock derives MIG UUIDs), the compute mode, and what the GPUs
+// and their processes are doing (their use, mockuse.go). Time-slice
 // intervals are not here: the plugin sets them through nvidia-smi, not
 // NVML, so they belong to the stand-in tools, not to the mock machine.
 // Everything else (UUIDs, bus IDs, profiles) follows from the machine name
 // and the seed, which the file records so that a machine is never rebuilt
 // under another node's name.
 
-// mockStateVersion is bumped on any incompatible change of the file.
+// mockStateVersion is bumped on any incompatible change of the file. The
+// use (mockuse.go) was added compatibly, in fields a file without use
+// leaves out: files written before load as machines doing nothing, and a
+// machine never given use writes the same file as before.
 const mockStateVersion = 1
 
 type mockState struct {
@@ -55,6 +59,11 @@ type mockGPUState struct {
 	// within a boot, so MIG UUIDs are never reused either.
 	NextGIID uint32        `json:"nextGpuInstanceID"`
 	GIs      []mockGIState `json:"gpuInstances,omitempty"`
+	// Use and Processes are what the GPU is doing (mockuse.go): absent
+	// in a file written before the machine had use, and for a GPU never
+	// given any.
+	Use       *mockUseState      `json:"use,omitempty"`
+	Processes []mockProcessState `json:"processes,omitempty"`
 }
 
 type mockGIState struct {
@@ -64,6 +73,8 @@ type mockGIState struct {
 	Size      uint32        `json:"size"`
 	NextCIID  uint32        `json:"nextComputeInstanceID"`
 	CIs       []mockCIState `json:"computeInstances,omitempty"`
+	// Use is what the instance is doing (mockuse.go).
+	Use *mockUseState `json:"use,omitempty"`
 }
 
 type mockCIState struct {

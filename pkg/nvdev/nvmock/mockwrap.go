@@ -31,6 +31,7 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 		return shutdown()
 	}
 	m.faults.wrapServer(s)
+	completeUse(s, m, m.faults)
 	m.wrapHandles(&s.DeviceGetHandleByUUIDFunc, &s.DeviceGetHandleByIndexFunc)
 }
 

@@ -107,7 +107,7 @@ func (n *RealNode) ChartValuesWithImage(verbosity int, repository, tag, pullPoli
 - {name: GPUAAS_MOCK_NVML_MACHINE, value: dgxh100}
 - {name: GPUAAS_MOCK_NVML_STATE_DIR, value: %q}
 - {name: GPUAAS_MOCK_NVML_SEED, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}`,
-			filepath.Join(n.KubeletDir, "plugins", DriverName, "mock-nvml"))
+			n.Machine().StateDir)
 	}
 	return fmt.Sprintf(`
 logVerbosity: %d

@@ -126,7 +126,7 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 	if err != nil {
 		return nil, err
 	}
-	stateDir := filepath.Join(n.PluginDataDir, "mock-nvml")
+	stateDir := n.Machine().StateDir
 	nvmlArgs := []string{
 		// The simulated GPUs keep their state (MIG devices, modes) in a
 		// file, so that it outlives the plugin process as a GPU's does.
