@@ -433,7 +433,7 @@ func TestDeactivatePatchesTheWorkloadOfThePodsJob(t *testing.T) {
 		&metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
 			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "trainer-job", UID: "job-uid"}},
 		// A look-alike names the Job by name, with another UID.
-		workload("job-trainer-job-lookalike", testworld.ControllerRef("batch/v1", "Job", "trainer-job", "other-uid")),
+		workload("imposter-trainer-job", testworld.ControllerRef("batch/v1", "Job", "trainer-job", "other-uid")),
 		workload("job-trainer-job", job))
 	x := w.start(t)
 	x.at(t0.Add(10 * time.Minute))
@@ -441,7 +441,7 @@ func TestDeactivatePatchesTheWorkloadOfThePodsJob(t *testing.T) {
 	if active := x.workloadActive("job-trainer-job"); active {
 		t.Errorf("the Job's Workload is still active: events %q", x.events.events)
 	}
-	if !x.workloadActive("job-trainer-job-lookalike") {
+	if !x.workloadActive("imposter-trainer-job") {
 		t.Error("deactivated a look-alike Workload whose ownerReference names another UID")
 	}
 	if !x.podExists("notebook") || !slices.Contains(x.events.reasons(), "Pod/notebook IdleDeactivated") {
