@@ -136,7 +136,7 @@ type run struct {
 func (w *world) start(t *testing.T) *run {
 	t.Helper()
 	base := testworld.NewFakeClient(t, w.objs...)
-	c := client.WithWatch(base)
+	c := base
 	if w.evictFn != nil {
 		c = interceptorClient(base, w)
 	}
