@@ -13,7 +13,8 @@ const (
 	// resultRefused: the Eviction API refused (a PodDisruptionBudget);
 	// retried later.
 	resultRefused = "refused"
-	// resultNotified: a Deactivate found no Kueue Workload and notified.
+	// resultNotified: a Deactivate found no Kueue Workload, or an Evict
+	// no pod, and notified.
 	resultNotified = "notified"
 	resultFailed   = "failed"
 )

@@ -167,6 +167,10 @@ func (r *Reconciler) act(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	}
 	switch p.Action {
 	case gpuaas.IdleActionEvict:
+		if len(pods) == 0 {
+			r.notify(claim, nil, ReasonIdleNotified, why+"; not evicted: no pod of its status.reservedFor exists with the UID reserved, notified instead")
+			return resultNotified, nil
+		}
 		if err := r.evict(ctx, claim, pods, why); err != nil {
 			if errors.Is(err, errRefused) {
 				return resultRefused, err

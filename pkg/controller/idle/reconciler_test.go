@@ -306,6 +306,29 @@ func TestNeverActsOnUnknownUse(t *testing.T) {
 	}
 }
 
+func TestNeverActsOnAClaimBeingDeleted(t *testing.T) {
+	w := newWorld(t, gpuaas.IdleActionEvict)
+	claim := idleClaim(t0, "gpu-0")
+	claim.Finalizers = []string{"example.com/hold"}
+	claim.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+	w.replace(claim)
+	w.start(t).neverActs()
+}
+
+func TestEvictWithoutAPodToEvictSaysSo(t *testing.T) {
+	w := newWorld(t, gpuaas.IdleActionEvict)
+	w.remove(pod("notebook", podUID, nil))
+	// A pod of the reserved name, made since: another pod, not the claim's.
+	w.objs = append(w.objs, pod("notebook", "another-uid", nil))
+	x := w.start(t)
+	x.at(t0.Add(10 * time.Minute))
+	x.at(t0.Add(15 * time.Minute))
+	last := x.events.events[len(x.events.events)-1]
+	if !x.podExists("notebook") || !strings.Contains(last, "IdleNotified") || !strings.Contains(last, "no pod") {
+		t.Errorf("evicted a pod the claim is not reserved for, or did not say there was none: events %q", x.events.events)
+	}
+}
+
 func TestNeverActsWithoutCurrentSamples(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
