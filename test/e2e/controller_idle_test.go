@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,8 +11,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	metaapply "k8s.io/client-go/applyconfigurations/meta/v1"
+	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/utils/ptr"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -66,11 +67,10 @@ func TestControllerIdlePolicyEvictsTheIdlePod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the idle notebook's pod was not evicted: %v", err)
 	}
-	note := waitForEvent(t, ctx, ns, "Pod", notebook.Name, "IdleEvicted")
-	for _, s := range []string{"policy tenantquota/" + name, "below 5% for 1m0s", "SM 0% (threshold 5%)", "pod evicted"} {
-		if !strings.Contains(note, s) {
-			t.Errorf("eviction event %q does not say %q", note, s)
-		}
+	_, err = cp.WaitForEvent(ctx, ns, "Pod", notebook.Name, "IdleEvicted",
+		"policy tenantquota/"+name, "below 5% for 1m0s", "SM 0% (threshold 5%)", "pod evicted")
+	if err != nil {
+		t.Error(err)
 	}
 	if p, err := pods.Get(ctx, trainer.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil || p.UID != trainer.UID {
 		t.Errorf("the busy trainer's pod: %v (deleting: %v); want it kept", err, p != nil && p.DeletionTimestamp != nil)
@@ -134,29 +134,100 @@ func waitForQuotaNamespace(t *testing.T, quota, ns string) {
 	}
 }
 
-// waitForEvent is the note of the first event of reason regarding the
-// object of kind named name in ns.
-func waitForEvent(t *testing.T, ctx context.Context, ns, kind, name, reason string) string {
-	t.Helper()
-	var note string
-	var seen []string
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		list, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		seen = seen[:0]
-		for _, e := range list.Items {
-			seen = append(seen, fmt.Sprintf("%s/%s %s", e.Regarding.Kind, e.Regarding.Name, e.Reason))
-			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
-				note = e.Note
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no %s event on %s %s in %s (events: %q): %v", reason, kind, name, ns, seen, err)
+// testKueueIdleDeactivate (issue 56): a Job's pod runs on the node with its
+// GPU; the test writes, as the node's plugin would, the claim's Idle
+// condition (idle for two minutes) and the node's use Lease. With a tenant
+// policy of Deactivate after 1m, the Job's Workload gets spec.active=false
+// with an event naming the policy, Kueue evicts it and its claim goes (the
+// GPU is freed); reactivated by a person, the Job runs again.
+func testKueueIdleDeactivate(t *testing.T, kq *kueueHelper) {
+	ctx := framework.Context(t, 5*time.Minute)
+	ns := kq.team("idle", "", 1000, nil)
+	tenant := uniqueName("kueue-idle")
+	q := quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units("1")})
+	q.Spec.IdlePolicy = &gpuaas.IdlePolicy{Duration: metav1.Duration{Duration: time.Minute}, Action: gpuaas.IdleActionDeactivate}
+	createObject(t, q)
+	waitForQuotaNamespace(t, tenant, ns)
+	kq.job(ctx, ns, "notebook", jobSpec{class: "gpu.gpuaas.io"})
+	kq.waitAdmitted(ctx, ns, "notebook")
+	kq.waitRunningPods(ctx, ns, "notebook", 1)
+	pod := kq.jobPods(ctx, ns, "notebook")[0]
+	if len(pod.Status.ResourceClaimStatuses) != 1 || pod.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+		t.Fatalf("pod %s has no claim: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
 	}
-	return note
+	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+	claims := cp.Client.ResourceV1().ResourceClaims(ns)
+	claim, err := claims.Get(ctx, claimName, metav1.GetOptions{})
+	if err != nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim %s of the running pod: %v, allocation %+v", claimName, err, claim.Status.Allocation)
+	}
+	d := claim.Status.Allocation.Devices.Results[0]
+	now := time.Now()
+	writeUseLease(t, d.Pool, now.Add(-time.Hour))
+	applyIdle(t, ctx, claim, d, metav1.NewTime(now.Add(-2*time.Minute)))
+
+	if _, err := cp.WaitForEvent(ctx, ns, "Pod", pod.Name, "IdleDeactivated", "policy tenantquota/"+tenant, "SM 0%"); err != nil {
+		t.Fatal(err)
+	}
+	wl, err := kq.workload(ctx, ns, "notebook")
+	if err != nil || wl == nil {
+		t.Fatalf("the Job's Workload: %v", err)
+	}
+	if active, found, _ := unstructured.NestedBool(wl.Object, "spec", "active"); !found || active {
+		t.Fatalf("Workload %s spec.active = %v (set: %v), want false", wl.GetName(), active, found)
+	}
+	kq.poll(ctx, "the idle Job's claim gone (its GPU freed)", func(ctx context.Context) (bool, error) {
+		_, err := claims.Get(ctx, claimName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+
+	// A person reactivates it: it runs again, on a claim of its own that
+	// no sample has called idle.
+	_, err = cp.Dynamic.Resource(framework.KueueResource("workloads")).Namespace(ns).Patch(ctx, wl.GetName(),
+		types.MergePatchType, []byte(`{"spec":{"active":true}}`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatalf("reactivating Workload %s: %v", wl.GetName(), err)
+	}
+	kq.waitAdmitted(ctx, ns, "notebook")
+	kq.waitRunningPods(ctx, ns, "notebook", 1)
+}
+
+// writeUseLease creates or renews node's use Lease as the node's plugin
+// does, acquired at start.
+func writeUseLease(t *testing.T, node string, start time.Time) {
+	t.Helper()
+	ctx := framework.Context(t, 30*time.Second)
+	leases := cp.Client.CoordinationV1().Leases("default")
+	name := gpuaas.UseLeasePrefix + node
+	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr.To("plugin-" + node), LeaseDurationSeconds: ptr.To[int32](3600),
+		AcquireTime: &metav1.MicroTime{Time: start}, RenewTime: &metav1.MicroTime{Time: time.Now()}}
+	onConflictRetry(t, "writing Lease "+name, func() error {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		l.Spec = spec
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	deleteAtCleanup(t, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
+}
+
+// applyIdle writes device d's Idle condition into the claim's status with
+// a field manager of its own, beside the conditions the plugin owns.
+func applyIdle(t *testing.T, ctx context.Context, claim *resourceapi.ResourceClaim, d resourceapi.DeviceRequestAllocationResult, since metav1.Time) {
+	t.Helper()
+	cfg := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(resourceapply.ResourceClaimStatus().WithDevices(
+		resourceapply.AllocatedDeviceStatus().WithDriver(d.Driver).WithPool(d.Pool).WithDevice(d.Device).WithConditions(
+			metaapply.Condition().WithType(gpuaas.DeviceConditionIdle).WithStatus(metav1.ConditionTrue).
+				WithReason(gpuaas.ReasonIdleBelowThreshold).WithMessage("SM 0% (threshold 0%)").WithLastTransitionTime(since))))
+	_, err := cp.Client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, cfg,
+		metav1.ApplyOptions{FieldManager: "e2e-idle-sampler", Force: true})
+	if err != nil {
+		t.Fatalf("writing the Idle condition of claim %s: %v", claim.Name, err)
+	}
 }
