@@ -125,6 +125,8 @@ func (r *Reconciler) idlePastDuration(ctx context.Context, claim *resourceapi.Re
 	if fresh {
 		pods, err := r.reservedPods(ctx, claim)
 		if err != nil {
+			// Not warned: the retry must find it news again.
+			r.tracker.forget(key)
 			return reconcile.Result{}, err
 		}
 		note := fmt.Sprintf("%s; %s at %s", why, actionText(p.Action), actAt.UTC().Format(time.RFC3339))

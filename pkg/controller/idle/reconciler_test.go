@@ -45,6 +45,8 @@ type world struct {
 	now     time.Time
 	kueue   bool
 	evictFn func() error // what the Eviction API answers; nil: it evicts
+	// podReadFails: how many reads of a pod fail before they succeed.
+	podReadFails int
 }
 
 func newWorld(t *testing.T, action gpuaas.IdleAction) *world {
@@ -137,7 +139,7 @@ func (w *world) start(t *testing.T) *run {
 	t.Helper()
 	base := testworld.NewFakeClient(t, w.objs...)
 	c := base
-	if w.evictFn != nil {
+	if w.evictFn != nil || w.podReadFails > 0 {
 		c = interceptorClient(base, w)
 	}
 	rec := &recorder{}
@@ -148,8 +150,15 @@ func (w *world) start(t *testing.T) *run {
 
 func interceptorClient(base client.WithWatch, w *world) client.WithWatch {
 	return interceptor.NewClient(base, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*corev1.Pod); ok && w.podReadFails > 0 {
+				w.podReadFails--
+				return apierrors.NewServiceUnavailable("the API server is restarting")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
 		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
-			if sub == "eviction" {
+			if sub == "eviction" && w.evictFn != nil {
 				if err := w.evictFn(); err != nil {
 					return err
 				}
@@ -240,6 +249,21 @@ func (x *run) quotaCondition() *metav1.Condition {
 		x.t.Fatal(err)
 	}
 	return meta.FindStatusCondition(q.Status.Conditions, gpuaas.ConditionIdleClaims)
+}
+
+func TestWarningNotLostToAFailedRead(t *testing.T) {
+	w := newWorld(t, gpuaas.IdleActionEvict)
+	w.podReadFails = 1
+	x := w.start(t)
+	w.now = t0.Add(10 * time.Minute)
+	if _, err := x.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "a", Name: "notebook"}}); err == nil {
+		t.Fatal("the pod's read failed and the reconcile did not")
+	}
+	x.at(t0.Add(10 * time.Minute)) // the retry
+	want := []string{"ResourceClaim/notebook IdleWarning", "Pod/notebook IdleWarning"}
+	if got := x.events.reasons(); !slices.Equal(got, want) {
+		t.Errorf("after a failed read and its retry: events %q, want the warning %q", x.events.events, want)
+	}
 }
 
 func TestNotifyOnlyNotifies(t *testing.T) {
