@@ -13,20 +13,23 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
-// ourDevices are the claim's allocated devices of our driver.
+// ourDevices are the claim's allocated devices of our driver, but those
+// given with admin access (a monitoring agent's): they hold the device from
+// no one, so acting on them would free nothing.
 func ourDevices(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAllocationResult {
 	if claim.Status.Allocation == nil {
 		return nil
 	}
 	var out []resourceapi.DeviceRequestAllocationResult
 	for _, d := range claim.Status.Allocation.Devices.Results {
-		if d.Driver == quota.DriverName {
+		if d.Driver == quota.DriverName && !ptr.Deref(d.AdminAccess, false) {
 			out = append(out, d)
 		}
 	}

@@ -339,6 +339,16 @@ func TestNeverActsOnAClaimBeingDeleted(t *testing.T) {
 	w.start(t).neverActs()
 }
 
+// An admin-access claim (a monitoring agent's) holds no GPU from anyone:
+// acting on it would free nothing.
+func TestNeverActsOnAdminAccess(t *testing.T) {
+	w := newWorld(t, gpuaas.IdleActionEvict)
+	claim := idleClaim(t0, "gpu-0")
+	claim.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
+	w.replace(claim)
+	w.start(t).neverActs()
+}
+
 func TestEvictWithoutAPodToEvictSaysSo(t *testing.T) {
 	w := newWorld(t, gpuaas.IdleActionEvict)
 	w.remove(pod("notebook", podUID, nil))
