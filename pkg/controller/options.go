@@ -111,6 +111,12 @@ type Options struct {
 	// deleted (admission/reclaim.go). Zero: lenders wait until borrowers give back.
 	ReclaimUnallocatedAfter time.Duration
 
+	// IdlePolicy enforces the idle policies of TenantQuotas and
+	// GpuProfiles (spec.idlePolicy) on allocated claims the plugins
+	// report idle (pkg/controller/idle, docs/idle-policy.md). The plugins'
+	// use Leases are read in LedgerNamespace, the chart's namespace.
+	IdlePolicy bool
+
 	// Resync is how often quota status (and the gpu-unit-seconds billing
 	// counter) is refreshed without any change; default 30s.
 	Resync time.Duration

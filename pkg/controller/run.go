@@ -36,6 +36,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/hardwareprofiles"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/idle"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
@@ -242,6 +243,13 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	}
 	if err := gpunode.Setup(ctx, mgr); err != nil {
 		return err
+	}
+	if opts.IdlePolicy {
+		err := idle.Setup(mgr, idle.Options{LeaseNamespace: opts.LedgerNamespace, Kueue: opts.Kueue,
+			Events: mgr.GetEventRecorder("gpuaas-dra-controller")})
+		if err != nil {
+			return err
+		}
 	}
 	if opts.QuotaBackstop {
 		r := &backstopReconciler{client: mgr.GetClient(), skipKueue: opts.Kueue,

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -48,7 +49,7 @@ func TestKueue(t *testing.T) {
 	startKueueWithController(t, framework.KueueOptions{
 		Resources:   kueue.Resources(append(kueueCharges, kueue.Charge{DeviceClass: kueueReplicaClass.Name}), kueueReplicaPrice),
 		FairSharing: true, FeatureGates: kueue.ExtendedResourceGate + "=false",
-	})
+	}, func(o *controller.Options) { o.IdlePolicy = true })
 	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
 	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
 	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })
@@ -58,6 +59,7 @@ func TestKueue(t *testing.T) {
 	t.Run("BackedQueue", func(t *testing.T) { testKueueBackedQueue(t, &kueueHelper{t: t}) })
 	t.Run("Shape", func(t *testing.T) { testKueueShape(t, &kueueHelper{t: t}) })
 	t.Run("ExtendedResource", func(t *testing.T) { testKueueExtendedResource(t, &kueueHelper{t: t}) })
+	t.Run("IdleDeactivate", func(t *testing.T) { testKueueIdleDeactivate(t, &kueueHelper{t: t}) })
 }
 
 // kueueReplicaClass is a profile's class that pods may also ask as an

@@ -85,3 +85,13 @@ const (
 // acquired before the condition's lastTransitionTime (a restarted plugin
 // has not yet seen the idleness it reports).
 const UseLeasePrefix = "gpuaas-use-"
+
+// TenantQuota status condition the controller's idle policy writes: True
+// while some of the tenant's claims are idle past their policy's Duration
+// (the message counts them and names the first few), False when none is.
+const (
+	ConditionIdleClaims = "IdleClaims"
+
+	ReasonIdlePastPolicy = "IdlePastPolicy"
+	ReasonNoIdleClaims   = "NoIdleClaims"
+)

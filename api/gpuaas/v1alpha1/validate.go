@@ -36,6 +36,26 @@ func (q *TenantQuota) Validate() field.ErrorList {
 		errs = append(errs, nonNegative(path.Child("gpuUnits"), b.GpuUnits)...)
 		errs = append(errs, nonNegative(path.Child("gpuMemory"), b.GpuMemory)...)
 	}
+	errs = append(errs, q.Spec.IdlePolicy.Validate(spec.Child("idlePolicy"))...)
+	return errs
+}
+
+// Validate checks what the CRD schema does not of an idle policy at path:
+// an exemption selector that parses (the controller exempts nothing it
+// cannot read) and a warning that is not negative. A nil policy is valid.
+func (p *IdlePolicy) Validate(path *field.Path) field.ErrorList {
+	if p == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if sel := p.ExemptNamespaceSelector; sel != nil {
+		if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+			errs = append(errs, field.Invalid(path.Child("exemptNamespaceSelector"), sel, err.Error()))
+		}
+	}
+	if w := p.Warning; w != nil && w.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("warning"), w.Duration.String(), "must not be negative"))
+	}
 	return errs
 }
 

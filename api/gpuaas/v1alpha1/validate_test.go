@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,6 +33,16 @@ func TestTenantQuotaValidate(t *testing.T) {
 		{"bad selector", TenantQuotaSpec{NamespaceSelector: &metav1.LabelSelector{
 			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "x", Operator: "Near"}}}},
 			[]string{"spec.namespaceSelector"}},
+		{"idle policy", TenantQuotaSpec{Namespaces: []string{"a"}, IdlePolicy: &IdlePolicy{Duration: metav1.Duration{Duration: time.Hour},
+			Warning: &metav1.Duration{Duration: time.Minute}, Action: IdleActionEvict,
+			ExemptNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"gpuaas.io/idle-exempt": "true"}}}}, nil},
+		{"idle policy with a bad exemption", TenantQuotaSpec{Namespaces: []string{"a"}, IdlePolicy: &IdlePolicy{
+			Duration: metav1.Duration{Duration: time.Hour}, Action: IdleActionNotify,
+			ExemptNamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "x", Operator: "Near"}}}}},
+			[]string{"spec.idlePolicy.exemptNamespaceSelector"}},
+		{"idle policy with a negative warning", TenantQuotaSpec{Namespaces: []string{"a"}, IdlePolicy: &IdlePolicy{
+			Duration: metav1.Duration{Duration: time.Hour}, Warning: &metav1.Duration{Duration: -time.Minute}, Action: IdleActionEvict}},
+			[]string{"spec.idlePolicy.warning", "must not be negative"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
