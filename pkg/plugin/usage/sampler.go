@@ -284,7 +284,7 @@ func (s *Sampler) Sample(ctx context.Context, now time.Time) {
 		byGPU[d.gpu] = append(byGPU[d.gpu], d)
 	}
 	for gpu, ds := range byGPU {
-		results = s.measureGPU(ctx, gpu, ds, results)
+		results = s.measureGPUGuarded(ctx, gpu, ds, results)
 	}
 	s.procs.endPass()
 	s.dropGPM(devices)
@@ -346,6 +346,23 @@ func soloPod(c *tracked) string {
 // unknown is a sample NVML could not tell.
 func unknown(format string, args ...any) sample {
 	return sample{why: fmt.Sprintf(format, args...)}
+}
+
+// measureGPUGuarded is measureGPU, where an NVML binding that has not the
+// call at all (a simulated machine without use state panics on it) makes
+// the GPU's use unknown instead of ending the plugin.
+func (s *Sampler) measureGPUGuarded(ctx context.Context, gpu string, ds []*trackedDevice, out []measured) (res []measured) {
+	start := len(out)
+	defer func() {
+		if r := recover(); r != nil {
+			klog.FromContext(ctx).V(2).Info("NVML cannot sample the GPU's use", "gpu", gpu, "panic", r)
+			res = out[:start]
+			for _, d := range ds {
+				res = append(res, measured{d: d, use: unknown("NVML cannot sample GPU %s: %v", gpu, r)})
+			}
+		}
+	}()
+	return s.measureGPU(ctx, gpu, ds, out)
 }
 
 // measureGPU measures the devices of one GPU.

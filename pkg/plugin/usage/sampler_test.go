@@ -326,3 +326,12 @@ func TestSharedGPUWithoutProcessSamplesIsUnknown(t *testing.T) {
 		t.Errorf("Idle = %+v, %v; want Unknown/UseUnknown", c, ok)
 	}
 }
+
+// A binding without the call (a simulated machine without use state) makes
+// the use unknown; the sampler goes on.
+func TestMissingNVMLCallIsUnknown(t *testing.T) {
+	h := newHarness(t, &fakeNVML{devices: map[string]nvml.Device{"GPU-0": &mock.Device{}}}, t.TempDir(), nil)
+	h.s.Track(record("c1", "whole", "GPU-0", checkpoint.Device{Device: "gpu-0"}), h.t0)
+	h.passes(0, 30*time.Second)
+	wantCondition(t, h.s, "c1", "gpu-0", metav1.ConditionUnknown, gpuaasv1.ReasonIdleUseUnknown)
+}
