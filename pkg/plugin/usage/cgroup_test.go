@@ -42,7 +42,7 @@ func TestPodOfCgroup(t *testing.T) {
 
 // fakeProc writes <root>/<pid>/cgroup for each pid's pod (cgroup v2,
 // systemd driver).
-func fakeProc(t *testing.T, root string, pods map[uint32]types.UID) {
+func fakeProc(t testing.TB, root string, pods map[uint32]types.UID) {
 	t.Helper()
 	for pid, uid := range pods {
 		dir := filepath.Join(root, strconv.Itoa(int(pid)))
