@@ -163,6 +163,8 @@ type Driver struct {
 	checked <-chan struct{}
 	// store is the checkpoint of prepared claims.
 	store *checkpoint.Store
+	// client is the API client; nil in tests that have none.
+	client kubernetes.Interface
 	// usage samples the prepared devices' use; nil: not sampled.
 	usage *usage.Sampler
 }
@@ -234,7 +236,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
 	checked := make(chan struct{})
-	d.checked, d.store = checked, store
+	d.checked, d.store, d.client = checked, store, opts.KubeClient
 	d.usage = newSampler(opts, d)
 	// Read by the kubelet's health stream, which may start at once.
 	d.health = opts.Health

@@ -5,9 +5,11 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 )
@@ -37,6 +39,31 @@ func (d *Driver) trackPrepared(ctx context.Context) {
 	now := time.Now()
 	for _, rec := range records {
 		d.usage.Track(rec, now)
+	}
+	if d.client != nil {
+		go d.refreshPods(ctx, records)
+	}
+}
+
+// refreshPods reads again the pods the restored claims are reserved for:
+// records written before they held pods have none, and a claim shared by
+// pods gains some after its first prepare. In the background: the
+// sampler maps by the records' pods meanwhile, and a claim that cannot be
+// read keeps them.
+func (d *Driver) refreshPods(ctx context.Context, records []*checkpoint.Claim) {
+	logger := klog.FromContext(ctx)
+	for _, rec := range records {
+		claim, err := d.client.ResourceV1().ResourceClaims(rec.Namespace).Get(ctx, rec.Name, metav1.GetOptions{})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			logger.V(2).Info("Cannot read the pods of a prepared claim; mapping by its record's", "claim", klog.KRef(rec.Namespace, rec.Name), "err", err.Error())
+			continue
+		}
+		if string(claim.UID) == rec.UID {
+			d.usage.SetPods(claim.UID, prepare.ReservedPods(claim))
+		}
 	}
 }
 

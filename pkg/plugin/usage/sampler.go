@@ -10,6 +10,7 @@ package usage
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -80,7 +81,8 @@ type deviceKey struct {
 type tracked struct {
 	uid             types.UID
 	namespace, name string
-	// pods are the pods the claim is reserved for, UID to name.
+	// pods are the pods the claim is reserved for, UID to name; replaced,
+	// never changed in place, so that a pass reads its snapshot unlocked.
 	pods    map[types.UID]string
 	devices []*trackedDevice
 }
@@ -97,6 +99,9 @@ type trackedDevice struct {
 	share    float64
 	judge    *judge
 	prevPods map[string]bool // pod label values exported last pass
+	// pods are the claim's pods as of this pass's snapshot; only the
+	// sampling goroutine touches them.
+	pods map[types.UID]string
 }
 
 // Sampler samples the prepared devices' use. Tracking, forgetting and
@@ -169,9 +174,19 @@ func (s *Sampler) Track(rec *checkpoint.Claim, now time.Time) {
 		}
 		s.claims[uid] = c
 	}
-	for _, p := range rec.Pods {
-		c.pods[types.UID(p.UID)] = p.Name
+	c.pods = withPods(c.pods, rec.Pods)
+}
+
+// withPods is pods and more, a new map.
+func withPods(pods map[types.UID]string, more []checkpoint.Pod) map[types.UID]string {
+	out := maps.Clone(pods)
+	if out == nil {
+		out = make(map[types.UID]string, len(more))
 	}
+	for _, p := range more {
+		out[types.UID(p.UID)] = p.Name
+	}
+	return out
 }
 
 // SetPods adds the pods a claim is reserved for (each prepare of the
@@ -183,9 +198,7 @@ func (s *Sampler) SetPods(uid types.UID, pods []checkpoint.Pod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c := s.claims[uid]; c != nil {
-		for _, p := range pods {
-			c.pods[types.UID(p.UID)] = p.Name
-		}
+		c.pods = withPods(c.pods, pods)
 	}
 }
 
@@ -297,6 +310,9 @@ func (s *Sampler) snapshot() []*trackedDevice {
 	defer s.mu.Unlock()
 	var out []*trackedDevice
 	for _, c := range s.claims {
+		for _, d := range c.devices {
+			d.pods = c.pods
+		}
 		out = append(out, c.devices...)
 	}
 	return out
@@ -537,7 +553,7 @@ func (s *Sampler) measureShared(gpu string, h nvml.Device, ds []*trackedDevice, 
 	start := len(out)
 	index := map[*trackedDevice]int{}
 	for _, d := range ds {
-		for uid := range d.claim.pods {
+		for uid := range d.pods {
 			if owner[uid] == nil {
 				owner[uid] = d
 			}
@@ -553,9 +569,9 @@ func (s *Sampler) measureShared(gpu string, h nvml.Device, ds []*trackedDevice, 
 			if pod, d := s.ownerOf(smp.Pid, owner); d != nil {
 				m := &out[index[d]]
 				m.use.util = min(100, m.use.util+float64(smp.SmUtil))
-				u := m.byPod[d.claim.pods[pod]]
+				u := m.byPod[d.pods[pod]]
 				u.util = min(100, u.util+float64(smp.SmUtil))
-				m.byPod[d.claim.pods[pod]] = u
+				m.byPod[d.pods[pod]] = u
 			}
 		}
 	case nvml.ERROR_NOT_FOUND:
@@ -568,7 +584,7 @@ func (s *Sampler) measureShared(gpu string, h nvml.Device, ds []*trackedDevice, 
 	memKnown := s.sharedMemory(h, owner, out, index)
 	for i := start; i < len(out); i++ {
 		out[i].memKnown = memKnown
-		for _, name := range out[i].d.claim.pods {
+		for _, name := range out[i].d.pods {
 			if _, ok := out[i].byPod[name]; !ok {
 				out[i].byPod[name] = podUse{}
 			}
@@ -617,9 +633,9 @@ func (s *Sampler) sharedMemory(h nvml.Device, owner map[types.UID]*trackedDevice
 		if pod, d := s.ownerOf(p.Pid, owner); d != nil {
 			m := &out[index[d]]
 			m.memory += p.UsedGpuMemory
-			u := m.byPod[d.claim.pods[pod]]
+			u := m.byPod[d.pods[pod]]
 			u.memory += p.UsedGpuMemory
-			m.byPod[d.claim.pods[pod]] = u
+			m.byPod[d.pods[pod]] = u
 		}
 	}
 	return true

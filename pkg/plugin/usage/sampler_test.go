@@ -2,6 +2,7 @@ package usage
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -334,4 +335,43 @@ func TestMissingNVMLCallIsUnknown(t *testing.T) {
 	h.s.Track(record("c1", "whole", "GPU-0", checkpoint.Device{Device: "gpu-0"}), h.t0)
 	h.passes(0, 30*time.Second)
 	wantCondition(t, h.s, "c1", "gpu-0", metav1.ConditionUnknown, gpuaasv1.ReasonIdleUseUnknown)
+}
+
+// Tracking, learning pods, reading conditions and forgetting go on while
+// a pass samples (go test -race).
+func TestSamplingWhileClaimsChange(t *testing.T) {
+	root := t.TempDir()
+	g := &mock.Device{
+		GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			return []nvml.ProcessUtilizationSample{{Pid: 1, TimeStamp: 1, SmUtil: 1}}, nvml.SUCCESS
+		},
+		GetComputeRunningProcessesFunc:    func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS },
+		GetMPSComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS },
+	}
+	h := newHarness(t, &fakeNVML{devices: map[string]nvml.Device{"GPU-0": g}}, root, nil)
+	for i := 0; i < 5; i++ {
+		uid := fmt.Sprintf("c%d", i)
+		h.s.Track(record(uid, uid, "GPU-0", checkpoint.Device{Device: "gpu-0-ts-" + uid, GPUMode: "timeSlicing/5"}), h.t0)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 300; i++ {
+			h.at(time.Duration(i) * 10 * time.Second)
+		}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		uid := fmt.Sprintf("c%d", i%5)
+		h.s.Track(record(uid, uid, "GPU-0", checkpoint.Device{Device: "gpu-0-ts-" + uid, GPUMode: "timeSlicing/5"}), h.t0)
+		h.s.SetPods(types.UID(uid), []checkpoint.Pod{{UID: fmt.Sprintf("pod-%d", i%50), Name: "p"}})
+		h.s.Condition(types.UID(uid), "gpu-0-ts-"+uid, "")
+		if i%7 == 0 {
+			h.s.Forget(types.UID(uid))
+		}
+	}
 }
