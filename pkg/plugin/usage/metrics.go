@@ -57,7 +57,9 @@ func (m *Metrics) export(r *measured, solo string, idle float64) {
 		m.setUse(claim, r.use.util, d.share, r.memory, r.memKnown)
 		return
 	}
-	// A shared GPU's claim of several pods: a series per pod.
+	// A shared GPU's claim of several pods: a series per pod, none for the
+	// claim (one it had while its pods were not known yet goes).
+	m.deleteUse(claim)
 	live := map[string]bool{}
 	for pod, u := range r.byPod {
 		l := withPod(claim, pod)

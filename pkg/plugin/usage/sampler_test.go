@@ -375,3 +375,41 @@ func TestSamplingWhileClaimsChange(t *testing.T) {
 		}
 	}
 }
+
+// A shared claim of two pods has a series per pod; the claim's own series
+// (pod "") from before its pods were known goes.
+func TestSharedClaimOfTwoPods(t *testing.T) {
+	podA, podB := types.UID("33333333-3333-3333-3333-333333333333"), types.UID("44444444-4444-4444-4444-444444444444")
+	root := t.TempDir()
+	fakeProc(t, root, map[uint32]types.UID{10: podA, 20: podB})
+	ts := uint64(0)
+	g := &mock.Device{
+		GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			ts++
+			return []nvml.ProcessUtilizationSample{{Pid: 10, TimeStamp: ts, SmUtil: 30}, {Pid: 20, TimeStamp: ts, SmUtil: 10}}, nvml.SUCCESS
+		},
+		GetComputeRunningProcessesFunc:    func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS },
+		GetMPSComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS },
+	}
+	h := newHarness(t, &fakeNVML{devices: map[string]nvml.Device{"GPU-0": g}}, root, nil)
+	rec := record("c1", "serving", "GPU-0", checkpoint.Device{Device: "gpu-0-shared", GPUMode: "shared", Shared: true})
+	rec.Pods = nil // an older record
+	h.s.Track(rec, h.t0)
+	h.at(0)
+	m := h.s.opts.Metrics
+	claimL := prometheus.Labels{"namespace": "team-a", "pod": "", "claim": "serving", "device": "gpu-0-shared", "profile": ""}
+	if got := testutil.ToFloat64(m.utilization.With(claimL)); got != 0 {
+		t.Fatalf("utilization with no pod known = %v, want 0 (no process is the claim's)", got)
+	}
+	h.s.SetPods("c1", []checkpoint.Pod{{UID: string(podA), Name: "serving-a"}, {UID: string(podB), Name: "serving-b"}})
+	h.at(10 * time.Second)
+	for pod, want := range map[string]float64{"serving-a": 30, "serving-b": 10} {
+		l := withPod(claimL, pod)
+		if got := testutil.ToFloat64(m.utilization.With(l)); got != want {
+			t.Errorf("utilization of pod %s = %v, want %v", pod, got, want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.utilization); n != 2 {
+		t.Errorf("%d utilization series, want 2 (one per pod, none for the claim)", n)
+	}
+}
