@@ -54,7 +54,7 @@ func (m *Metrics) export(r *measured, solo string, idle float64) {
 	}
 	m.known.With(claim).Set(1)
 	if len(r.byPod) <= 1 {
-		m.setUse(claim, r.use.util, d.share, r.memory, r.memKnown)
+		m.setUse(claim, r.use.util, d.perUnitDivisor(), r.memory, r.memKnown)
 		return
 	}
 	// A shared GPU's claim of several pods: a series per pod, none for the
@@ -63,7 +63,7 @@ func (m *Metrics) export(r *measured, solo string, idle float64) {
 	live := map[string]bool{}
 	for pod, u := range r.byPod {
 		l := withPod(claim, pod)
-		m.setUse(l, u.util, d.share, u.memory, r.memKnown)
+		m.setUse(l, u.util, d.perUnitDivisor(), u.memory, r.memKnown)
 		live[pod] = true
 	}
 	for pod := range d.prevPods {
@@ -72,6 +72,17 @@ func (m *Metrics) export(r *measured, solo string, idle float64) {
 		}
 	}
 	d.prevPods = live
+}
+
+// perUnitDivisor turns a device's utilization into utilization per GPU
+// unit held: on a shared GPU the use is a percentage of the GPU, divided by
+// the part of it the claim holds; a MIG device's is already a percentage
+// of the instance, the claim's whole device, as a whole GPU's is.
+func (d *trackedDevice) perUnitDivisor() float64 {
+	if d.kind == sharedGPU {
+		return d.share
+	}
+	return 1
 }
 
 func withPod(l prometheus.Labels, pod string) prometheus.Labels {

@@ -240,6 +240,9 @@ func TestMIGDeviceMeasuredByGPM(t *testing.T) {
 	if got := testutil.ToFloat64(m.utilization.With(labels)); got != 35 {
 		t.Errorf("utilization = %v, want 35 (GPM SM utilization)", got)
 	}
+	if got := testutil.ToFloat64(m.perUnit.With(labels)); got != 35 {
+		t.Errorf("utilization per unit = %v, want 35 (the instance's: the claim holds all of it)", got)
+	}
 	if got := testutil.ToFloat64(m.memory.With(labels)); got != 7<<20 {
 		t.Errorf("memory = %v, want the instance's %v", got, 7<<20)
 	}
