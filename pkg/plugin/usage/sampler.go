@@ -476,7 +476,7 @@ func (s *Sampler) gpmSMUtil(ctx context.Context, d *trackedDevice, parent nvml.D
 	}
 	defer func() { st.prev, st.cur, st.have = st.cur, st.prev, true }()
 	if !st.have {
-		return unknown("first GPM sample of GPU instance %d", d.giID)
+		return sample{pending: true, why: fmt.Sprintf("first GPM sample of GPU instance %d", d.giID)}
 	}
 	if s.metricsGet == nil {
 		s.metricsGet = &nvml.GpmMetricsGetType{}

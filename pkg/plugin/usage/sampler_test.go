@@ -230,11 +230,13 @@ func TestMIGDeviceMeasuredByGPM(t *testing.T) {
 	h := newHarness(t, lib, t.TempDir(), nil)
 	h.s.Track(record("c1", "trainer", "GPU-h100", checkpoint.Device{Device: "gpu-0-mig-3g.40gb-0", GPUMode: "dynamic",
 		GPUShare: 3.0 / 7, CreatedMIG: &mig.Instance{UUID: "MIG-1", GIID: 2}}), h.t0)
-	h.passes(0, 20*time.Second)
-	// The first GPM sample has nothing to compare with.
-	wantCondition(t, h.s, "c1", "gpu-0-mig-3g.40gb-0", metav1.ConditionUnknown, gpuaasv1.ReasonIdleNoSamples)
-	h.passes(30*time.Second, 60*time.Second)
+	// The first GPM sample has nothing to compare with: the first window
+	// is judged on the two after it.
+	h.passes(0, 30*time.Second)
 	wantCondition(t, h.s, "c1", "gpu-0-mig-3g.40gb-0", metav1.ConditionFalse, gpuaasv1.ReasonIdleInUse)
+	if len(h.changed) != 1 {
+		t.Errorf("%d status writes, want 1 (NoSamples to InUse, no UseUnknown between)", len(h.changed))
+	}
 	labels := prometheus.Labels{"namespace": "team-a", "pod": "trainer-pod", "claim": "trainer", "device": "gpu-0-mig-3g.40gb-0", "profile": ""}
 	m := h.s.opts.Metrics
 	if got := testutil.ToFloat64(m.utilization.With(labels)); got != 35 {

@@ -27,6 +27,10 @@ type sample struct {
 	util float64
 	// why NVML cannot tell, when not known.
 	why string
+	// pending: no measurement yet, none missing either (a MIG device's
+	// first GPM sample, which only the next one makes a measurement of);
+	// the window does not count it.
+	pending bool
 }
 
 // judge turns samples into windows and windows into the Idle condition:
@@ -65,6 +69,9 @@ func (j *judge) add(now time.Time, s sample, threshold int32) (changed bool, idl
 		changed = j.transition(next, end)
 		j.start = end.Add(now.Sub(end).Truncate(j.window))
 		j.samples, j.maxUtil, j.unknown = 0, 0, ""
+	}
+	if s.pending {
+		return changed, idleSeconds
 	}
 	j.samples++
 	if !s.known {
