@@ -124,7 +124,10 @@ func (s *Sampler) gpmSMUtil(ctx context.Context, d *trackedDevice, parent nvml.D
 		return unknown("%v", err)
 	}
 	if ret := parent.GpmMigSampleGet(d.giID, st.cur); ret != nvml.SUCCESS {
-		st.have = false
+		// The buffers may be of a session released since (maintenance):
+		// the next pass allocates new ones.
+		_, _ = st.prev.Free(), st.cur.Free()
+		delete(s.gpm, d.key)
 		return unknown("GPM sample of GPU instance %d: %s", d.giID, retText(ret))
 	}
 	defer func() { st.prev, st.cur, st.have = st.cur, st.prev, true }()

@@ -418,3 +418,45 @@ func TestSharedClaimOfTwoPods(t *testing.T) {
 		t.Errorf("%d utilization series, want 2 (one per pod, none for the claim)", n)
 	}
 }
+
+// A GPM sample that fails (a GPU released for maintenance and taken back)
+// frees the device's buffers; the next pass allocates new ones and
+// measures again.
+func TestGPMBuffersRenewedAfterAFailedSample(t *testing.T) {
+	fail := false
+	allocs, frees := 0, 0
+	parent := &mock.Device{
+		GpmQueryDeviceSupportFunc: func() (nvml.GpmSupport, nvml.Return) { return nvml.GpmSupport{IsSupportedDevice: 1}, nvml.SUCCESS },
+		GpmMigSampleGetFunc: func(int, nvml.GpmSample) nvml.Return {
+			if fail {
+				return nvml.ERROR_UNINITIALIZED
+			}
+			return nvml.SUCCESS
+		},
+	}
+	lib := &fakeNVML{devices: map[string]nvml.Device{"GPU-h100": parent, "MIG-1": &mock.Device{
+		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.SUCCESS }}}, lib: &mock.Interface{
+		GpmSampleAllocFunc: func() (nvml.GpmSample, nvml.Return) {
+			allocs++
+			return &mock.GpmSample{FreeFunc: func() nvml.Return { frees++; return nvml.SUCCESS }}, nvml.SUCCESS
+		},
+		GpmMetricsGetFunc: func(g *nvml.GpmMetricsGetType) nvml.Return { g.Metrics[0].Value = 50; return nvml.SUCCESS },
+	}}
+	h := newHarness(t, lib, t.TempDir(), nil)
+	h.s.Track(record("c1", "trainer", "GPU-h100", checkpoint.Device{Device: "mig", GPUMode: "dynamic",
+		CreatedMIG: &mig.Instance{UUID: "MIG-1", GIID: 1}}), h.t0)
+	h.passes(0, 30*time.Second)
+	fail = true
+	h.passes(40*time.Second, 60*time.Second)
+	wantCondition(t, h.s, "c1", "mig", metav1.ConditionUnknown, gpuaasv1.ReasonIdleUseUnknown)
+	if frees != allocs {
+		t.Fatalf("after failed samples: %d buffers allocated, %d freed; want every one freed", allocs, frees)
+	}
+	before := allocs
+	fail = false
+	h.passes(70*time.Second, 120*time.Second)
+	wantCondition(t, h.s, "c1", "mig", metav1.ConditionFalse, gpuaasv1.ReasonIdleInUse)
+	if allocs != before+2 {
+		t.Errorf("%d buffers allocated after the failures, want 2 new ones", allocs-before)
+	}
+}
