@@ -73,12 +73,16 @@ func (d *Driver) trackClaim(ctx context.Context, claim *resourceapi.ResourceClai
 	if d.usage == nil {
 		return
 	}
-	rec, err := d.store.Load(string(claim.UID))
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Reading the record of a claim for the use sampler", "claim", klog.KObj(claim))
-		return
+	// A claim prepared again (for another of its pods) is tracked: no
+	// record to read on the prepare's path.
+	if !d.usage.Tracks(claim.UID) {
+		rec, err := d.store.Load(string(claim.UID))
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Reading the record of a claim for the use sampler", "claim", klog.KObj(claim))
+			return
+		}
+		d.usage.Track(rec, time.Now())
 	}
-	d.usage.Track(rec, time.Now())
 	d.usage.SetPods(claim.UID, prepare.ReservedPods(claim))
 }
 

@@ -8,8 +8,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	gpuaasv1 "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
@@ -63,6 +65,27 @@ func TestStartReportsIdleUnknownAndRenewsTheUseLease(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("no use Lease held by this process: %v", err)
+	}
+
+	// A claim prepared now is tracked from its prepare, and forgotten at
+	// its unprepare.
+	c2 := preparetest.NewClaim("c2").Device("gpu", "gpu-2").Build()
+	if _, err := client.ResourceV1().ResourceClaims(c2.Namespace).Create(ctx, c2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	results, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c2})
+	if err != nil || results[c2.UID].Err != nil {
+		t.Fatalf("prepare: %v, %v", err, results[c2.UID].Err)
+	}
+	if c, ok := d.usage.Condition(c2.UID, "gpu-2", ""); !ok || c.Reason != gpuaasv1.ReasonIdleNoSamples {
+		t.Errorf("Idle of a claim just prepared = %+v, %v; want Unknown/NoSamples", c, ok)
+	}
+	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c2.UID,
+		NamespacedName: types.NamespacedName{Namespace: c2.Namespace, Name: c2.Name}}}); err != nil {
+		t.Fatal(err)
+	}
+	if d.usage.Tracks(c2.UID) {
+		t.Error("the sampler still measures an unprepared claim")
 	}
 }
 

@@ -187,6 +187,16 @@ func withPods(pods map[types.UID]string, more []checkpoint.Pod) map[types.UID]st
 	return out
 }
 
+// Tracks reports whether the claim is tracked.
+func (s *Sampler) Tracks(uid types.UID) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.claims[uid] != nil
+}
+
 // SetPods adds the pods a claim is reserved for (each prepare of the
 // claim passes them: a claim shared by pods is prepared once for each).
 func (s *Sampler) SetPods(uid types.UID, pods []checkpoint.Pod) {
