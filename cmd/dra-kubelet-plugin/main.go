@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
@@ -39,6 +40,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -62,6 +64,11 @@ type flags struct {
 	devicePluginCoexistence, podResourcesSocket        string
 	startTimeout, driverRetry, staticMIGResync         time.Duration
 	devicePluginCheckInterval                          time.Duration
+	usageInterval, usageWindow                         time.Duration
+	procRoot                                           string
+	// policies reads the idle policies (GpuProfiles, TenantQuotas); not a
+	// flag: run sets it, nil makes every idle threshold 0.
+	policies dynamic.Interface
 }
 
 func main() {
@@ -147,6 +154,9 @@ func parseFlags() flags {
 	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", cli.Env("POD_RESOURCES_SOCKET", deviceplugins.DefaultSocket), "The kubelet's PodResources socket, asked which GPUs a device plugin hands out (see --device-plugin-coexistence). [$POD_RESOURCES_SOCKET]")
 	fs.BoolVar(&f.followUpgrades, "follow-gpu-operator-upgrades", envBool("FOLLOW_GPU_OPERATOR_UPGRADES", true), "Follow the GPU Operator's driver upgrades on this node: while its label nvidia.com/gpu-driver-upgrade-state says pod-restart-required (the driver pod is restarted and unloads the kernel module), release the GPUs as --release-gpus does, and reacquire them when the label moves on (a new driver version starts the plugin again). Watches this node's labels (RBAC: list and watch nodes). [$FOLLOW_GPU_OPERATOR_UPGRADES]")
 	fs.DurationVar(&f.devicePluginCheckInterval, "device-plugin-check-interval", envDuration("DEVICE_PLUGIN_CHECK_INTERVAL", coexist.DefaultDevicePluginCheckInterval), "How often the kubelet is asked again which GPUs a device plugin hands out (one is installed or removed during a migration); negative: only at start. [$DEVICE_PLUGIN_CHECK_INTERVAL]")
+	fs.DurationVar(&f.usageInterval, "usage-interval", envDuration("USAGE_INTERVAL", usage.DefaultInterval), "How often the use of each prepared device is sampled through NVML (utilization, memory; per process on shared GPUs), and the use Lease renewed; negative: never (no Idle condition, no Lease). [$USAGE_INTERVAL]")
+	fs.DurationVar(&f.usageWindow, "usage-window", envDuration("USAGE_WINDOW", usage.DefaultWindow), "Length of the windows a device's use is judged in: idle when every sample of a window is at most the claim's idle threshold. [$USAGE_WINDOW]")
+	fs.StringVar(&f.procRoot, "proc-root", cli.Env("PROC_ROOT", usage.DefaultProcRoot), "Where the host's /proc is seen: a shared GPU's processes are mapped to pods through <proc-root>/<pid>/cgroup (the chart runs the plugin in the host's PID namespace). [$PROC_ROOT]")
 	f.podName, f.podNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 	cli.Parse(fs, "dra-kubelet-plugin publishes this node's NVIDIA GPUs to Kubernetes (driver gpu.gpuaas.io)\nand prepares allocated GPUs for containers through CDI.")
 	return f
@@ -156,9 +166,17 @@ func run(ctx context.Context, f flags) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
-	client, err := kubeClient(f.kubeconfig)
+	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	// JSON (dynamic.ConfigFor): custom resources have no protobuf.
+	if f.policies, err = dynamic.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("creating Kubernetes client for idle policies: %w", err)
 	}
 	return runWith(ctx, f, client)
 }
@@ -236,6 +254,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 			UpgradeState: upgradeState(ctx, f, client)},
 		DevicePlugins: coexist.DevicePluginCheck{Coexistence: coexistence, Socket: f.podResourcesSocket,
 			Interval: f.devicePluginCheckInterval},
+		Usage: usageOptions(ctx, f, reg),
 	})
 	if err != nil {
 		return err
@@ -249,6 +268,25 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	}
 	klog.FromContext(ctx).Info("Shutting down")
 	return nil
+}
+
+// usageOptions configure the use sampler: its thresholds from the idle
+// policies, its metrics, and the Lease in the plugin's namespace held by
+// this process (pod and PID), acquired at its start.
+func usageOptions(ctx context.Context, f flags, reg prometheus.Registerer) plugin.UsageOptions {
+	opts := plugin.UsageOptions{Interval: f.usageInterval, Window: f.usageWindow, ProcRoot: f.procRoot,
+		Namespace: f.podNamespace, Started: time.Now()}
+	if f.usageInterval < 0 {
+		return opts
+	}
+	opts.Metrics = usage.NewMetrics(reg)
+	opts.Thresholds = usage.WatchPolicies(ctx, f.policies, time.Minute)
+	holder := f.podName
+	if holder == "" {
+		holder, _ = os.Hostname()
+	}
+	opts.Holder = fmt.Sprintf("%s_%d", holder, os.Getpid())
+	return opts
 }
 
 // nvmlOptions open the NVML session of the flags' backend.
@@ -356,18 +394,6 @@ func upgradeState(ctx context.Context, f flags, client kubernetes.Interface) fun
 		return nil
 	}
 	return maintenance.WatchUpgradeState(ctx, client, f.nodeName)
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := restConfig(kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
-	}
-	return client, nil
 }
 
 // The plugin's API client rate: the kubelet's own defaults, and on top of

@@ -22,12 +22,14 @@ import (
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	gpuaasv1 "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
 
@@ -78,7 +80,10 @@ type statusWriter struct {
 	store   *checkpoint.Store
 	devices func() map[string]*device.AllocatableDevice
 	faults  func() []health.Fault
-	queue   workqueue.TypedRateLimitingInterface[types.UID]
+	// idle is the Idle condition the use sampler judged for a device; nil
+	// (no sampler) writes none.
+	idle  func(uid types.UID, device, shareID string) (usage.Condition, bool)
+	queue workqueue.TypedRateLimitingInterface[types.UID]
 
 	mu       sync.Mutex
 	failures map[types.UID]failedPrepare
@@ -110,6 +115,14 @@ func (w *statusWriter) forget(uid types.UID) {
 	defer w.mu.Unlock()
 	delete(w.failures, uid)
 	delete(w.since, uid)
+}
+
+// idleChanged queues a write of a claim whose Idle condition changed.
+func (w *statusWriter) idleChanged(uid types.UID) {
+	if w == nil {
+		return
+	}
+	w.queue.Add(uid)
 }
 
 // prepared queues a write after a prepare; err is the prepare's error.
@@ -237,6 +250,13 @@ func (w *statusWriter) preparedEntry(rec *checkpoint.Claim, d *checkpoint.Device
 	} else {
 		sort.Strings(msgs)
 		entry.WithConditions(w.condition(uid, key, condHealthy, metav1.ConditionFalse, "DeviceFault", strings.Join(msgs, "; ")))
+	}
+	// In the same apply, or the field manager's next apply drops it.
+	if w.idle != nil {
+		if c, ok := w.idle(uid, d.Device, d.ShareID); ok {
+			entry.WithConditions(metaapply.Condition().WithType(gpuaasv1.DeviceConditionIdle).WithStatus(c.Status).
+				WithReason(c.Reason).WithMessage(c.Message).WithLastTransitionTime(metav1.NewTime(c.Since)))
+		}
 	}
 	return entry
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 	"github.com/gpuaas/gpu-dra-driver/pkg/sliceprobe"
 	"path/filepath"
 	"sync"
@@ -93,6 +94,27 @@ type Options struct {
 	// checked, to ask again what it keeps of the slices (clustersupport.go);
 	// zero is DefaultClusterProbeInterval, negative never.
 	ClusterProbeInterval time.Duration
+	// Usage configures the sampling of the prepared devices' use.
+	Usage UsageOptions
+}
+
+// UsageOptions configure the use sampler (package usage) and its Lease.
+type UsageOptions struct {
+	// Interval between samples; zero is usage.DefaultInterval, negative
+	// samples nothing (no Idle condition, no Lease).
+	Interval time.Duration
+	// Window is the length of a judged window; zero is usage.DefaultWindow.
+	Window   time.Duration
+	ProcRoot string
+	// Thresholds resolve each claim's idle threshold; nil: 0.
+	Thresholds usage.Thresholds
+	Metrics    *usage.Metrics
+	// Namespace is the plugin's, where the use Lease is renewed; empty
+	// renews none. Holder names this process in it, Started is when it
+	// started.
+	Namespace string
+	Holder    string
+	Started   time.Time
 }
 
 // Driver implements kubeletplugin.DRAPlugin over a State.
@@ -139,6 +161,12 @@ type Driver struct {
 	// checked is closed when the start's check of the prepared claims
 	// against the API is done; the kubelet's calls wait for it.
 	checked <-chan struct{}
+	// store is the checkpoint of prepared claims.
+	store *checkpoint.Store
+	// client is the API client; nil in tests that have none.
+	client kubernetes.Interface
+	// usage samples the prepared devices' use; nil: not sampled.
+	usage *usage.Sampler
 }
 
 // gpuUUIDs are the UUIDs of gpus.
@@ -208,7 +236,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("restoring prepared claims: %w", err)
 	}
 	checked := make(chan struct{})
-	d.checked = checked
+	d.checked, d.store, d.client = checked, store, opts.KubeClient
+	d.usage = newSampler(opts, d)
 	// Read by the kubelet's health stream, which may start at once.
 	d.health = opts.Health
 	steps.Step(ctx, "starting the kubelet plugin")
@@ -219,6 +248,9 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	steps.Step(ctx, "checking the prepared claims against the API")
 	d.checkClaims(ctx, opts, store, damaged)
 	close(checked)
+	// Every prepared device starts Unknown/NoSamples: a restarted plugin
+	// has not seen the past.
+	d.trackPrepared(ctx)
 	d.status.all(ctx) // after a restart or an upgrade
 	// Counted before publishing: from then on HandleError may change d.inv.
 	devices, counterSets := len(d.inv.Devices), len(d.inv.CounterSets)
@@ -238,6 +270,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d.maint.Watch(ctx)
 	d.watchDevicePlugins(ctx)
 	d.watchClusterSupport(ctx, probe)
+	d.startUsage(ctx, opts)
 	if opts.KubeClient != nil {
 		watchOwnSlices(ctx, opts.KubeClient, opts.NodeName, func(ctx context.Context) {
 			if err := d.publish(ctx); err != nil {
@@ -265,6 +298,9 @@ func (d *Driver) checkClaims(ctx context.Context, opts Options, store *checkpoin
 	d.mu.Unlock()
 	if opts.KubeClient != nil {
 		d.status = newStatusWriter(opts.KubeClient, opts.NodeName, store, d.state.DeviceMap, d.faults)
+		if d.usage != nil {
+			d.status.idle = d.usage.Condition
+		}
 		go d.status.run(ctx)
 	}
 }
@@ -385,6 +421,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
 		}
 		results[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devices}
+		if err == nil {
+			d.trackClaim(ctx, claim)
+		}
 		d.status.prepared(claim, err)
 	}
 	return results, nil
@@ -406,6 +445,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			logger.Error(err, "Unpreparing claim failed")
 			err = fmt.Errorf("unpreparing claim %s: %w", claim.NamespacedName, err)
 		} else {
+			d.usage.Forget(claim.UID)
 			d.status.unprepared(claim.UID)
 		}
 		results[claim.UID] = err

@@ -131,3 +131,16 @@ func shareUnits(memory, capacity int64) Units {
 	}
 	return Units{r: new(big.Rat).SetFrac(big.NewInt(memory), big.NewInt(capacity))}
 }
+
+// HeldShare is the part of its GPU a claim holds with device d of the
+// driver, having consumed consumedMemory bytes of it (0: none recorded):
+// a whole GPU 1, a time-slice replica 1/replicas, a MIG device its compute
+// slices' share, a shared device the share of its memory. The node's
+// plugin divides the use it measures by it (use per GPU unit held).
+func HeldShare(d *resourceapi.Device, driver string, consumedMemory int64) Units {
+	if stringAttr(d, driver, AttrType) == TypeShared && consumedMemory > 0 {
+		return shareUnits(consumedMemory, capacityBytes(d, driver, CapacityMemory))
+	}
+	u, _ := deviceUnits(d, driver)
+	return u
+}

@@ -89,6 +89,21 @@ type Device struct {
 	// MPSLimits are the client limits of an MPS device, kept so that its
 	// CDI spec can be written again after a reboot.
 	MPSLimits *mps.Limits `json:"mpsLimits,omitempty"`
+	// DeviceClass is the DeviceClass of the device's request (the profile
+	// the use metrics name, whose idle policy applies); "" in records
+	// written before it was recorded.
+	DeviceClass string `json:"deviceClass,omitempty"`
+	// GPUShare is the part of its GPU the claim holds with the device (a
+	// 1/4 replica 0.25, a MIG device its compute slices' share, a memory
+	// share its memory's), by which its use is normalized to GPU units;
+	// 0 (older records) is taken as 1.
+	GPUShare float64 `json:"gpuShare,omitempty"`
+}
+
+// Pod is a pod the claim was reserved for when it was prepared.
+type Pod struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
 }
 
 // Claim is the record of one prepared claim.
@@ -105,6 +120,12 @@ type Claim struct {
 	BootID string `json:"bootID,omitempty"`
 	// Lost says why a PrepareLost claim could not be set up again.
 	Lost string `json:"lost,omitempty"`
+	// Pods are the pods the claim was reserved for (status.reservedFor)
+	// when it was prepared: a restarted plugin maps the processes on a
+	// shared GPU to the claim through them. Optional: an older record
+	// without them maps none until the kubelet prepares the claim again
+	// or its pods are read from the API.
+	Pods []Pod `json:"pods,omitempty"`
 }
 
 // file is the on-disk envelope. The checksum covers the exact bytes of the

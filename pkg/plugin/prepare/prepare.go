@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -244,7 +246,8 @@ func (s *State) setUpAll(ctx context.Context, plan []device.Planned, rec *checkp
 }
 
 func newRecord(claim *resourceapi.ResourceClaim, plan []device.Planned) *checkpoint.Claim {
-	rec := &checkpoint.Claim{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
+	rec := &checkpoint.Claim{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted,
+		Pods: ReservedPods(claim)}
 	for _, p := range plan {
 		rec.Devices = append(rec.Devices, checkpoint.Device{
 			Requests:    []string{p.Result.Request},
@@ -257,9 +260,54 @@ func newRecord(claim *resourceapi.ResourceClaim, plan []device.Planned) *checkpo
 			ShareID:     string(ptr.Deref(p.Result.ShareID, "")),
 			Sharing:     p.Sharing.SettingsOrNil(),
 			MPSLimits:   p.Sharing.LimitsOrNil(),
+			DeviceClass: RequestDeviceClass(claim, p.Result.Request),
+			GPUShare:    heldShare(p),
 		})
 	}
 	return rec
+}
+
+// ReservedPods are the pods the claim is reserved for, as the use sampler
+// maps a shared GPU's processes to claims.
+func ReservedPods(claim *resourceapi.ResourceClaim) []checkpoint.Pod {
+	var pods []checkpoint.Pod
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			pods = append(pods, checkpoint.Pod{UID: string(r.UID), Name: r.Name})
+		}
+	}
+	return pods
+}
+
+// RequestDeviceClass is the DeviceClass of the claim's request (a
+// subrequest "<request>/<sub>" of firstAvailable has its own); "" if the
+// claim names none.
+func RequestDeviceClass(claim *resourceapi.ResourceClaim, request string) string {
+	main, sub, _ := strings.Cut(request, "/")
+	for _, r := range claim.Spec.Devices.Requests {
+		if r.Name != main {
+			continue
+		}
+		if r.Exactly != nil {
+			return r.Exactly.DeviceClassName
+		}
+		for _, s := range r.FirstAvailable {
+			if s.Name == sub {
+				return s.DeviceClassName
+			}
+		}
+	}
+	return ""
+}
+
+// heldShare is the part of its GPU the planned device holds for the
+// claim (checkpoint.Device.GPUShare).
+func heldShare(p device.Planned) float64 {
+	var memory int64
+	if q, ok := p.Result.ConsumedCapacity["memory"]; ok {
+		memory = q.Value()
+	}
+	return quota.HeldShare(&p.Device.API, configapi.DriverName, memory).Float64()
 }
 
 // writeSpec writes the claim's CDI spec and records the CDI device IDs.
