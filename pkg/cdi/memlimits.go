@@ -20,10 +20,10 @@ import (
 // the container's environment, in MiB.
 const (
 	memoryLimitHookName = "apply-cuda-memory-limits"
-	memoryRequestEnv  = "NVIDIA_GPU_MEMORY_REQUEST"
-	memoryLimitEnv    = "NVIDIA_GPU_MEMORY_LIMIT"
-	mebibyte          = 1 << 20
-	memoryLimitDriver = 615
+	memoryRequestEnv    = "NVIDIA_GPU_MEMORY_REQUEST"
+	memoryLimitEnv      = "NVIDIA_GPU_MEMORY_LIMIT"
+	mebibyte            = 1 << 20
+	memoryLimitDriver   = 615
 	// DefaultCgroupRoot is where the host's cgroup hierarchy is mounted,
 	// as the plugin (and the hook, on the host) sees it.
 	DefaultCgroupRoot = "/sys/fs/cgroup"
