@@ -89,6 +89,10 @@ type Device struct {
 	// MPSLimits are the client limits of an MPS device, kept so that its
 	// CDI spec can be written again after a reboot.
 	MPSLimits *mps.Limits `json:"mpsLimits,omitempty"`
+	// MemoryLimitBytes is the memory the driver holds a replica's or a
+	// share's container to (its size when prepared), kept so that its CDI
+	// spec can be written again after a reboot; 0 for none.
+	MemoryLimitBytes int64 `json:"memoryLimitBytes,omitempty"`
 }
 
 // Claim is the record of one prepared claim.

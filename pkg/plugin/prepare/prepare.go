@@ -247,16 +247,17 @@ func newRecord(claim *resourceapi.ResourceClaim, plan []device.Planned) *checkpo
 	rec := &checkpoint.Claim{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
 	for _, p := range plan {
 		rec.Devices = append(rec.Devices, checkpoint.Device{
-			Requests:    []string{p.Result.Request},
-			Pool:        p.Result.Pool,
-			Device:      p.Result.Device,
-			GPUUUID:     p.Device.GPU.UUID,
-			AdminAccess: p.AdminAccess(),
-			GPUMode:     p.Device.Kind.ModeName(),
-			Shared:      p.Device.MultiAllocatable(),
-			ShareID:     string(ptr.Deref(p.Result.ShareID, "")),
-			Sharing:     p.Sharing.SettingsOrNil(),
-			MPSLimits:   p.Sharing.LimitsOrNil(),
+			Requests:         []string{p.Result.Request},
+			Pool:             p.Result.Pool,
+			Device:           p.Result.Device,
+			GPUUUID:          p.Device.GPU.UUID,
+			AdminAccess:      p.AdminAccess(),
+			GPUMode:          p.Device.Kind.ModeName(),
+			Shared:           p.Device.MultiAllocatable(),
+			ShareID:          string(ptr.Deref(p.Result.ShareID, "")),
+			Sharing:          p.Sharing.SettingsOrNil(),
+			MPSLimits:        p.Sharing.LimitsOrNil(),
+			MemoryLimitBytes: p.Sharing.MemoryLimitBytes(),
 		})
 	}
 	return rec
