@@ -33,9 +33,20 @@ const (
 // enforce a device's memory per container, and why not.
 type MemoryLimits struct {
 	Enforced bool
-	// Reason is why they are not enforced; "" when they are.
+	// Cause names why they are not enforced, for a metric's label (one
+	// of the Cause* constants); "" when they are.
+	Cause string
+	// Reason is why they are not enforced, in words; "" when they are.
 	Reason string
 }
+
+// Why a node's specs carry no memory limits.
+const (
+	CauseHooksDisabled = "HooksDisabled"
+	CauseNoDriverFiles = "NoDriverFiles"
+	CauseDriverTooOld  = "DriverBeforeR615"
+	CauseCgroupV1      = "CgroupNotV2"
+)
 
 // MemoryLimits is whether the specs written now carry the memory-limit
 // hook (for the driver the handler last discovered).
@@ -47,14 +58,15 @@ func (h *Handler) MemoryLimits() MemoryLimits { return h.driver.Load().memLimits
 func memoryLimitsOf(opts Options, version, noDriver string) MemoryLimits {
 	switch {
 	case opts.CDIHookPath == HooksDisabled:
-		return MemoryLimits{Reason: "NVIDIA's CDI hooks are disabled (cdiHookPath " + HooksDisabled + ")"}
+		return MemoryLimits{Cause: CauseHooksDisabled, Reason: "NVIDIA's CDI hooks are disabled (cdiHookPath " + HooksDisabled + ")"}
 	case noDriver != "":
-		return MemoryLimits{Reason: "no driver files in the CDI specs: " + noDriver}
+		return MemoryLimits{Cause: CauseNoDriverFiles, Reason: "no driver files in the CDI specs: " + noDriver}
 	case driverMajor(version) < memoryLimitDriver:
-		return MemoryLimits{Reason: fmt.Sprintf("driver %s has no per-container memory limits (r%d and later have)", version, memoryLimitDriver)}
+		return MemoryLimits{Cause: CauseDriverTooOld,
+			Reason: fmt.Sprintf("driver %s has no per-container memory limits (r%d and later have)", version, memoryLimitDriver)}
 	}
 	if ok, why := cgroupV2(opts); !ok {
-		return MemoryLimits{Reason: why}
+		return MemoryLimits{Cause: CauseCgroupV1, Reason: why}
 	}
 	return MemoryLimits{Enforced: true}
 }
