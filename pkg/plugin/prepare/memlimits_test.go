@@ -1,6 +1,8 @@
 package prepare
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,11 +11,13 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
+	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi/cditest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
+	"github.com/gpuaas/gpu-dra-driver/test/docs"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
@@ -25,6 +29,13 @@ const memoryLimitHookPath = "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-c
 // are v2 as cgroupV2 says.
 func withMemoryLimitDriver(t *testing.T, e *testEnv, cgroupV2 bool) {
 	t.Helper()
+	withMemoryLimitDriverFor(t, e, sharingNode(), cgroupV2)
+}
+
+// withMemoryLimitDriverFor is withMemoryLimitDriver with the devices cfg
+// publishes.
+func withMemoryLimitDriverFor(t *testing.T, e *testEnv, cfg *configapi.NodeConfig, cgroupV2 bool) {
+	t.Helper()
 	root := cditest.NewDriverRoot(t, "615.20.03")
 	lib, err := nvdev.Open(nvdev.Options{Backend: "mock:dgxh100", MockSeed: preparetest.Node, DriverRoot: root.Root})
 	if err != nil {
@@ -32,7 +43,10 @@ func withMemoryLimitDriver(t *testing.T, e *testEnv, cgroupV2 bool) {
 	}
 	e.Lib, e.DriverRoot, e.CDIHook = lib, root.Root, memoryLimitHookPath
 	e.CgroupV2 = func() (bool, string) { return cgroupV2, "cgroup v1 in this test" }
-	e.Devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, sharingNode()).Devices
+	if e.Sharing.NVML != nil {
+		e.Sharing.NVML = lib
+	}
+	e.Devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg).Devices
 	e.state = e.newState(t)
 }
 
@@ -144,4 +158,99 @@ func TestNoMemoryLimitOnCgroupV1(t *testing.T) {
 	if limit, gpus := memoryLimitOf(t, e, "share"); limit != "" || len(gpus) != 0 {
 		t.Errorf("memory limit %q with hooks for %v on cgroup v1, want none", limit, gpus)
 	}
+}
+
+// The table "What each device enforces, on which driver" of
+// docs/node-config.md says, per device, when its CDI spec carries the
+// driver's memory-limit hook: "never", or "r615+, cgroup v2". Each row's
+// device is prepared on an r615 node with cgroup v2 and on one without,
+// and its spec must carry the hook (and NVIDIA_GPU_MEMORY_LIMIT) exactly
+// where the table says.
+func TestNodeConfigTableMatchesTheSpecs(t *testing.T) {
+	rows := memoryLimitTable(t)
+	cfg := sharingNode()
+	cfg.GPUs = append(cfg.GPUs, configapi.GpuModeSelector{Indexes: []int{2}, GpuMode: configapi.GpuMode{MIG: configapi.MigDynamic}})
+	claims := map[string]func(e *testEnv) *preparetest.ClaimBuilder{
+		"whole GPU": func(*testEnv) *preparetest.ClaimBuilder { return preparetest.NewClaim("row").Device("gpu", "gpu-0") },
+		"MIG device": func(e *testEnv) *preparetest.ClaimBuilder {
+			return preparetest.NewClaim("row").Device("mig", e.Partition(t, 2, "1g.10gb"))
+		},
+		"time-slice replica": func(*testEnv) *preparetest.ClaimBuilder {
+			return preparetest.NewClaim("row").Device("gpu", "gpu-4-ts-0")
+		},
+		"memory share": func(*testEnv) *preparetest.ClaimBuilder { return shareClaim("row", "10Gi") },
+		"MPS client":   func(*testEnv) *preparetest.ClaimBuilder { return mpsShareClaim("row", "10Gi") },
+	}
+	if len(rows) != len(claims) {
+		t.Errorf("the table has rows %v, want one for each of %d devices", rows, len(claims))
+	}
+	for device, when := range rows {
+		claim, ok := claims[device]
+		if !ok {
+			t.Errorf("the table's row %q is no device this test knows", device)
+			continue
+		}
+		for _, enforced := range []bool{true, false} {
+			e := newTestEnvWith(t, "dgxh100", cfg)
+			withTools(t, e)
+			withMemoryLimitDriverFor(t, e, cfg, enforced)
+			if err := os.WriteFile(e.MigMinors, []byte(preparetest.MinorsFile(8)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.state.Prepare(e.Ctx, claim(e).Build()); err != nil {
+				t.Fatalf("%s: %v", device, err)
+			}
+			limit, gpus := memoryLimitOf(t, e, "row")
+			want := when == "r615+, cgroup v2" && enforced
+			if got := limit != "" && len(gpus) == 1; got != want || (limit == "") != (len(gpus) == 0) {
+				t.Errorf("%s on r615 with cgroup v2 %v: limit %q, hooks for %v; the table says %q", device, enforced, limit, gpus, when)
+			}
+		}
+	}
+}
+
+// memoryLimitTable reads the table's last column by device.
+func memoryLimitTable(t *testing.T) map[string]string {
+	t.Helper()
+	root, err := docs.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "docs", "node-config.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(data), "### What each device enforces, on which driver\n")
+	if !ok {
+		t.Fatal("docs/node-config.md has no section \"What each device enforces, on which driver\"")
+	}
+	rows := map[string]string{}
+	var header []string
+	for _, line := range strings.Split(strings.TrimLeft(table, "\n"), "\n") {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		switch {
+		case header == nil:
+			header = cells
+		case strings.HasPrefix(cells[0], "---"):
+		default:
+			rows[cells[0]] = cells[len(cells)-1]
+		}
+	}
+	if len(header) == 0 || header[len(header)-1] != "Memory-limit hook in the CDI spec" {
+		t.Fatalf("the table's header %v: want its last column \"Memory-limit hook in the CDI spec\"", header)
+	}
+	for device, when := range rows {
+		when, _, _ = strings.Cut(when, " (")
+		if when != "never" && when != "r615+, cgroup v2" {
+			t.Errorf("row %q says %q: want \"never\" or \"r615+, cgroup v2\"", device, when)
+		}
+		rows[device] = when
+	}
+	return rows
 }
