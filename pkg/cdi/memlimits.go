@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"debug/elf"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -46,6 +47,7 @@ const (
 	CauseNoDriverFiles = "NoDriverFiles"
 	CauseDriverTooOld  = "DriverBeforeR615"
 	CauseCgroupV1      = "CgroupNotV2"
+	CauseStaticHook    = "HookCannotLoadNVML"
 )
 
 // MemoryLimits is whether the specs written now carry the memory-limit
@@ -64,6 +66,9 @@ func memoryLimitsOf(opts Options, version, noDriver string) MemoryLimits {
 	case driverMajor(version) < memoryLimitDriver:
 		return MemoryLimits{Cause: CauseDriverTooOld,
 			Reason: fmt.Sprintf("driver %s has no per-container memory limits (r%d and later have)", version, memoryLimitDriver)}
+	}
+	if why := hookLoadsNVML(opts.CDIHookPath); why != "" {
+		return MemoryLimits{Cause: CauseStaticHook, Reason: why}
 	}
 	if ok, why := cgroupV2(opts); !ok {
 		return MemoryLimits{Cause: CauseCgroupV1, Reason: why}
@@ -101,6 +106,28 @@ func StatCgroupV2(root string) (bool, string) {
 		return false, fmt.Sprintf("the host's cgroups are not v2 (%s is not cgroup2fs): the driver's memory limits need cgroup v2", root)
 	}
 	return true, ""
+}
+
+// hookLoadsNVML says why the hook binary at path cannot set a memory
+// limit, "" when it can: the hook dlopens the driver's libnvidia-ml, which
+// a statically linked binary cannot (it crashes in nvmlInit; the image's
+// hook is static, to run whatever the host's libc, see
+// hack/build-cdi-hook.sh), and a container whose hook fails is not
+// created. The plugin sees the hook at the path the host runs it from
+// (InstallHook).
+func hookLoadsNVML(path string) string {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Sprintf("cannot read the hook binary %s to tell whether it can load NVML: %v", path, err)
+	}
+	defer func() { _ = f.Close() }()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return ""
+		}
+	}
+	return fmt.Sprintf("the hook binary %s is statically linked: its %s cannot load the driver's NVML "+
+		"(install a dynamically linked %s, e.g. the NVIDIA Container Toolkit's, and point cdiHookPath at it)", path, memoryLimitHookName, HookBinary)
 }
 
 // memoryLimitMiB is the limit the hook's environment gives: whole MiB,

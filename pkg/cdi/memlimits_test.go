@@ -1,6 +1,11 @@
 package cdi
 
 import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,18 +20,22 @@ import (
 // limits (r615 and later).
 const memoryLimitDriverVersion = "615.20.03"
 
-const testHook = "/var/lib/gpuaas/bin/nvidia-cdi-hook"
-
 // memoryLimitHandler is a handler over a fake install of driver version
 // with NVIDIA's hooks on, on a host whose cgroups are v2 or not.
 func memoryLimitHandler(t *testing.T, version string, cgroupV2 bool) (*Handler, string, *cditest.DriverRoot) {
+	t.Helper()
+	return memoryLimitHandlerWith(t, version, cgroupV2, cditest.DynamicHook(t))
+}
+
+// memoryLimitHandlerWith is memoryLimitHandler with the hook binary hook.
+func memoryLimitHandlerWith(t *testing.T, version string, cgroupV2 bool, hook string) (*Handler, string, *cditest.DriverRoot) {
 	t.Helper()
 	root := cditest.NewDriverRoot(t, version)
 	lib := dgxh100.New()
 	lib.DriverVersion = version
 	h, cdiRoot := newHandler(t, root.Root, func(o *Options) {
 		o.NVML = lib
-		o.CDIHookPath = testHook
+		o.CDIHookPath = hook
 		o.CgroupV2 = func() (bool, string) {
 			if cgroupV2 {
 				return true, ""
@@ -52,7 +61,8 @@ func memoryLimitHooks(hooks []*specs.Hook) []*specs.Hook {
 // before, the spec carried no limit and the share's container could fill
 // the whole GPU.
 func TestMemoryShareCarriesTheDriversMemoryLimit(t *testing.T) {
-	h, cdiRoot, root := memoryLimitHandler(t, memoryLimitDriverVersion, true)
+	hook := cditest.DynamicHook(t)
+	h, cdiRoot, root := memoryLimitHandlerWith(t, memoryLimitDriverVersion, true, hook)
 	if got := h.MemoryLimits(); !got.Enforced {
 		t.Fatalf("MemoryLimits on driver %s, cgroup v2, hooks on = %+v, want enforced", memoryLimitDriverVersion, got)
 	}
@@ -62,8 +72,8 @@ func TestMemoryShareCarriesTheDriversMemoryLimit(t *testing.T) {
 
 	hooks := memoryLimitHooks(dev.Hooks)
 	want := []string{"nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", root.Root, "--gpu-id", "GPU-aaaa"}
-	if len(hooks) != 1 || hooks[0].HookName != "createRuntime" || hooks[0].Path != testHook || !slices.Equal(hooks[0].Args, want) {
-		t.Fatalf("the share's memory-limit hooks = %+v, want one createRuntime hook %s %v", hooks, testHook, want)
+	if len(hooks) != 1 || hooks[0].HookName != "createRuntime" || hooks[0].Path != hook || !slices.Equal(hooks[0].Args, want) {
+		t.Fatalf("the share's memory-limit hooks = %+v, want one createRuntime hook %s %v", hooks, hook, want)
 	}
 	for _, k := range []string{memoryLimitEnv, memoryRequestEnv} {
 		if v := envValues(dev.Env, k); !slices.Equal(v, []string{"10240"}) {
@@ -84,14 +94,20 @@ func TestNoMemoryLimitWhereTheDriverCannotEnforceIt(t *testing.T) {
 		name, version string
 		cgroupV2      bool
 		hooksOff      bool
+		staticHook    bool
 		reason        string
 	}{
+		{name: "statically linked hook", version: memoryLimitDriverVersion, cgroupV2: true, staticHook: true, reason: "statically linked"},
 		{name: "driver before r615", version: "580.95.05", cgroupV2: true, reason: "r615"},
 		{name: "cgroup v1", version: memoryLimitDriverVersion, reason: "cgroup v1 in this test"},
 		{name: "hooks disabled", version: memoryLimitDriverVersion, cgroupV2: true, hooksOff: true, reason: HooksDisabled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, cdiRoot, root := memoryLimitHandler(t, tc.version, tc.cgroupV2)
+			hook := cditest.DynamicHook(t)
+			if tc.staticHook {
+				hook = staticExecutable(t)
+			}
+			h, cdiRoot, root := memoryLimitHandlerWith(t, tc.version, tc.cgroupV2, hook)
 			if tc.hooksOff {
 				lib := dgxh100.New()
 				lib.DriverVersion = tc.version
@@ -118,7 +134,7 @@ func TestMemoryLimitHookNamesTheHostsDriverRoot(t *testing.T) {
 	lib := dgxh100.New()
 	lib.DriverVersion = memoryLimitDriverVersion
 	h, cdiRoot := newHandler(t, root.Root, func(o *Options) {
-		o.NVML, o.CDIHookPath, o.HostDriverRoot = lib, testHook, "/"
+		o.NVML, o.CDIHookPath, o.HostDriverRoot = lib, cditest.DynamicHook(t), "/"
 		o.CgroupV2 = func() (bool, string) { return true, "" }
 	})
 	write(t, h, claimUID, []Device{memoryShare()})
@@ -152,4 +168,41 @@ func TestMemoryLimitOnMIGDeviceIsRefused(t *testing.T) {
 	if _, err := h.WriteClaimSpec(claimUID, []Device{d}); err == nil || !strings.Contains(err.Error(), "MIG") {
 		t.Fatalf("WriteClaimSpec of a MIG device with a memory limit = %v, want a refusal", err)
 	}
+}
+
+// staticExecutable is a statically linked ELF executable named
+// nvidia-cdi-hook: the ELF header of a dynamic one with its program
+// headers rewritten so that none is the interpreter's.
+func staticExecutable(t *testing.T) string {
+	t.Helper()
+	dynamic, err := filepath.EvalSymlinks(cditest.DynamicHook(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(dynamic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB {
+		t.Fatalf("%s is not a little-endian 64-bit ELF file", dynamic)
+	}
+	// PT_INTERP becomes PT_NULL in the program header table (ELF64 little
+	// endian: phoff at 32, phentsize at 54, phnum at 56, p_type first).
+	phoff := binary.LittleEndian.Uint64(data[32:])
+	size, n := binary.LittleEndian.Uint16(data[54:]), binary.LittleEndian.Uint16(data[56:])
+	for i := range uint64(n) {
+		at := phoff + i*uint64(size)
+		if elf.ProgType(binary.LittleEndian.Uint32(data[at:])) == elf.PT_INTERP {
+			binary.LittleEndian.PutUint32(data[at:], uint32(elf.PT_NULL))
+		}
+	}
+	path := filepath.Join(t.TempDir(), HookBinary)
+	if err := os.WriteFile(path, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

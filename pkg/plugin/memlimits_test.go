@@ -39,7 +39,7 @@ func memoryLimitHandler(t *testing.T, cgroupV2 bool) (*cdi.Handler, inventory.In
 		t.Fatal(err)
 	}
 	e := preparetest.NewEnv(t, "dgxh100", memoryLimitNode(), "")
-	e.Lib, e.DriverRoot, e.CDIHook = lib, root.Root, "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-cdi-hook"
+	e.Lib, e.DriverRoot, e.CDIHook = lib, root.Root, cditest.DynamicHook(t)
 	e.CgroupV2 = func() (bool, string) { return cgroupV2, "cgroup v1 in this test" }
 	return e.NewCDIHandler(t), inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, memoryLimitNode())
 }

@@ -21,9 +21,6 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
-// memoryLimitHookPath is where the tests' plugin installed NVIDIA's hook.
-const memoryLimitHookPath = "/var/lib/kubelet/plugins/gpu.gpuaas.io/bin/nvidia-cdi-hook"
-
 // withMemoryLimitDriver puts the env's machine on driver r615 (a driver
 // install the mock pairs with), NVIDIA's hooks on, on a host whose cgroups
 // are v2 as cgroupV2 says.
@@ -41,7 +38,7 @@ func withMemoryLimitDriverFor(t *testing.T, e *testEnv, cfg *configapi.NodeConfi
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Lib, e.DriverRoot, e.CDIHook = lib, root.Root, memoryLimitHookPath
+	e.Lib, e.DriverRoot, e.CDIHook = lib, root.Root, cditest.DynamicHook(t)
 	e.CgroupV2 = func() (bool, string) { return cgroupV2, "cgroup v1 in this test" }
 	if e.Sharing.NVML != nil {
 		e.Sharing.NVML = lib
