@@ -57,6 +57,9 @@ type mockGPU struct {
 	binding       int
 	handle        nvml.Device
 	handleBinding int
+	// memoryLimits are the GPU's per-cgroup limits (mockmemlimits.go);
+	// guarded by the machine's mu, replaced, never changed.
+	memoryLimits []mockMemoryLimit
 }
 
 type mockGI struct {
@@ -227,7 +230,9 @@ func (m *mockMachine) capture() *mockState {
 	st := &mockState{Version: mockStateVersion, Machine: m.machine, Seed: m.seed}
 	for _, g := range m.gpus {
 		mode, _ := g.getComputeMode()
-		st.GPUs = append(st.GPUs, captureGPU(g.d, mode, g.pending, g.binding))
+		gst := captureGPU(g.d, mode, g.pending, g.binding)
+		gst.MemoryLimits = g.memoryLimits
+		st.GPUs = append(st.GPUs, gst)
 	}
 	return st
 }

@@ -55,6 +55,9 @@ type mockGPUState struct {
 	// within a boot, so MIG UUIDs are never reused either.
 	NextGIID uint32        `json:"nextGpuInstanceID"`
 	GIs      []mockGIState `json:"gpuInstances,omitempty"`
+	// MemoryLimits are the per-cgroup limits set on the GPU
+	// (mockmemlimits.go), by cgroup.
+	MemoryLimits []mockMemoryLimit `json:"memoryLimits,omitempty"`
 }
 
 type mockGIState struct {
