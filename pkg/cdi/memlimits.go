@@ -140,7 +140,11 @@ func memoryLimitMiB(bytes int64) int64 { return bytes / mebibyte }
 // each GPU it is given, and the runtime keeps the last value of a name
 // (see withVisibleDevicesVoid), so a container given both would get the
 // larger device's limit on the smaller one, or the other way round.
-func checkMemoryLimits(devices []Device) error {
+// Where no limit is written, there is nothing to refuse.
+func checkMemoryLimits(df *driverFiles, devices []Device) error {
+	if !df.memLimits.Enforced {
+		return nil
+	}
 	var first *Device
 	for i := range devices {
 		d := &devices[i]

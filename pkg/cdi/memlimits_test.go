@@ -155,6 +155,10 @@ func TestLimitedDevicesOfDifferentSizesAreRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "different memory limits") || !strings.Contains(err.Error(), "gpu-1-shared") {
 		t.Fatalf("WriteClaimSpec of a 10 GiB and a 20 GiB share = %v, want a refusal naming both", err)
 	}
+	// Where the driver enforces no limit, none is written, and sizes
+	// may differ.
+	v1, _, _ := memoryLimitHandler(t, memoryLimitDriverVersion, false)
+	write(t, v1, claimUID, []Device{small, large})
 	large.MemoryLimitBytes = small.MemoryLimitBytes
 	whole := Device{Name: "gpu-2", UUID: "GPU-cccc", Minor: 2}
 	write(t, h, claimUID, []Device{small, large, whole})

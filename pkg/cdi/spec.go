@@ -50,7 +50,7 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 	// Clipping makes append copy: concurrent writes never share the
 	// backing array of the cached common edits.
 	spec.ContainerEdits.DeviceNodes = append(slices.Clip(df.common.DeviceNodes), control...)
-	if err := checkMemoryLimits(devices); err != nil {
+	if err := checkMemoryLimits(df, devices); err != nil {
 		return nil, err
 	}
 	seen := make(map[string]bool, len(devices))
