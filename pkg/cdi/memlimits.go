@@ -3,6 +3,7 @@ package cdi
 import (
 	"debug/elf"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -67,7 +68,7 @@ func memoryLimitsOf(opts Options, version, noDriver string) MemoryLimits {
 		return MemoryLimits{Cause: CauseDriverTooOld,
 			Reason: fmt.Sprintf("driver %s has no per-container memory limits (r%d and later have)", version, memoryLimitDriver)}
 	}
-	if why := hookLoadsNVML(opts.CDIHookPath); why != "" {
+	if why := hookLoadsNVML(hookAsThePluginSeesIt(opts)); why != "" {
 		return MemoryLimits{Cause: CauseStaticHook, Reason: why}
 	}
 	if ok, why := cgroupV2(opts); !ok {
@@ -106,6 +107,31 @@ func StatCgroupV2(root string) (bool, string) {
 		return false, fmt.Sprintf("the host's cgroups are not v2 (%s is not cgroup2fs): the driver's memory limits need cgroup v2", root)
 	}
 	return true, ""
+}
+
+// hookAsThePluginSeesIt is where the plugin reads the host's hook: a
+// host path under the host's driver root (the chart mounts a host's "/"
+// at /host) at the same place under the plugin's driver root, where that
+// exists; the plugin's own copy (InstallHook's, at the same path on both)
+// otherwise. The plugin's /usr/bin/nvidia-cdi-hook is the image's, not
+// the host's.
+func hookAsThePluginSeesIt(opts Options) string {
+	if opts.HostDriverRoot == "" || opts.DriverRoot == "" {
+		return opts.CDIHookPath
+	}
+	rel, err := filepath.Rel(opts.HostDriverRoot, opts.CDIHookPath)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return opts.CDIHookPath
+	}
+	if seen := filepath.Join(opts.DriverRoot, rel); pathExists(seen) {
+		return seen
+	}
+	return opts.CDIHookPath
+}
+
+func pathExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // hookLoadsNVML says why the hook binary at path cannot set a memory

@@ -210,3 +210,34 @@ func staticExecutable(t *testing.T) string {
 	}
 	return path
 }
+
+// With the host's root mounted in the plugin (HostDriverRoot "/", the
+// driver root its mount), a hook path on the host is checked where the
+// plugin sees the host's file: the plugin's own /usr/bin/nvidia-cdi-hook is
+// the image's (static), not the host's.
+func TestHostsHookIsCheckedUnderTheDriverRoot(t *testing.T) {
+	root := cditest.NewDriverRoot(t, memoryLimitDriverVersion)
+	const hostHook = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+	if fileExists(hostHook) {
+		t.Skipf("%s exists in the test's own root", hostHook)
+	}
+	if err := os.MkdirAll(filepath.Join(root.Root, filepath.Dir(hostHook)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dynamic, err := filepath.EvalSymlinks(cditest.DynamicHook(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dynamic, filepath.Join(root.Root, hostHook)); err != nil {
+		t.Fatal(err)
+	}
+	lib := dgxh100.New()
+	lib.DriverVersion = memoryLimitDriverVersion
+	h, _ := newHandler(t, root.Root, func(o *Options) {
+		o.NVML, o.CDIHookPath, o.HostDriverRoot = lib, hostHook, "/"
+		o.CgroupV2 = func() (bool, string) { return true, "" }
+	})
+	if got := h.MemoryLimits(); !got.Enforced {
+		t.Fatalf("MemoryLimits with the host's dynamic hook at %s under the driver root: %+v, want enforced", hostHook, got)
+	}
+}
