@@ -204,7 +204,8 @@ func discoverDriverFiles(log klog.Logger, opts Options) (*driverFiles, error) {
 	if df.memLimits.Enforced {
 		df.memHook = memoryLimitHook(opts)
 	} else {
-		log.Info("Device memory of time-slice replicas and memory shares is not enforced by the driver", "reason", df.memLimits.Reason)
+		// The plugin says so at start, with the devices it concerns.
+		log.V(1).Info("No memory limits in the CDI specs", "cause", df.memLimits.Cause, "reason", df.memLimits.Reason)
 	}
 	return df, nil
 }
