@@ -117,7 +117,6 @@ int nvmlDeviceGetMemClkVfOffset() { return gpuaasShimStub("nvmlDeviceGetMemClkVf
 int nvmlDeviceGetMemoryAffinity() { return gpuaasShimStub("nvmlDeviceGetMemoryAffinity"); }
 int nvmlDeviceGetMemoryBusWidth() { return gpuaasShimStub("nvmlDeviceGetMemoryBusWidth"); }
 int nvmlDeviceGetMemoryErrorCounter() { return gpuaasShimStub("nvmlDeviceGetMemoryErrorCounter"); }
-int nvmlDeviceGetMemoryLimits_v1() { return gpuaasShimStub("nvmlDeviceGetMemoryLimits_v1"); }
 int nvmlDeviceGetMinMaxClockOfPState() { return gpuaasShimStub("nvmlDeviceGetMinMaxClockOfPState"); }
 int nvmlDeviceGetMinMaxFanSpeed() { return gpuaasShimStub("nvmlDeviceGetMinMaxFanSpeed"); }
 int nvmlDeviceGetModuleId() { return gpuaasShimStub("nvmlDeviceGetModuleId"); }
@@ -235,7 +234,6 @@ int nvmlDeviceSetGpuLockedClocks() { return gpuaasShimStub("nvmlDeviceSetGpuLock
 int nvmlDeviceSetGpuOperationMode() { return gpuaasShimStub("nvmlDeviceSetGpuOperationMode"); }
 int nvmlDeviceSetHostname_v1() { return gpuaasShimStub("nvmlDeviceSetHostname_v1"); }
 int nvmlDeviceSetMemClkVfOffset() { return gpuaasShimStub("nvmlDeviceSetMemClkVfOffset"); }
-int nvmlDeviceSetMemoryLimits_v1() { return gpuaasShimStub("nvmlDeviceSetMemoryLimits_v1"); }
 int nvmlDeviceSetMemoryLockedClocks() { return gpuaasShimStub("nvmlDeviceSetMemoryLockedClocks"); }
 int nvmlDeviceSetNvLinkDeviceLowPowerThreshold() { return gpuaasShimStub("nvmlDeviceSetNvLinkDeviceLowPowerThreshold"); }
 int nvmlDeviceSetNvLinkUtilizationControl() { return gpuaasShimStub("nvmlDeviceSetNvLinkUtilizationControl"); }

@@ -73,6 +73,10 @@ type Options struct {
 	// than hand out GPUs CUDA cannot use. HooksDisabled leaves the hooks
 	// out on purpose.
 	CDIHookPath string
+	// CgroupV2 reports whether the host's cgroups are v2, or why not; nil
+	// means a statfs of DefaultCgroupRoot. The memory-limit hook runs only
+	// on cgroup v2 (MemoryLimits). Tests set it.
+	CgroupV2 func() (bool, string)
 	// Logger is used for the few messages NewHandler logs; the zero value
 	// means klog.Background().
 	Logger klog.Logger
@@ -98,6 +102,11 @@ type Device struct {
 	// the MPS daemon's pipe directory and the shared memory its clients
 	// talk through.
 	Mounts []Mount
+	// MemoryLimitBytes is the device memory the driver lets a container
+	// given this device use on its GPU, 0 for no limit: a time-slice
+	// replica's or a memory share's size. Written only where the driver
+	// enforces it (Handler.MemoryLimits), as NVIDIA's memory-limit hook.
+	MemoryLimitBytes int64
 }
 
 // Mount is a host directory and where a container sees it.
@@ -126,6 +135,10 @@ type driverFiles struct {
 	version string
 	nodes   nodeChecker
 	common  specs.ContainerEdits
+	// memLimits: whether devices' memory limits are written, with the
+	// hook that sets them (all but its --gpu-id) when they are.
+	memLimits MemoryLimits
+	memHook   *specs.Hook
 }
 
 // NewHandler computes the edits common to all claims and prepares the CDI
@@ -186,7 +199,15 @@ func discoverDriverFiles(log klog.Logger, opts Options) (*driverFiles, error) {
 	if common, err = toHostRoot(opts, common); err != nil {
 		return nil, err
 	}
-	return &driverFiles{version: version, nodes: newNodeChecker(opts, why == ""), common: common}, nil
+	df := &driverFiles{version: version, nodes: newNodeChecker(opts, why == ""), common: common,
+		memLimits: memoryLimitsOf(opts, version, why)}
+	if df.memLimits.Enforced {
+		df.memHook = memoryLimitHook(opts)
+	} else {
+		// The plugin says so at start, with the devices it concerns.
+		log.V(1).Info("No memory limits in the CDI specs", "cause", df.memLimits.Cause, "reason", df.memLimits.Reason)
+	}
+	return df, nil
 }
 
 // SpecPath is the file holding the CDI spec of one claim.

@@ -50,6 +50,9 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 	// Clipping makes append copy: concurrent writes never share the
 	// backing array of the cached common edits.
 	spec.ContainerEdits.DeviceNodes = append(slices.Clip(df.common.DeviceNodes), control...)
+	if err := checkMemoryLimits(df, devices); err != nil {
+		return nil, err
+	}
 	seen := make(map[string]bool, len(devices))
 	for _, d := range devices {
 		if err := validateDevice(d); err != nil {
@@ -59,7 +62,7 @@ func (h *Handler) buildSpec(claimUID string, devices []Device) (*specs.Spec, err
 			return nil, fmt.Errorf("duplicate device %q", d.Name)
 		}
 		seen[d.Name] = true
-		dev, err := deviceSpec(log, df.nodes, claimUID, d, capsMajor)
+		dev, err := deviceSpec(log, df, claimUID, d, capsMajor)
 		if err != nil {
 			return nil, fmt.Errorf("device %q: %w", d.Name, err)
 		}
@@ -97,7 +100,7 @@ func validateDevice(d Device) error {
 			return fmt.Errorf("device %q: %s is the handler's to set", d.Name, k)
 		}
 	}
-	return nil
+	return validateMemoryLimit(d)
 }
 
 // deviceEnvName is the variable naming one device: its DRA device name,
@@ -116,7 +119,8 @@ func deviceEnvName(deviceName string) string {
 	return deviceEnvPrefix + name
 }
 
-func deviceSpec(log klog.Logger, checker nodeChecker, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
+func deviceSpec(log klog.Logger, df *driverFiles, claimUID string, d Device, capsMajor uint32) (specs.Device, error) {
+	checker := df.nodes
 	if err := checker.migWithoutCaps(log, d); err != nil {
 		return specs.Device{}, err
 	}
@@ -136,14 +140,10 @@ func deviceSpec(log klog.Logger, checker nodeChecker, claimUID string, d Device,
 		env = make(map[string]string, 1)
 	}
 	env[deviceEnvName(d.Name)] = d.UUID
-	return specs.Device{
-		Name: cdiDeviceName(claimUID, d.Name),
-		ContainerEdits: specs.ContainerEdits{
-			DeviceNodes: nodes,
-			Env:         envList(env),
-			Mounts:      bindMounts(d.Mounts),
-		},
-	}, nil
+	edits := specs.ContainerEdits{DeviceNodes: nodes, Mounts: bindMounts(d.Mounts)}
+	withMemoryLimit(df, &edits, env, d)
+	edits.Env = envList(env)
+	return specs.Device{Name: cdiDeviceName(claimUID, d.Name), ContainerEdits: edits}, nil
 }
 
 func bindMounts(mounts []Mount) []*specs.Mount {

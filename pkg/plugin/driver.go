@@ -211,6 +211,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	sharing := device.NewSharing(device.SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: device.MPSDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
+	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
 		CDI: opts.CDI, Store: store, Metrics: opts.Metrics, Sharing: sharing, LockDir: lockDir,

@@ -11,4 +11,4 @@ const (
 )
 
 // Attributes are the attribute names read from devices.
-var Attributes = []string{attrType, attrUUID, attrParentUUID, attrIndex, attrProductName, attrProfile}
+var Attributes = []string{attrType, attrUUID, attrParentUUID, attrIndex, attrProductName, attrProfile, attrMemoryLimitEnforced}

@@ -26,6 +26,9 @@ const (
 	attrIndex       = "index"
 	attrProductName = "productName"
 	attrProfile     = "profile"
+	// attrMemoryLimitEnforced is on replicas and shares
+	// (device.AttrMemoryLimitEnforced).
+	attrMemoryLimitEnforced = "memoryLimitEnforced"
 )
 
 // pool is the node's pool as the newest generation of its slices has it.
@@ -48,6 +51,9 @@ type gpu struct {
 	uuid    string
 	product string
 	devices []*device
+	// memoryLimit is what its replicas or shares say of their memory;
+	// "" when none says (whole and MIG GPUs, an older plugin).
+	memoryLimit gpuaas.MemoryLimit
 }
 
 // device is one published device and the allocations that hold it.
@@ -108,6 +114,20 @@ func (p *pool) add(byKey map[string]*gpu, api *resourceapi.Device) {
 	}
 	if g.product == "" {
 		g.product = stringAttr(api, attrProductName)
+	}
+	g.addMemoryLimit(api)
+}
+
+// addMemoryLimit takes in one device's memoryLimitEnforced: a GPU is
+// DriverEnforced only when every device that says anything says so.
+func (g *gpu) addMemoryLimit(api *resourceapi.Device) {
+	a, ok := attribute(api, attrMemoryLimitEnforced)
+	switch {
+	case !ok || a.BoolValue == nil:
+	case !*a.BoolValue:
+		g.memoryLimit = gpuaas.MemoryLimitNotEnforced
+	case g.memoryLimit == "":
+		g.memoryLimit = gpuaas.MemoryLimitDriverEnforced
 	}
 }
 

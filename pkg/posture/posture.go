@@ -82,6 +82,9 @@ type GPU struct {
 	Allocated []string
 	// Claims are the claims (namespace/name) holding them, sorted.
 	Claims []string
+	// MemoryLimit is whether the driver enforces its replicas' or
+	// shares' memory; "" for whole and MIG GPUs.
+	MemoryLimit gpuaas.MemoryLimit
 }
 
 // NodePosture is a node's posture and its GPUs'.
@@ -143,7 +146,7 @@ func exclusiveLease(gpus []GPU, leases map[string]bool) (string, bool) {
 func (g *gpu) posture(p *pool, rules []resourceapi.DeviceTaintRule) GPU {
 	out := GPU{
 		Index: g.index, UUID: g.uuid, ProductName: g.product, Mode: g.mode(),
-		Devices: g.deviceNames(), Allocated: g.allocatedNames(), Claims: g.claims(),
+		Devices: g.deviceNames(), Allocated: g.allocatedNames(), Claims: g.claims(), MemoryLimit: g.memoryLimit,
 	}
 	t := g.taints(p.name, rules)
 	switch {

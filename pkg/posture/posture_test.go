@@ -52,7 +52,12 @@ func openMachine(t *testing.T) nvdev.Interface {
 // publish is the node's pool as the plugin's slice controller writes it.
 func publish(t *testing.T, lib nvdev.Interface, cfg *configapi.NodeConfig) []resourceapi.ResourceSlice {
 	t.Helper()
-	inv := inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg)
+	return publishInventory(inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg))
+}
+
+// publishInventory is the node's pool of inv as the plugin's slice
+// controller writes it.
+func publishInventory(inv inventory.Inventory) []resourceapi.ResourceSlice {
 	pool := inventory.Resources(node, inv).Pools[node]
 	out := make([]resourceapi.ResourceSlice, 0, len(pool.Slices))
 	for i, s := range pool.Slices {

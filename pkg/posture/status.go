@@ -14,7 +14,7 @@ func (n *NodePosture) Status() gpuaas.GpuNodeStatus {
 		s.GPUs = append(s.GPUs, gpuaas.GpuPosture{
 			Index: int32(g.Index), UUID: g.UUID, ProductName: g.ProductName, Mode: g.Mode,
 			Posture: g.Posture, Reason: g.Reason, Devices: int32(len(g.Devices)),
-			AllocatedDevices: slices.Clone(g.Allocated), Claims: slices.Clone(g.Claims),
+			AllocatedDevices: slices.Clone(g.Allocated), Claims: slices.Clone(g.Claims), MemoryLimit: g.MemoryLimit,
 		})
 	}
 	return s

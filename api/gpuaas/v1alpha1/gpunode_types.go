@@ -204,7 +204,27 @@ type GpuPosture struct {
 	// Claims are the ResourceClaims (namespace/name) holding its devices.
 	// +optional
 	Claims []string `json:"claims,omitempty"`
+	// MemoryLimit says, for a GPU offered as time-slice replicas or
+	// memory shares, whether the driver holds each of their containers
+	// to the device's memory (their memoryLimitEnforced attribute):
+	// DriverEnforced (driver r615+, cgroup v2), or NotEnforced, where a
+	// container can use the whole GPU's memory (and MPS devices, whose
+	// daemon limits their memory). Empty for whole and MIG GPUs, whose
+	// memory is one claim's or the hardware's.
+	// +optional
+	MemoryLimit MemoryLimit `json:"memoryLimit,omitempty"`
 }
+
+// MemoryLimit is whether a shared GPU's devices have their memory
+// enforced by the driver.
+// +kubebuilder:validation:Enum=DriverEnforced;NotEnforced
+type MemoryLimit string
+
+// Memory limits of a shared GPU.
+const (
+	MemoryLimitDriverEnforced MemoryLimit = "DriverEnforced"
+	MemoryLimitNotEnforced    MemoryLimit = "NotEnforced"
+)
 
 // GpuNodeList is a list of GpuNodes.
 // +kubebuilder:object:root=true

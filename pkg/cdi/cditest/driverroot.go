@@ -3,8 +3,10 @@
 package cditest
 
 import (
+	"debug/elf"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -114,4 +116,29 @@ func (r *DriverRoot) Upgrade(t testing.TB, version string) {
 		r.symlink(t, lib+"."+version, link)
 	}
 	r.Version = version
+}
+
+// DynamicHook is a dynamically linked executable named nvidia-cdi-hook
+// in a temp dir: what the CDI handler's memory-limit check wants of the
+// hook binary (one that can dlopen the driver's NVML). It is never run.
+func DynamicHook(t testing.TB) string {
+	t.Helper()
+	for _, c := range []string{"/bin/sh", "/usr/bin/env", "/bin/true"} {
+		f, err := elf.Open(c)
+		if err != nil {
+			continue
+		}
+		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+		_ = f.Close()
+		if !dynamic {
+			continue
+		}
+		hook := filepath.Join(t.TempDir(), "nvidia-cdi-hook")
+		if err := os.Symlink(c, hook); err != nil {
+			t.Fatal(err)
+		}
+		return hook
+	}
+	t.Fatal("no dynamically linked executable to stand for nvidia-cdi-hook")
+	return ""
 }

@@ -340,5 +340,10 @@ func newMigDevice(d *server.Device, p migPair) *mock.Device {
 		GetMemoryInfoFunc:                      func() (nvml.Memory, nvml.Return) { return mem, nvml.SUCCESS },
 		GetMinorNumberFunc:                     func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED },
 		GetMigModeFunc:                         func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED },
+		// nvml.h: "MIG handles are not supported" by the memory limits.
+		SetMemoryLimits_v1Func: func(string, uint64, uint64) nvml.Return { return nvml.ERROR_NOT_SUPPORTED },
+		GetMemoryLimits_v1Func: func(string) (nvml.MemoryLimits_v1, nvml.Return) {
+			return nvml.MemoryLimits_v1{}, nvml.ERROR_NOT_SUPPORTED
+		},
 	}
 }

@@ -77,6 +77,7 @@ func newMachine(machine, seed string) (*server.Server, error) {
 	// MIG device handles and NVML's refusals (overlapping placements, too
 	// many instances), so dynamic MIG behaves as on a real GPU.
 	migtest.CompleteMock(s)
+	completeMemoryLimits(s)
 	return s, nil
 }
 

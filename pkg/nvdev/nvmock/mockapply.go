@@ -37,7 +37,7 @@ func (m *mockMachine) applyGPU(g *mockGPU, st mockGPUState) error {
 		g.d.Minor = *st.Minor
 	}
 	g.d.Unlock()
-	g.pending, g.binding = st.PendingMigMode, st.Binding
+	g.pending, g.binding, g.memoryLimits = st.PendingMigMode, st.Binding, st.MemoryLimits
 	g.use, g.procs = st.Use, st.Processes
 	if ret := g.setComputeMode(st.ComputeMode); ret != nvml.SUCCESS {
 		return fmt.Errorf("setting compute mode %d: %w", st.ComputeMode, ret)

@@ -62,6 +62,9 @@ type mockGPU struct {
 	// mu, replaced, never changed.
 	use   *mockUseState
 	procs []mockProcessState
+	// memoryLimits are the GPU's per-cgroup limits (mockmemlimits.go);
+	// guarded by the machine's mu, replaced, never changed.
+	memoryLimits []mockMemoryLimit
 }
 
 type mockGI struct {
@@ -236,6 +239,7 @@ func (m *mockMachine) capture() *mockState {
 		mode, _ := g.getComputeMode()
 		gst := captureGPU(g.d, mode, g.pending, g.binding)
 		m.captureUse(g, &gst)
+		gst.MemoryLimits = g.memoryLimits
 		st.GPUs = append(st.GPUs, gst)
 	}
 	return st

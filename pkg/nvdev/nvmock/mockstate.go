@@ -64,6 +64,9 @@ type mockGPUState struct {
 	// given any.
 	Use       *mockUseState      `json:"use,omitempty"`
 	Processes []mockProcessState `json:"processes,omitempty"`
+	// MemoryLimits are the per-cgroup limits set on the GPU
+	// (mockmemlimits.go), by cgroup.
+	MemoryLimits []mockMemoryLimit `json:"memoryLimits,omitempty"`
 }
 
 type mockGIState struct {

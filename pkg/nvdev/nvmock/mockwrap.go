@@ -17,6 +17,7 @@ func (m *mockMachine) wrapServer(s *server.Server) {
 		m.gpus = append(m.gpus, g)
 		m.wrapDeviceChanges(g)
 		m.wrapDeviceReads(g)
+		m.wrapMemoryLimits(s, g)
 	}
 	byUUID := s.DeviceGetHandleByUUIDFunc
 	s.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {

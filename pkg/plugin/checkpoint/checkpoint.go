@@ -98,6 +98,10 @@ type Device struct {
 	// share its memory's), by which its use is normalized to GPU units;
 	// 0 (older records) is taken as 1.
 	GPUShare float64 `json:"gpuShare,omitempty"`
+	// MemoryLimitBytes is the memory the driver holds a replica's or a
+	// share's container to (its size when prepared), kept so that its CDI
+	// spec can be written again after a reboot; 0 for none.
+	MemoryLimitBytes int64 `json:"memoryLimitBytes,omitempty"`
 }
 
 // Pod is a pod the claim was reserved for when it was prepared.

@@ -22,6 +22,9 @@ import (
 type sharingPlan struct {
 	settings timeslice.Settings
 	limits   *mps.Limits // MPS only
+	// memoryLimit is the memory the driver is to hold the device's
+	// container to (a replica's or a share's size), 0 for none.
+	memoryLimit int64
 }
 
 func (p *sharingPlan) SettingsOrNil() *timeslice.Settings {
@@ -30,6 +33,20 @@ func (p *sharingPlan) SettingsOrNil() *timeslice.Settings {
 	}
 	s := p.settings
 	return &s
+}
+
+// MemoryLimitBytes is the memory the driver is to hold the device's
+// container to, 0 for none: a time-slice replica's or a memory share's
+// size. MPS devices have none: their daemon pins each client's memory
+// already (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, bounded by the daemon's
+// defaults), and the daemon, not the client's container, holds the GPU
+// context the memory is allocated in, so a limit on the container's cgroup
+// is not known to cover it.
+func (p *sharingPlan) MemoryLimitBytes() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.memoryLimit
 }
 
 func (p *sharingPlan) LimitsOrNil() *mps.Limits {
@@ -66,7 +83,7 @@ func planGPUSharing(p Planned, gpu timeslice.Settings, mem int64) (*sharingPlan,
 	if gpu.Strategy == configapi.MPSStrategy {
 		return planMPS(p, mem)
 	}
-	return &sharingPlan{settings: gpu}, nil
+	return &sharingPlan{settings: gpu, memoryLimit: mem}, nil
 }
 
 // claimInterval is the interval a claim's config names, "" for none.
@@ -155,9 +172,13 @@ func (holdsSetting) SetUp(ctx context.Context, e *Env, p *Planned, rec *checkpoi
 	return e.acquireSharing(ctx, *p, rec.UID)
 }
 
-func (holdsSetting) CDIDevice(e *Env, p Planned, _ *checkpoint.Device) (cdi.Device, error) {
+// CDIDevice is the device's GPU with its sharing edits and, for a
+// replica or a share, the memory limit its record keeps (the CDI handler
+// writes it where the driver enforces it).
+func (holdsSetting) CDIDevice(e *Env, p Planned, rec *checkpoint.Device) (cdi.Device, error) {
 	d := gpuCDIDevice(p)
 	d.Env, d.Mounts = e.sharingEdits(p)
+	d.MemoryLimitBytes = rec.MemoryLimitBytes
 	return d, nil
 }
 

@@ -250,18 +250,19 @@ func newRecord(claim *resourceapi.ResourceClaim, plan []device.Planned) *checkpo
 		Pods: ReservedPods(claim)}
 	for _, p := range plan {
 		rec.Devices = append(rec.Devices, checkpoint.Device{
-			Requests:    []string{p.Result.Request},
-			Pool:        p.Result.Pool,
-			Device:      p.Result.Device,
-			GPUUUID:     p.Device.GPU.UUID,
-			AdminAccess: p.AdminAccess(),
-			GPUMode:     p.Device.Kind.ModeName(),
-			Shared:      p.Device.MultiAllocatable(),
-			ShareID:     string(ptr.Deref(p.Result.ShareID, "")),
-			Sharing:     p.Sharing.SettingsOrNil(),
-			MPSLimits:   p.Sharing.LimitsOrNil(),
-			DeviceClass: RequestDeviceClass(claim, p.Result.Request),
-			GPUShare:    heldShare(p),
+			Requests:         []string{p.Result.Request},
+			Pool:             p.Result.Pool,
+			Device:           p.Result.Device,
+			GPUUUID:          p.Device.GPU.UUID,
+			AdminAccess:      p.AdminAccess(),
+			GPUMode:          p.Device.Kind.ModeName(),
+			Shared:           p.Device.MultiAllocatable(),
+			ShareID:          string(ptr.Deref(p.Result.ShareID, "")),
+			Sharing:          p.Sharing.SettingsOrNil(),
+			MPSLimits:        p.Sharing.LimitsOrNil(),
+			DeviceClass:      RequestDeviceClass(claim, p.Result.Request),
+			GPUShare:         heldShare(p),
+			MemoryLimitBytes: p.Sharing.MemoryLimitBytes(),
 		})
 	}
 	return rec

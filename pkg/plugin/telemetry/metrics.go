@@ -26,6 +26,7 @@ type Metrics struct {
 	DpWithheld       prometheus.Gauge
 	DpCheckFailed    prometheus.Gauge
 	clusterGaps      *prometheus.GaugeVec
+	MemoryLimits     *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -72,6 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		driverInfo:   newDriverInfo(),
 		gpusReleased: newGPUsReleased(),
 		clusterGaps:  newClusterGaps(),
+		MemoryLimits: newMemoryLimits(),
 	}
 	m.DpWithheld, m.DpCheckFailed = newDevicePluginMetrics()
 	// Every series an alert takes increase() of exists from the start, at
@@ -83,7 +85,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Operations, m.duration, m.preparedClaims, m.preparedDevices,
 		m.Damaged, m.StaleCleaned, m.PublishedDevices, m.UnownedMIG, m.WithdrawnMIG, m.GPUProblems, m.DeviceInfo,
-		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed, m.clusterGaps)
+		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed, m.clusterGaps, m.MemoryLimits)
 	return m
 }
 

@@ -56,6 +56,9 @@ type Env struct {
 	// DriverRoot and CDIHook, when set, give each new State's CDI handler
 	// a driver's files and NVIDIA's hooks, as on a GPU node.
 	DriverRoot, CDIHook string
+	// CgroupV2 stands in for the host's cgroup version check of each new
+	// State's CDI handler (cdi.Options.CgroupV2); nil asks the host.
+	CgroupV2 func() (bool, string)
 	// Events are the Node events of every State of the env.
 	Events *EventLog
 }
@@ -131,7 +134,7 @@ func NewEnv(t testing.TB, machine string, cfg *configapi.NodeConfig, mockStateDi
 func (e *Env) NewCDIHandler(t testing.TB) *cdi.Handler {
 	t.Helper()
 	handler, err := cdi.NewHandler(cdi.Options{CDIRoot: e.CDIRoot, NVML: e.Lib.NVML(),
-		DriverRoot: e.DriverRoot, CDIHookPath: e.CDIHook,
+		DriverRoot: e.DriverRoot, CDIHookPath: e.CDIHook, CgroupV2: e.CgroupV2,
 		ProcDevicesPath: filepath.Join(filepath.Dir(e.MigMinors), "devices")})
 	if err != nil {
 		t.Fatal(err)
