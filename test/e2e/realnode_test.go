@@ -65,6 +65,7 @@ func TestRealNode(t *testing.T) {
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"SharingTools", testSharingTools},
+		{"UseAndIdlePolicy", testUseAndIdlePolicy},
 		{"RealDriverTools", testRealDriverTools},
 		{"RealNVMLStopsCleanly", testRealNVMLStopsCleanly},
 		{"DeviceHealth", testDeviceHealth},

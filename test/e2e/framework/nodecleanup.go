@@ -60,18 +60,7 @@ func makeCgroup(cgroup string) error {
 func cgroupPids(cgroup string) sets.Set[int] {
 	pids := sets.New[int]()
 	for _, dir := range cgroupDirs(cgroup) {
-		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil
-			}
-			data, _ := os.ReadFile(p)
-			for _, f := range strings.Fields(string(data)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					pids.Insert(pid)
-				}
-			}
-			return nil
-		})
+		pids = pids.Union(procsUnder(dir))
 	}
 	return pids
 }
