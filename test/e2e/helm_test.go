@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	gpuv1alpha1 "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
@@ -673,9 +674,15 @@ func TestHelmControllerWritesOnlyItsOwnClassesAndClaims(t *testing.T) {
 	if err := controller.ResourceV1().DeviceClasses().Delete(ctx, foreign.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("the controller's delete of a foreign DeviceClass: want Forbidden, got %v", err)
 	}
-	// A class its profile renders: created, updated, deleted.
+	// A class its profile renders: created, updated, deleted. The profile
+	// exists (disabled: no controller renders it), or the garbage collector
+	// deletes the class of an absent owner before the test does.
+	installCRDs(t)
+	ownerProfile := profile("fence-owned-"+ns, gpuaas.ProfileSelector{})
+	ownerProfile.Spec.Enabled = ptrTo(false)
+	createObject(t, ownerProfile)
 	owned := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "fence-owned-" + ns, OwnerReferences: []metav1.OwnerReference{{
-		APIVersion: "gpuaas.io/v1alpha1", Kind: "GpuProfile", Name: "fence-owned-" + ns, UID: "fence-profile-uid", Controller: ptrTo(true)}}}}
+		APIVersion: "gpuaas.io/v1alpha1", Kind: "GpuProfile", Name: ownerProfile.Name, UID: ownerProfile.UID, Controller: ptrTo(true)}}}}
 	owned, err = controller.ResourceV1().DeviceClasses().Create(ctx, owned, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("the controller creating its profile's DeviceClass: %v", err)
