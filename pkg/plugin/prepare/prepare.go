@@ -10,9 +10,9 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
+	"github.com/gpuaas/gpu-dra-driver/pkg/deviceweight"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
-	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -308,7 +308,7 @@ func heldShare(p device.Planned) float64 {
 	if q, ok := p.Result.ConsumedCapacity["memory"]; ok {
 		memory = q.Value()
 	}
-	return quota.HeldShare(&p.Device.API, configapi.DriverName, memory).Float64()
+	return deviceweight.Held(&p.Device.API, configapi.DriverName, memory).Float64()
 }
 
 // writeSpec writes the claim's CDI spec and records the CDI device IDs.
