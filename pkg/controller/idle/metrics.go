@@ -3,6 +3,8 @@ package idle
 import (
 	"sync"
 
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -36,4 +38,27 @@ var (
 // registry once per process.
 func RegisterMetrics() {
 	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(idleClaims, idleActions) })
+}
+
+// seedSeries makes a tenant's series exist at 0 once a claim of its falls
+// under a policy with action: "no idle claim" and "no action" are answers a
+// dashboard and an alert read, and an absent series is none (a renamed
+// metric and a quiet one would look alike).
+func seedSeries(tenant string, action gpuaas.IdleAction) {
+	idleClaims.WithLabelValues(tenant, string(action))
+	for _, result := range resultsOf(action) {
+		idleActions.WithLabelValues(tenant, string(action), result)
+	}
+}
+
+// resultsOf are the results an action can have.
+func resultsOf(action gpuaas.IdleAction) []string {
+	switch action {
+	case gpuaas.IdleActionEvict:
+		return []string{resultDone, resultRefused, resultNotified, resultFailed}
+	case gpuaas.IdleActionDeactivate:
+		return []string{resultDone, resultNotified, resultFailed}
+	default:
+		return []string{resultDone, resultFailed}
+	}
 }

@@ -91,6 +91,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.forget(ctx, req.NamespacedName, why)
 		return reconcile.Result{}, nil
 	}
+	seedSeries(p.tenant, p.Action)
 	idle, why := claimIdleness(&claim, ours)
 	if idle == nil {
 		// The plugin's next change of a condition brings the claim back.
