@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -330,11 +331,13 @@ func stringConsts(files []*ast.File) map[string]string {
 }
 
 // registryInventory is what the plugin binary registers: its own metrics
-// and the health monitor's, read from their real collectors, plus the Go
-// and process collectors cmd/dra-kubelet-plugin adds.
+// (prepare telemetry and the use of each claim), the health monitor's,
+// read from their real collectors, plus the Go and process collectors
+// cmd/dra-kubelet-plugin adds.
 func registryInventory() inventory {
 	inv := inventory{}
 	telemetry.NewMetrics(&recorder{inv: inv, from: "pkg/plugin/telemetry"})
+	usage.NewMetrics(&recorder{inv: inv, from: "pkg/plugin/usage"})
 	health.NewMetrics(&recorder{inv: inv, from: "pkg/health"})
 	r := &recorder{inv: inv, from: "client_golang (cmd/dra-kubelet-plugin)"}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -305,6 +305,35 @@ func checkPodMonitor(t *testing.T, objs []*unstructured.Unstructured, hostNetwor
 	if !contains(relabel, "node") {
 		t.Errorf("the PodMonitor does not set the node label the rules group plugins by")
 	}
+	checkHonorLabels(t, ep)
+}
+
+// podTargetLabels are the target labels the Prometheus Operator gives
+// every series a PodMonitor scrapes: the scraped pod's namespace, name and
+// container.
+var podTargetLabels = []string{"namespace", "pod", "container"}
+
+// checkHonorLabels: where a plugin metric has a label of its own that the
+// operator also sets as a target label (the per-claim use metrics'
+// namespace and pod: the claim's, not the plugin's), the PodMonitor must
+// honor the scraped labels; otherwise Prometheus renames them
+// exported_namespace and exported_pod, and every query by a claim's
+// namespace or pod (the tenant dashboard, an autoscaler) reads the
+// plugin's own.
+func checkHonorLabels(t *testing.T, ep map[string]any) {
+	t.Helper()
+	var clashing []string
+	for name, m := range registryInventory() {
+		for _, l := range podTargetLabels {
+			if m.labels[l] {
+				clashing = append(clashing, name+"{"+l+"}")
+			}
+		}
+	}
+	sort.Strings(clashing)
+	if len(clashing) > 0 && ep["honorLabels"] != true {
+		t.Errorf("the PodMonitor does not set honorLabels, but the plugin's metrics have labels the operator sets on its targets: %s", strings.Join(clashing, ", "))
+	}
 }
 
 // onlyMonitor is the selector and the endpoint of the one monitor of kind
