@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -61,6 +62,7 @@ const (
 	usePodWait      = time.Minute
 	useMeasuredWait = 2 * time.Minute
 	useEvictWait    = 2 * time.Minute
+	useGoneWait     = 30 * time.Second
 )
 
 // useScenario applies demo/usage on the real node, makes the trainer's
@@ -478,10 +480,25 @@ func (d *demo) reportPolicy(ctx context.Context) error {
 	for _, line := range idleEventLines(events.Items) {
 		d.out.printf("    %s\n", line)
 	}
+	if err == nil {
+		// The eviction deletes the pod, which then stops (its container
+		// ends on SIGTERM): wait a little for it to be gone.
+		_ = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, useGoneWait, true, func(ctx context.Context) (bool, error) {
+			_, err := d.cp.Client.CoreV1().Pods(useNamespace).Get(ctx, useNotebook, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+	}
 	for _, name := range []string{useNotebook, useTrainer} {
 		pod, err := d.cp.Client.CoreV1().Pods(useNamespace).Get(ctx, name, metav1.GetOptions{})
-		state := "gone"
-		if err == nil {
+		state := ""
+		switch {
+		case apierrors.IsNotFound(err):
+			state = "gone"
+		case err != nil:
+			return fmt.Errorf("getting pod %s/%s: %w", useNamespace, name, err)
+		case pod.DeletionTimestamp != nil:
+			state = "terminating (" + podState(ctx, d.cp, pod) + ")"
+		default:
 			state = podState(ctx, d.cp, pod)
 		}
 		d.out.printf("  pod %s/%s: %s\n", useNamespace, name, state)
