@@ -12,9 +12,12 @@
 // With the built-in specs it ends with the built-in scenarios (--scenarios):
 // health (an XID and a drain on the real node, then the posture table),
 // shapes (demo/shapes: a NUMA pair that runs, a whole-node lease and a
-// GPU + NIC slot that are refused with the count that says why) and
+// GPU + NIC slot that are refused with the count that says why),
 // queueing (demo/queueing: Kueue's manager in front of the GPU quota,
-// charging GPU units); with specs of one's own they run only when asked.
+// charging GPU units) and use (demo/usage on the real node: an idle
+// notebook and a busy trainer on one time-sliced GPU, what the plugin
+// measured of each, and the idle policy evicting the notebook); with specs
+// of one's own they run only when asked.
 // On the real node a Prometheus scrapes the chart throughout (make
 // prometheus); the demo ends with where the chart's dashboards and rules
 // are and a few numbers read back through Prometheus's API (prometheus.go).
@@ -72,7 +75,7 @@ func parseFlags() options {
 	flag.BoolVar(&o.keep, "keep", false, "leave the cluster up when the demo ends, also after a failure, until Ctrl-C (prints the kubeconfig path)")
 	flag.StringVar(&o.pluginBinary, "plugin-binary", "", "dra-kubelet-plugin to run; default: build ./cmd/dra-kubelet-plugin")
 	flag.StringVar(&o.specs, "specs", "", "directory of specs to apply; default: <repo>/demo/specs")
-	scenariosFlag := flag.String("scenarios", "", "built-in scenarios to run after the specs: all, none, or a list of health,shapes,queueing; default: all with the built-in specs, none with --specs of one's own")
+	scenariosFlag := flag.String("scenarios", "", "built-in scenarios to run after the specs: all, none, or a list of health,shapes,queueing,use; default: all with the built-in specs, none with --specs of one's own")
 	flag.StringVar(&o.nodeName, "node-name", "gpu-node-1", "name of the simulated node")
 	flag.StringVar(&o.nodeConfig, "node-config", "demo/node-config.yaml", "the plugin's --node-config (how each GPU is offered); \"\" offers every GPU whole")
 	flag.StringVar(&o.nvml, "nvml", "mock:dgxh100", "the plugin's --nvml (mock:dgxa100|dgxh100|dgxh200|dgxb200)")
@@ -174,6 +177,9 @@ type demo struct {
 	promErr error
 	// specPodsDeleted: the scenarios freed the specs' GPUs already.
 	specPodsDeleted bool
+	// usePID is the process the use scenario runs on the simulated GPU,
+	// 0 when none.
+	usePID uint32
 }
 
 func (d *demo) run(ctx context.Context) error {
@@ -217,7 +223,12 @@ func (d *demo) run(ctx context.Context) error {
 			return err
 		}
 	}
-	if !scen.health && !scen.shapes && !scen.queueing {
+	if scen.use {
+		if err := d.useScenario(ctx, objs); err != nil {
+			return err
+		}
+	}
+	if !scen.health && !scen.shapes && !scen.queueing && !scen.use {
 		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=%s runs them).\n", strings.Join(scenarioNames, ","))
 	}
 	d.reportMonitoring(ctx)

@@ -27,7 +27,7 @@ func TestParseScenarios(t *testing.T) {
 		// The built-in specs are made for the built-in scenarios: all run,
 		// and the shapes and queueing scenarios may delete the specs' pods
 		// (the demo's own) to free GPUs.
-		{"", true, scenarios{health: true, shapes: true, queueing: true, freeSpecPods: true}},
+		{"", true, scenarios{health: true, shapes: true, queueing: true, use: true, freeSpecPods: true}},
 		// One's own specs: nothing more than the specs runs unless asked.
 		{"", false, scenarios{}},
 		{"none", true, scenarios{}},
@@ -35,8 +35,10 @@ func TestParseScenarios(t *testing.T) {
 		// Asked for with one's own specs, queueing never deletes their pods.
 		{"health,queueing", false, scenarios{health: true, queueing: true}},
 		{"queueing", true, scenarios{queueing: true, freeSpecPods: true}},
-		{"all", false, scenarios{health: true, shapes: true, queueing: true}},
+		{"all", false, scenarios{health: true, shapes: true, queueing: true, use: true}},
 		{"shapes", false, scenarios{shapes: true}},
+		{"use", true, scenarios{use: true, freeSpecPods: true}},
+		{"queueing,use", false, scenarios{queueing: true, use: true}},
 	} {
 		got, err := parseScenarios(tc.flag, tc.builtin)
 		if err != nil || got != tc.want {

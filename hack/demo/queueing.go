@@ -44,7 +44,7 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 		return err
 	}
 	dir := filepath.Join(root, "demo", "queueing")
-	if err := d.ensureProfiles(ctx, root, dir); err != nil {
+	if err := d.ensureProfiles(ctx, root, "Queueing", filepath.Join(dir, "10-jobs.yaml"), filepath.Join(dir, "20-urgent.yaml")); err != nil {
 		return err
 	}
 	d.out.printf("Queueing: Kueue %s with the deviceClassMappings the dra-controller rendered from the catalog ...\n", kueueVersion())
@@ -78,15 +78,15 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 	return nil
 }
 
-// ensureProfiles creates the catalog entries (GpuProfiles) that the
-// queueing jobs' claims name and the cluster lacks, from the built-in
-// demo/specs/quota/00-profiles.yaml: specs of one's own may have none, and
-// the dra-controller renders Kueue's mappings from the catalog. Entries
-// that exist are left as they are.
-func (d *demo) ensureProfiles(ctx context.Context, root, queueingDir string) error {
+// ensureProfiles creates the catalog entries (GpuProfiles) that the claim
+// templates of a scenario's files name and the cluster lacks, from the
+// built-in demo/specs/quota/00-profiles.yaml: specs of one's own may have
+// none, and the dra-controller renders a profile's DeviceClass (and Kueue's
+// mappings) from the catalog. Entries that exist are left as they are.
+func (d *demo) ensureProfiles(ctx context.Context, root, scenario string, files ...string) error {
 	var jobs []*unstructured.Unstructured
-	for _, file := range []string{"10-jobs.yaml", "20-urgent.yaml"} {
-		objs, err := framework.ReadObjects(filepath.Join(queueingDir, file))
+	for _, file := range files {
+		objs, err := framework.ReadObjects(file)
 		if err != nil {
 			return err
 		}
@@ -105,7 +105,7 @@ func (d *demo) ensureProfiles(ctx context.Context, root, queueingDir string) err
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("getting GpuProfile %s: %w", p.GetName(), err)
 		}
-		d.out.printf("Queueing: adding GpuProfile %s (demo/specs/quota), which its jobs use.\n", p.GetName())
+		d.out.printf("%s: adding GpuProfile %s (demo/specs/quota), which its claims use.\n", scenario, p.GetName())
 		if _, err := d.cp.ApplyObject(ctx, p, ""); err != nil {
 			return err
 		}

@@ -19,6 +19,9 @@ type scenarios struct {
 	shapes bool
 	// queueing runs Kueue's manager and demo/queueing.
 	queueing bool
+	// use runs demo/usage on the real node: a busy and an idle pod on one
+	// time-sliced GPU, what the plugin measured, what the idle policy did.
+	use bool
 	// freeSpecPods lets the shapes and queueing scenarios delete the specs' pods so
 	// that its jobs find free GPUs: only the built-in specs' pods, which
 	// are the demo's own; one's own pods are never deleted.
@@ -26,7 +29,7 @@ type scenarios struct {
 }
 
 // scenarioNames are the values --scenarios takes, besides all and none.
-var scenarioNames = []string{"health", "shapes", "queueing"}
+var scenarioNames = []string{"health", "shapes", "queueing", "use"}
 
 // parseScenarios reads --scenarios: "" (the default) runs every scenario
 // with the built-in specs and none with one's own; otherwise "all",
@@ -43,7 +46,7 @@ func parseScenarios(value string, builtinSpecs bool) (scenarios, error) {
 		return scenarios{}, nil
 	}
 	if value == "all" {
-		s.health, s.shapes, s.queueing = true, true, true
+		s.health, s.shapes, s.queueing, s.use = true, true, true, true
 		return s, nil
 	}
 	for _, name := range strings.Split(value, ",") {
@@ -54,6 +57,8 @@ func parseScenarios(value string, builtinSpecs bool) (scenarios, error) {
 			s.shapes = true
 		case "queueing":
 			s.queueing = true
+		case "use":
+			s.use = true
 		default:
 			return scenarios{}, fmt.Errorf("--scenarios=%q: want all, none, or a comma-separated list of %s", value, strings.Join(scenarioNames, ", "))
 		}
