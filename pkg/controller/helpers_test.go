@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -25,12 +23,3 @@ var (
 func ctx(t testing.TB) context.Context { return t.Context() }
 
 func quotaUnits(n, d int64) quota.Units { return quota.NewUnits(n, d) }
-
-func counterValue(t *testing.T, tenant string) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := unitSeconds.WithLabelValues(tenant).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
