@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
-	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // The fixtures are testworld's, under the names these tests use.
@@ -21,5 +20,3 @@ var (
 )
 
 func ctx(t testing.TB) context.Context { return t.Context() }
-
-func quotaUnits(n, d int64) quota.Units { return quota.NewUnits(n, d) }

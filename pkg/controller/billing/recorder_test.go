@@ -197,8 +197,7 @@ func TestNewLeaderBillsNothingTwiceLosesNothing(t *testing.T) {
 	reconcileOK(t, old)
 	clk.advance(30 * time.Second)
 	reconcileOK(t, old)
-	clk.advance(25 * time.Second) // killed 25 s after its last checkpoint
-	old = nil
+	clk.advance(25 * time.Second) // killed 25 s after its last checkpoint: its memory is lost
 	clk.advance(35 * time.Second) // no leader for 35 s
 	next := newRecorder(api, clk)
 	reconcileOK(t, next)
