@@ -144,8 +144,8 @@ func (r *Recorder) prices(ctx context.Context) (priceBook, error) {
 		return book, fmt.Errorf("listing GpuProfiles: %w", err)
 	}
 	for _, p := range profiles.Items {
-		if p.Spec.Price != nil {
-			book.profiles[p.Name] = p.Spec.Price.PerGpuUnitHour
+		if price, ok := validPrice(ctx, "GpuProfile", p.Name, p.Spec.Price); ok {
+			book.profiles[p.Name] = price
 		}
 	}
 	if !r.Shapes {
@@ -156,11 +156,25 @@ func (r *Recorder) prices(ctx context.Context) (priceBook, error) {
 		return book, fmt.Errorf("listing GpuShapes: %w", err)
 	}
 	for _, s := range shapes.Items {
-		if s.Spec.Price != nil {
-			book.shapes[s.Name] = s.Spec.Price.PerGpuUnitHour
+		if price, ok := validPrice(ctx, "GpuShape", s.Name, s.Spec.Price); ok {
+			book.shapes[s.Name] = price
 		}
 	}
 	return book, nil
+}
+
+// validPrice is a set price that is not negative (a negative one would
+// make the cost counters go down): one is ignored, billed at zero, and
+// logged.
+func validPrice(ctx context.Context, kind, name string, p *gpuaas.Price) (resource.Quantity, bool) {
+	if p == nil {
+		return resource.Quantity{}, false
+	}
+	if p.PerGpuUnitHour.Sign() < 0 {
+		klog.FromContext(ctx).Error(nil, "Ignoring a negative price: billed at zero", "kind", kind, "name", name, "perGpuUnitHour", p.PerGpuUnitHour.String())
+		return resource.Quantity{}, false
+	}
+	return p.PerGpuUnitHour, true
 }
 
 // recordOf is the open record of a device a claim holds: priced by the
@@ -228,8 +242,9 @@ func (r *Recorder) apply(ctx context.Context, observed map[string]observation, n
 			r.dirty[name] = true
 		}
 	}
+	open := r.openKeys()
 	for key, obs := range observed {
-		if r.isOpen(key) {
+		if open[key] {
 			continue // reopened at the period's start above
 		}
 		r.openRecord(obs.rec)
@@ -258,15 +273,15 @@ func (r *Recorder) advanceOpen(now time.Time) {
 	}
 }
 
-func (r *Recorder) isOpen(key string) bool {
+// openKeys are the open records' keys.
+func (r *Recorder) openKeys() map[string]bool {
+	out := map[string]bool{}
 	for _, u := range r.usages {
 		for i := range u.Status.Open {
-			if recordKey(&u.Status.Open[i]) == key {
-				return true
-			}
+			out[recordKey(&u.Status.Open[i])] = true
 		}
 	}
-	return false
+	return out
 }
 
 // sameTerms: the record goes on at the same price and units.

@@ -344,3 +344,16 @@ func TestMonthEndSplitsTheRecord(t *testing.T) {
 		t.Errorf("counter %s, want 120", got)
 	}
 }
+
+// A negative price would make the cost counters go down: it bills at zero.
+func TestNegativePriceBillsZero(t *testing.T) {
+	api := newAPI(t, profile("whole", "-1"), allocated("train", "whole", "whole-0"))
+	clk := newClock()
+	r := newRecorder(api, clk)
+	reconcileOK(t, r)
+	clk.advance(time.Hour)
+	reconcileOK(t, r)
+	if u := usageIn(t, api, usageName()); u.Status.Cost != "0.000000" || u.Status.UnitSeconds != "3600" {
+		t.Errorf("cost %s for %s unit-seconds, want 0.000000 for 3600", u.Status.Cost, u.Status.UnitSeconds)
+	}
+}
