@@ -60,7 +60,16 @@ func TestControllerBillingRecords(t *testing.T) {
 	// A new leader goes on from the records in the API.
 	rc.stop(t)
 	time.Sleep(2 * time.Second) // no leader for a while
+	restarted := time.Now().Add(time.Second).Truncate(time.Second)
 	startController(t)
+	// Deleted before the new leader saw them, they would be billed up to
+	// the old leader's last observation only (endUncertain, as
+	// TestClaimGoneWhileNoLeaderClosesAtLastSeen shows): the test waits
+	// until the new leader continued both records.
+	waitForUsage(t, usageName, "both records continued by the new leader", func(u *gpuaas.TenantUsage) bool {
+		return len(u.Status.Open) == 2 && !u.Status.Open[0].LastSeen.Before(&metav1.Time{Time: restarted}) &&
+			!u.Status.Open[1].LastSeen.Before(&metav1.Time{Time: restarted})
+	})
 
 	for name := range claims {
 		if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
