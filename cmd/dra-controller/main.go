@@ -82,7 +82,8 @@ func parseFlags() *flags {
 	fs.BoolVar(&o.QuotaBackstop, "quota-backstop", true, "Keep a ResourceQuota (gpuaas-backstop) in each namespace of a TenantQuota with device limits, so the API server enforces those limits per namespace even if the webhook does not.")
 	fs.DurationVar(&o.ReclaimUnallocatedAfter, "reclaim-unallocated-after", controller.DefaultReclaimUnallocatedAfter, "A cohort member refused a claim within its own limits because its quota is lent out gets it back from the borrowers' ResourceClaims that have stayed unallocated for longer than this: they are deleted (a pod's claim is made again and waits for quota). 0: lenders wait until the borrowers give quota back. Needs delete on resourceclaims.")
 	fs.BoolVar(&o.IdlePolicy, "idle-policy", true, "Enforce the idle policies of TenantQuotas and GpuProfiles (spec.idlePolicy) on allocated claims whose devices the plugins report idle: warn, then notify, deactivate the Kueue Workload or evict the pods (docs/idle-policy.md). The plugins' use Leases are read in --quota-ledger-namespace. Needs create on pods/eviction, get on pods and leases, patch on Kueue Workloads for Deactivate.")
-	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status and the billing counter are refreshed without changes; default 30s.")
+	fs.StringVar(&o.BillingCurrency, "billing-currency", "USD", "The currency of the prices on GpuProfiles and GpuShapes (spec.price) and of the TenantUsage records and cost metrics (docs/platform.md, \"Billing\").")
+	fs.DurationVar(&o.Resync, "resync", 0, "How often quota status is refreshed and the open billing records' lastSeen written without changes; default 30s.")
 	cli.Parse(fs, "dra-controller keeps the GPU catalog (GpuProfile -> DeviceClass) and charges\nResourceClaims against TenantQuotas (driver gpu.gpuaas.io).")
 	return f
 }

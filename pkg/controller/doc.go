@@ -1,7 +1,6 @@
 // Package controller is the dra-controller's wiring: Run builds the
 // manager, and puts on it the planes, each a sub-package, and the
-// TenantQuota reconciler, which stays here with its metrics and its billing
-// counter. It is thin wiring over pkg/deviceclass and pkg/quota, on
+// TenantQuota reconciler, which stays here with its metrics. It is thin wiring over pkg/deviceclass and pkg/quota, on
 // controller-runtime.
 //
 // Every replica serves the webhooks from its informer caches; only the
@@ -18,8 +17,9 @@
 // (the GpuNode posture reconciler), webhookcert (the webhook's serving
 // certificates and their rotation) and kueuemirror (Kueue's mappings,
 // ResourceFlavor and ClusterQueues kept in line with the catalog and the
-// quotas). What stays here is run.go, options.go, watch.go (the
+// quotas), billing (the usage records, TenantUsage, and the counters
+// derived from them). What stays here is run.go, options.go, watch.go (the
 // reconcilers' map functions), crds.go, metrics.go, the quota reconciler
-// (quota_controller.go, billing.go) and the ResourceQuota backstop
+// (quota_controller.go) and the ResourceQuota backstop
 // (backstop.go), which resolves tenancy from the API on its own.
 package controller

@@ -34,10 +34,6 @@ var (
 	tenantDevUsed       = tenantProfileGauge("gpuaas_tenant_devices_used", "Devices of a profile a tenant's allocated claims hold.")
 	tenantDevReserved   = tenantProfileGauge("gpuaas_tenant_devices_reserved", "Devices of a profile a tenant's admitted, unallocated claims may take.")
 	tenantDevLimit      = tenantProfileGauge("gpuaas_tenant_devices_limit", "A tenant's device limit per profile.")
-	unitSeconds         = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpuaas_tenant_gpu_unit_seconds_total",
-		Help: "GPU units held by allocated claims, integrated over time: the billing counter.",
-	}, []string{"tenant"})
 
 	tenantGauges = []*prometheus.GaugeVec{tenantUnitsUsed, tenantUnitsReserved, tenantUnitsBorrowed, tenantUnitsLimit,
 		tenantMemUsed, tenantMemReserved, tenantMemBorrowed, tenantMemLimit, tenantDevUsed, tenantDevReserved, tenantDevLimit}
@@ -50,7 +46,6 @@ func registerMetrics() {
 		for _, g := range tenantGauges {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
-		ctrlmetrics.Registry.MustRegister(unitSeconds)
 		admission.RegisterMetrics()
 		webhook.RegisterMetrics()
 		webhookcert.RegisterMetrics()
@@ -136,7 +131,8 @@ func deleteTenantMetrics(name string) {
 		v.DeletePartialMatch(prometheus.Labels{"tenant": name})
 	}
 	// Counters too: a deleted tenant's series would otherwise be exported
-	// for ever (the billing counter is kept: it is what is billed).
+	// for ever (the billing counters, the billing package's, are kept: they
+	// are what is billed).
 	webhook.DeleteTenantSeries(name)
 	profileSeries.forget(name)
 }

@@ -117,8 +117,12 @@ type Options struct {
 	// use Leases are read in LedgerNamespace, the chart's namespace.
 	IdlePolicy bool
 
-	// Resync is how often quota status (and the gpu-unit-seconds billing
-	// counter) is refreshed without any change; default 30s.
+	// BillingCurrency is the one currency of every price on GpuProfiles
+	// and GpuShapes and of the cost metrics (docs/platform.md, "Billing").
+	BillingCurrency string
+
+	// Resync is how often quota status is refreshed, and the open billing
+	// records' lastSeen written, without any change; default 30s.
 	Resync time.Duration
 }
 
@@ -133,6 +137,9 @@ func (o *Options) Validate() error {
 	}
 	if o.LedgerNamespace == "" {
 		o.LedgerNamespace = "default"
+	}
+	if o.BillingCurrency == "" {
+		o.BillingCurrency = "USD"
 	}
 	if o.Resync <= 0 {
 		o.Resync = defaultResync

@@ -22,13 +22,12 @@ import (
 // quotaReconciler writes a TenantQuota's status from the claims in its
 // namespaces (allocated ones trued up from their allocation), flags invalid
 // specs, namespace conflicts and usage over the limits, and keeps the
-// tenant's metrics and billing counter current.
+// tenant's metrics current (the billing counter is the billing package's,
+// derived from its records).
 type quotaReconciler struct {
-	client  client.Client
-	acct    *admission.Accountant
-	billing *billing
-	resync  time.Duration
-	now     func() time.Time
+	client client.Client
+	acct   *admission.Accountant
+	resync time.Duration
 }
 
 func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -36,7 +35,6 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.client.Get(ctx, req.NamespacedName, &q); err != nil {
 		if apierrors.IsNotFound(err) {
 			deleteTenantMetrics(req.Name)
-			r.billing.forget(ctx, req.Name, r.now())
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("reading TenantQuota %s: %w", req.Name, err)
@@ -45,7 +43,6 @@ func (r *quotaReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	r.billing.observe(ctx, q.Name, rep.Usage.Used.Units, r.now())
 	status := quotaStatus(&q, rep)
 	setTenantMetrics(&q, rep, borrowed(rep))
 	if !equality.Semantic.DeepEqual(&q.Status, status) {

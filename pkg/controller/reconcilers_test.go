@@ -25,7 +25,7 @@ import (
 
 func reconcileQuota(t *testing.T, c client.Client, name string) *gpuaas.TenantQuota {
 	t.Helper()
-	r := &quotaReconciler{client: c, acct: admission.NewAccountant(c, c, admission.NewLedger(c, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
+	r := &quotaReconciler{client: c, acct: admission.NewAccountant(c, c, admission.NewLedger(c, "gpuaas")), resync: time.Minute}
 	if _, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -95,18 +95,6 @@ func TestQuotaReconcilerInvalid(t *testing.T) {
 	}
 }
 
-func TestBilling(t *testing.T) {
-	b := newBilling()
-	t0 := time.Unix(0, 0)
-	before := counterValue(t, "billing-test")
-	b.observe(ctx(t), "billing-test", quotaUnits(3, 7), t0)
-	b.observe(ctx(t), "billing-test", quotaUnits(1, 1), t0.Add(70*time.Second)) // 3/7 unit for 70 s = 30
-	b.forget(ctx(t), "billing-test", t0.Add(80*time.Second))                    // 1 unit for 10 s = 10
-	if got := counterValue(t, "billing-test") - before; got < 39.999 || got > 40.001 {
-		t.Fatalf("gpu-unit-seconds = %v, want 40", got)
-	}
-}
-
 // Issue 12 item 13: every TenantQuota status write requeued every quota
 // (N^2 reconciles with N tenants). Only spec changes of a quota, and label
 // changes of a namespace, concern the other quotas.
@@ -136,43 +124,6 @@ func TestQuotaWatchesIgnoreStatusWrites(t *testing.T) {
 	}
 }
 
-// Issue 26 item 8: a new leader started each tenant's integral afresh, so
-// the interval since the old leader's last observation was never billed.
-// It starts from the old leader's checkpoint: 2 units for the 60 s between
-// the checkpoint and its first observation are billed; its own checkpoint,
-// written when it stops, holds its last observation.
-func TestBillingContinuesAcrossLeaders(t *testing.T) {
-	api := newFakeClient(t)
-	store := &billingStore{client: api, key: types.NamespacedName{Namespace: "gpuaas", Name: billingCheckpointName}}
-	t0 := time.Unix(1_000_000, 0)
-	old := newBilling()
-	old.store = store
-	old.observe(ctx(t), "leader-test", quotaUnits(2, 1), t0)
-	if err := store.save(ctx(t), old.snapshot()); err != nil {
-		t.Fatal(err)
-	}
-
-	next := newBilling() // a new process, the new leader
-	next.store = store
-	before := counterValue(t, "leader-test")
-	next.observe(ctx(t), "leader-test", quotaUnits(1, 1), t0.Add(time.Minute))
-	if got := counterValue(t, "leader-test") - before; got < 119.999 || got > 120.001 {
-		t.Fatalf("the new leader billed %v gpu-unit-seconds for the gap, want 120", got)
-	}
-	stop, cancel := context.WithCancel(ctx(t))
-	cancel()
-	if err := (&billingCheckpointer{billing: next, period: time.Hour}).Start(stop); err != nil {
-		t.Fatal(err)
-	}
-	points, err := store.load(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p := points["leader-test"]; p.units.Cmp(quotaUnits(1, 1)) != 0 || !p.at.Equal(t0.Add(time.Minute)) {
-		t.Errorf("checkpoint after the new leader stopped: %+v", p)
-	}
-}
-
 // Issue 27: a status write that lost to a newer version (the cache was
 // behind) was returned as a reconcile error, and on a healthy cluster the
 // GpuaasControllerReconcileErrors alert fired. A conflict requeues the
@@ -184,7 +135,7 @@ func TestStatusWriteConflictIsNoError(t *testing.T) {
 			return apierrors.NewConflict(gpuaas.GroupVersion.WithResource("tenantquotas").GroupResource(), obj.GetName(), errors.New("the object has been modified"))
 		},
 	})
-	r := &quotaReconciler{client: conflicting, acct: admission.NewAccountant(api, api, admission.NewLedger(api, "gpuaas")), billing: newBilling(), resync: time.Minute, now: time.Now}
+	r := &quotaReconciler{client: conflicting, acct: admission.NewAccountant(api, api, admission.NewLedger(api, "gpuaas")), resync: time.Minute}
 	res, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: "team-a"}})
 	if err != nil || res.RequeueAfter == 0 {
 		t.Fatalf("reconcile after a conflicting status write: %+v, %v; want a requeue and no error", res, err)

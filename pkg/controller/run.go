@@ -13,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -33,6 +32,7 @@ import (
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billing"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/hardwareprofiles"
@@ -236,9 +236,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := webhook.Register(mgr, acct, nudge, gate, refuser, opts.ExemptNamespaces); err != nil {
 		return err
 	}
-	bill := newBilling()
-	bill.store = &billingStore{client: direct, key: types.NamespacedName{Namespace: opts.LedgerNamespace, Name: billingCheckpointName}}
-	if err := setupReconcilers(mgr, acct, conditions, bill, opts); err != nil {
+	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
+		return err
+	}
+	_, err = billing.Setup(mgr, acct, billing.Options{Currency: opts.BillingCurrency, Resync: cmp.Or(opts.Resync, defaultResync), Shapes: refuser != nil})
+	if err != nil {
 		return err
 	}
 	if err := gpunode.Setup(ctx, mgr); err != nil {
@@ -270,8 +272,7 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	}
 	registrar := webhook.NewRegistrar(direct, &opts.Webhook, opts.ExemptNamespaces, caBundle, mgr.GetWebhookServer().StartedChecker())
 	sweeper := admission.NewBookSweeper(direct, opts.LedgerNamespace)
-	checkpointer := &billingCheckpointer{billing: bill, period: cmp.Or(opts.Resync, defaultResync)}
-	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper, checkpointer}
+	runnables := []manager.Runnable{nudge, registrar, conditions, sweeper}
 	if gate != nil {
 		runnables = append(runnables, gate.Sweeper())
 	}
@@ -310,7 +311,7 @@ func cachesSynced(c cache.Cache) healthz.Checker {
 	}
 }
 
-func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, conditions *webhook.MatchConditionSyncer, bill *billing, opts *Options) error {
+func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, conditions *webhook.MatchConditionSyncer, opts *Options) error {
 	c := mgr.GetClient()
 	err := ctrl.NewControllerManagedBy(mgr).Named("gpuprofile").
 		For(&gpuaas.GpuProfile{}).
@@ -335,7 +336,7 @@ func setupReconcilers(mgr manager.Manager, acct *admission.Accountant, condition
 		Watches(&resourceapi.ResourceSlice{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.ResourceSlice{}))).
 		Watches(&resourceapi.DeviceClass{}, everyQuota, builder.WithPredicates(admission.PricesMoved(&resourceapi.DeviceClass{}))).
 		Watches(&resourceapi.ResourceClaim{}, handler.EnqueueRequestsFromMapFunc(claimQuota(acct))).
-		Complete(&quotaReconciler{client: c, acct: acct, billing: bill, resync: opts.Resync, now: time.Now})
+		Complete(&quotaReconciler{client: c, acct: acct, resync: opts.Resync})
 	if err != nil {
 		return fmt.Errorf("setting up TenantQuota controller: %w", err)
 	}

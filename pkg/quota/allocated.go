@@ -50,6 +50,42 @@ func (p *Pricer) AllocatedCost(ctx context.Context, claim *resourceapi.ResourceC
 	return total
 }
 
+// Held is one device of our driver a claim holds, as billing records it.
+type Held struct {
+	Request string // the request's name ("gpu", "gpu/small")
+	Class   string // the DeviceClass of the request
+	Device  DeviceID
+	Model   string // the device's productName attribute; "" when unknown
+	Charge  Charge
+	Shapes  map[string]int64 // the shapes the claim is an instance of
+}
+
+// HeldDevices is AllocatedCost device by device: what billing records per
+// allocated device. Admin access results hold nothing.
+func (p *Pricer) HeldDevices(ctx context.Context, claim *resourceapi.ResourceClaim) []Held {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var out []Held
+	driver := p.inv.Driver()
+	shapes := p.shapes(&claim.Spec)
+	for _, res := range claim.Status.Allocation.Devices.Results {
+		if res.Driver != driver || ptr.Deref(res.AdminAccess, false) {
+			continue
+		}
+		id := DeviceID{Driver: res.Driver, Pool: res.Pool, Device: res.Device}
+		class, _, _ := findRequest(&claim.Spec, res.Request)
+		h := Held{Request: res.Request, Class: class, Device: id, Charge: p.resultCharge(ctx, claim, &res), Shapes: shapes}
+		if d := p.inv.Get(id); d != nil {
+			if a, ok := d.Basic.Attributes["productName"]; ok && a.StringValue != nil {
+				h.Model = *a.StringValue
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
 func (p *Pricer) resultCharge(ctx context.Context, claim *resourceapi.ResourceClaim, res *resourceapi.DeviceRequestAllocationResult) Charge {
 	class, sel, capReq := findRequest(&claim.Spec, res.Request)
 	d := p.inv.Get(DeviceID{Driver: res.Driver, Pool: res.Pool, Device: res.Device})

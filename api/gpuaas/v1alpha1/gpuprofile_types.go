@@ -100,6 +100,12 @@ type GpuProfileSpec struct {
 	// +optional
 	HardwareProfile *HardwareProfileSettings `json:"hardwareProfile,omitempty"`
 
+	// Price is what the devices cost while allocated (docs/platform.md,
+	// "Billing"); unpriced devices are billed at zero, their unit-seconds
+	// still recorded. A change applies from the moment the controller sees it.
+	// +optional
+	Price *Price `json:"price,omitempty"`
+
 	// IdlePolicy overrides the tenants' idle policies for this profile's
 	// devices (action None exempts them, e.g. an inference profile).
 	// +optional

@@ -119,6 +119,12 @@ type GpuShapeSpec struct {
 	// +optional
 	Tenants []string `json:"tenants,omitempty"`
 
+	// Price is what the devices cost while allocated (docs/platform.md,
+	// "Billing"); unpriced devices are billed at zero, their unit-seconds
+	// still recorded. A change applies from the moment the controller sees it.
+	// +optional
+	Price *Price `json:"price,omitempty"`
+
 	// WhenUnavailable: Queue (default) admits a claim of the shape when
 	// none can be placed and lets it wait; Refuse has the claim webhook
 	// refuse it at once.

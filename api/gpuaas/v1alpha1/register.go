@@ -18,6 +18,7 @@ const (
 	TenantQuotaKind = "TenantQuota"
 	GpuNodeKind     = "GpuNode"
 	GpuShapeKind    = "GpuShape"
+	TenantUsageKind = "TenantUsage"
 )
 
 var (
@@ -33,6 +34,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&TenantQuota{}, &TenantQuotaList{},
 		&GpuNode{}, &GpuNodeList{},
 		&GpuShape{}, &GpuShapeList{},
+		&TenantUsage{}, &TenantUsageList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -470,6 +470,20 @@ func (a *Accountant) NamespaceOwner(ctx context.Context, namespace string) (stri
 	return a.ownerLocked(ctx, ten, namespace)
 }
 
+// Holdings is what billing records of a claim: the quota its namespace is
+// charged to ("" if none) and each device of ours it holds, priced.
+func (a *Accountant) Holdings(ctx context.Context, claim *resourceapi.ResourceClaim) (string, []quota.Held, error) {
+	cat, _, err := a.snapshots(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	tenant, err := a.NamespaceOwner(ctx, claim.Namespace)
+	if err != nil {
+		return "", nil, err
+	}
+	return tenant, cat.pricer.HeldDevices(ctx, claim), nil
+}
+
 // HeldByOthers lists which of a TenantQuota's namespaces another quota
 // already holds, for the warning when the quota is created or changed.
 func (a *Accountant) HeldByOthers(ctx context.Context, name string, namespaces []string) ([]string, error) {

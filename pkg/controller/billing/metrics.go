@@ -1,0 +1,99 @@
+package billing
+
+import (
+	"math/big"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	unitSecondsDesc = prometheus.NewDesc("gpuaas_tenant_gpu_unit_seconds_total",
+		"GPU units held by allocated claims, integrated over time: the billing counter, derived from the TenantUsage records (closed ones and open ones up to now).",
+		[]string{"tenant"}, nil)
+	usageDesc = prometheus.NewDesc("gpuaas_tenant_usage_unit_seconds_total",
+		"GPU-unit-seconds per tenant, profile (or shape) and GPU model, from the TenantUsage records.",
+		[]string{"tenant", "profile", "gpu_model"}, nil)
+	costDesc = prometheus.NewDesc("gpuaas_tenant_cost_total",
+		"Cost per tenant, profile (or shape) and GPU model at the prices that applied, from the TenantUsage records.",
+		[]string{"tenant", "profile", "gpu_model", "currency"}, nil)
+
+	registerOnce sync.Once
+)
+
+// RegisterMetrics registers the counters of r's records, once (the first
+// recorder's: the controller has one).
+func RegisterMetrics(r *Recorder) {
+	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(collector{r}) })
+}
+
+// collector derives the counters from the records at each scrape: a new
+// leader's counters start from the records in the API, so nothing is
+// counted twice.
+type collector struct{ r *Recorder }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- unitSecondsDesc
+	ch <- usageDesc
+	ch <- costDesc
+}
+
+type costKey struct{ tenant, profile, model string }
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	tenants, usage, cost, currency := c.r.Totals()
+	for tenant, us := range tenants {
+		f, _ := us.Float64()
+		ch <- prometheus.MustNewConstMetric(unitSecondsDesc, prometheus.CounterValue, f, tenant)
+	}
+	for k, us := range usage {
+		f, _ := us.Float64()
+		ch <- prometheus.MustNewConstMetric(usageDesc, prometheus.CounterValue, f, k.tenant, k.profile, k.model)
+		money, _ := cost[k].Float64()
+		ch <- prometheus.MustNewConstMetric(costDesc, prometheus.CounterValue, money, k.tenant, k.profile, k.model, currency)
+	}
+}
+
+// Totals are the records' unit-seconds per tenant, and unit-seconds and
+// cost per tenant, profile (or shape) and GPU model: closed records and
+// open ones up to now, over every period this leader knows.
+func (r *Recorder) Totals() (perTenant map[string]*big.Rat, usage, cost map[costKey]*big.Rat, currency string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	perTenant, usage, cost = map[string]*big.Rat{}, map[costKey]*big.Rat{}, map[costKey]*big.Rat{}
+	if !r.loaded {
+		return perTenant, usage, cost, r.Currency
+	}
+	now := r.now()
+	add := func(tenant, profile, shape, model string, us, c *big.Rat) {
+		if shape != "" {
+			profile = shape
+		}
+		k := costKey{tenant, profile, model}
+		for _, m := range []struct {
+			into map[costKey]*big.Rat
+			v    *big.Rat
+		}{{usage, us}, {cost, c}} {
+			if m.into[k] == nil {
+				m.into[k] = new(big.Rat)
+			}
+			m.into[k].Add(m.into[k], m.v)
+		}
+		if perTenant[tenant] == nil {
+			perTenant[tenant] = new(big.Rat)
+		}
+		perTenant[tenant].Add(perTenant[tenant], us)
+	}
+	for _, u := range r.usages {
+		for _, t := range u.Status.Totals {
+			us := ratOf(t.UnitSeconds)
+			add(u.Spec.Tenant, t.Profile, t.Shape, t.GpuModel, us, costOf(us, t.Price))
+		}
+		for _, rec := range u.Status.Open {
+			us := unitSecondsBetween(rec.Units, rec.Start.Time, now)
+			add(u.Spec.Tenant, rec.Profile, rec.Shape, rec.GpuModel, us, costOf(us, rec.Price))
+		}
+	}
+	return perTenant, usage, cost, r.Currency
+}
