@@ -196,6 +196,10 @@ func sourceInventory(t *testing.T, dir string) inventory {
 			if !ok {
 				return true
 			}
+			if name, labels, ok := promDesc(call, consts); ok {
+				inv[name] = newMetric(name, descKind(name), labels, dir)
+				return true
+			}
 			if kind, opts, labels, ok := promConstructor(call, consts); ok {
 				name, ok := fqName(opts, consts)
 				if ok {
@@ -222,6 +226,41 @@ func newMetric(name, kind string, labels []string, from string) *metric {
 		m.labels[l] = true
 	}
 	return m
+}
+
+// promDesc recognises prometheus.NewDesc("name", "help", []string{...}, ...):
+// the description of a collector's const metrics (pkg/controller/billing
+// derives its counters from records at each scrape).
+func promDesc(call *ast.CallExpr, consts map[string]string) (string, []string, bool) {
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok || sel.Sel.Name != "NewDesc" || len(call.Args) < 3 {
+		return "", nil, false
+	}
+	if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "prometheus" {
+		return "", nil, false
+	}
+	name, ok := stringValue(call.Args[0], consts)
+	if !ok {
+		return "", nil, false
+	}
+	var labels []string
+	if l, ok := call.Args[2].(*ast.CompositeLit); ok {
+		for _, e := range l.Elts {
+			if s, ok := stringValue(e, consts); ok {
+				labels = append(labels, s)
+			}
+		}
+	}
+	return name, labels, true
+}
+
+// descKind is a const metric's kind, which its Desc does not say: by
+// Prometheus' naming convention a _total is a counter.
+func descKind(name string) string {
+	if strings.HasSuffix(name, "_total") {
+		return "counter"
+	}
+	return "gauge"
 }
 
 // promConstructor recognises prometheus.NewX(prometheus.XOpts{...}[, []string{...}]).
