@@ -93,7 +93,7 @@ func TestControllerBillingRecords(t *testing.T) {
 		// Opened once the allocation was seen (before the test saw it, or
 		// a resync later at most), closed between the deletion and when
 		// the test saw the claim gone.
-		if rec.Start.Time.After(h.allocated.Add(5*time.Second)) || rec.End.Time.After(h.gone.Add(5*time.Second)) || !rec.End.After(rec.Start.Time) {
+		if rec.Start.After(h.allocated.Add(5*time.Second)) || rec.End.After(h.gone.Add(5*time.Second)) || !rec.End.After(rec.Start.Time) {
 			t.Errorf("record %s: [%v, %v); the test allocated it at %v and saw it gone at %v", rec.Claim, rec.Start.Time, rec.End.Time, h.allocated, h.gone)
 		}
 		want, _ := new(big.Rat).SetString(h.units)
