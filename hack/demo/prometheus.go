@@ -62,18 +62,9 @@ func (d *demo) startPrometheusErr(ctx context.Context) (*framework.Prometheus, e
 	if err != nil {
 		return nil, err
 	}
-	plugin, err := d.cp.WaitForPluginPod(ctx, demoNamespace, "")
+	pluginAddr, err := d.pluginMetricsAddr(ctx)
 	if err != nil {
 		return nil, err
-	}
-	pluginAddr := ""
-	for _, e := range plugin.Spec.Containers[0].Env {
-		if e.Name == "METRICS_ADDR" {
-			pluginAddr = e.Value
-		}
-	}
-	if !strings.HasPrefix(pluginAddr, ":") {
-		return nil, fmt.Errorf("plugin pod %s: METRICS_ADDR %q, want :<port>", plugin.Name, pluginAddr)
 	}
 	pods, err := d.cp.ComponentPods(ctx, demoNamespace, "controller")
 	if err != nil {
@@ -420,4 +411,23 @@ func seconds(value string) string {
 	default:
 		return strconv.FormatFloat(v, 'f', 2, 64) + "s"
 	}
+}
+
+// pluginMetricsAddr is the chart's plugin pod's METRICS_ADDR, ":<port>" on
+// the host network.
+func (d *demo) pluginMetricsAddr(ctx context.Context) (string, error) {
+	plugin, err := d.cp.WaitForPluginPod(ctx, demoNamespace, "")
+	if err != nil {
+		return "", err
+	}
+	addr := ""
+	for _, e := range plugin.Spec.Containers[0].Env {
+		if e.Name == "METRICS_ADDR" {
+			addr = e.Value
+		}
+	}
+	if !strings.HasPrefix(addr, ":") {
+		return "", fmt.Errorf("plugin pod %s: METRICS_ADDR %q, want :<port>", plugin.Name, addr)
+	}
+	return addr, nil
 }

@@ -317,18 +317,9 @@ func conditionLine(c metav1.Condition) string {
 // scrapePlugin reads the plugin's /metrics on the real node (its
 // METRICS_ADDR on the host network, plain HTTP, as Prometheus scrapes it).
 func (d *demo) scrapePlugin(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-	plugin, err := d.cp.WaitForPluginPod(ctx, demoNamespace, "")
+	addr, err := d.pluginMetricsAddr(ctx)
 	if err != nil {
 		return nil, err
-	}
-	addr := ""
-	for _, e := range plugin.Spec.Containers[0].Env {
-		if e.Name == "METRICS_ADDR" {
-			addr = e.Value
-		}
-	}
-	if !strings.HasPrefix(addr, ":") {
-		return nil, fmt.Errorf("plugin pod %s: METRICS_ADDR %q, want :<port>", plugin.Name, addr)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1"+addr+"/metrics", nil)
 	if err != nil {
