@@ -191,7 +191,9 @@ func waitForWebhook(t testing.TB, rc *runningController) error {
 func createObject(t testing.TB, obj client.Object) {
 	t.Helper()
 	ctx := framework.Context(t, 30*time.Second)
-	if err := ctrlClient.Create(ctx, obj); err != nil {
+	// installCRDs makes ctrlClient: a test that creates our objects before
+	// any controller test ran (TestKueue alone) found it nil.
+	if err := installCRDs(t).Create(ctx, obj); err != nil {
 		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
 	}
 	deleteAtCleanup(t, obj)
