@@ -8,11 +8,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -193,7 +191,7 @@ func runningContainerID(pod *v1.Pod) string {
 // maps it to the trainer's pod through /proc/<pid>/cgroup.
 func (d *demo) makeBusy(trainer *v1.Pod) (uint32, error) {
 	id := runningContainerID(trainer)
-	pid, err := containerHostPID("/proc", id)
+	pid, err := framework.ContainerHostPID("/proc", id)
 	if err != nil {
 		return 0, fmt.Errorf("the host PID of pod %s/%s: %w", trainer.Namespace, trainer.Name, err)
 	}
@@ -204,36 +202,6 @@ func (d *demo) makeBusy(trainer *v1.Pod) (uint32, error) {
 	d.out.printf("  %s's container runs as host PID %d: on GPU %s at %d%% SM, 2Gi (mocknvml proc --gpu %s --pid %d --sm %d --mem-used 2Gi); %s does nothing\n",
 		useTrainer, pid, useGPU, useTrainerSM, useGPU, pid, useTrainerSM, useNotebook)
 	return pid, nil
-}
-
-// containerHostPID finds the host PID of a container's process: the
-// lowest PID under procRoot whose cgroup names the container's ID (the
-// kubelet's cgroup of a container ends in it, with either cgroup driver).
-func containerHostPID(procRoot, containerID string) (uint32, error) {
-	if containerID == "" {
-		return 0, errors.New("no container ID")
-	}
-	entries, err := os.ReadDir(procRoot)
-	if err != nil {
-		return 0, fmt.Errorf("reading %s: %w", procRoot, err)
-	}
-	var found []uint64
-	for _, e := range entries {
-		pid, err := strconv.ParseUint(e.Name(), 10, 32)
-		if err != nil {
-			continue
-		}
-		// A process that exited meanwhile has no cgroup file left.
-		data, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "cgroup"))
-		if err == nil && strings.Contains(string(data), containerID) {
-			found = append(found, pid)
-		}
-	}
-	if len(found) == 0 {
-		return 0, fmt.Errorf("no process in %s is in container %s's cgroup", procRoot, containerID)
-	}
-	sort.Slice(found, func(i, j int) bool { return found[i] < found[j] })
-	return uint32(found[0]), nil
 }
 
 // reportMeasured waits until the plugin has judged a window of each pod's

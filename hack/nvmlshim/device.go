@@ -410,9 +410,10 @@ func cBool(b bool) C.uint {
 	return 0
 }
 
-// processInfo is nvmlProcessInfo_t (v2 and v3 of the running-processes
-// calls); go-nvml's ProcessInfo has its layout.
-func runningProcesses(name string, h C.uintptr_t, count *C.uint, infos unsafe.Pointer) C.int {
+// runningProcesses answers the running-processes calls of every version:
+// count in and out, NVML's size rules, and write to fill the caller's
+// room of infos with ps (whose layout differs by version).
+func runningProcesses(name string, h C.uintptr_t, count *C.uint, infos unsafe.Pointer, write func(room int, ps []nvml.ProcessInfo)) C.int {
 	return onDevice(name, h, func(d nvml.Device) nvml.Return {
 		ps, ret := d.GetComputeRunningProcesses()
 		if ret != nvml.SUCCESS {
@@ -429,17 +430,25 @@ func runningProcesses(name string, h C.uintptr_t, count *C.uint, infos unsafe.Po
 		if infos == nil || room < len(ps) {
 			return nvml.ERROR_INSUFFICIENT_SIZE
 		}
-		copy(unsafe.Slice((*nvml.ProcessInfo)(infos), room), ps)
+		write(room, ps)
 		return nvml.SUCCESS
 	})
 }
 
+// processInfos writes nvmlProcessInfo_t (v2 and v3 of the calls):
+// go-nvml's ProcessInfo has its layout.
+func processInfos(infos unsafe.Pointer) func(int, []nvml.ProcessInfo) {
+	return func(room int, ps []nvml.ProcessInfo) {
+		copy(unsafe.Slice((*nvml.ProcessInfo)(infos), room), ps)
+	}
+}
+
 //export nvmlDeviceGetComputeRunningProcesses_v3
 func nvmlDeviceGetComputeRunningProcesses_v3(h C.uintptr_t, count *C.uint, infos unsafe.Pointer) C.int {
-	return runningProcesses("nvmlDeviceGetComputeRunningProcesses_v3", h, count, infos)
+	return runningProcesses("nvmlDeviceGetComputeRunningProcesses_v3", h, count, infos, processInfos(infos))
 }
 
 //export nvmlDeviceGetComputeRunningProcesses_v2
 func nvmlDeviceGetComputeRunningProcesses_v2(h C.uintptr_t, count *C.uint, infos unsafe.Pointer) C.int {
-	return runningProcesses("nvmlDeviceGetComputeRunningProcesses_v2", h, count, infos)
+	return runningProcesses("nvmlDeviceGetComputeRunningProcesses_v2", h, count, infos, processInfos(infos))
 }

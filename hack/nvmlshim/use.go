@@ -59,27 +59,11 @@ func nvmlDeviceGetProcessUtilization(h C.uintptr_t, samples unsafe.Pointer, coun
 //
 //export nvmlDeviceGetComputeRunningProcesses
 func nvmlDeviceGetComputeRunningProcesses(h C.uintptr_t, count *C.uint, infos unsafe.Pointer) C.int {
-	return onDevice("nvmlDeviceGetComputeRunningProcesses", h, func(d nvml.Device) nvml.Return {
-		ps, ret := d.GetComputeRunningProcesses()
-		if ret != nvml.SUCCESS {
-			return ret
-		}
-		if count == nil {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		room := int(*count)
-		*count = C.uint(len(ps))
-		if len(ps) == 0 {
-			return nvml.SUCCESS
-		}
-		if infos == nil || room < len(ps) {
-			return nvml.ERROR_INSUFFICIENT_SIZE
-		}
+	return runningProcesses("nvmlDeviceGetComputeRunningProcesses", h, count, infos, func(room int, ps []nvml.ProcessInfo) {
 		out := unsafe.Slice((*nvml.ProcessInfo_v1)(infos), room)
 		for i, p := range ps {
 			out[i] = nvml.ProcessInfo_v1{Pid: p.Pid, UsedGpuMemory: p.UsedGpuMemory}
 		}
-		return nvml.SUCCESS
 	})
 }
 

@@ -56,16 +56,15 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 		pods[name] = createAndRun(t, ctx, templateWorkloadPod(ns, name, name))
 	}
 	trainer, notebook := pods["trainer"], pods["notebook"]
-	pids, err := n.ContainerPIDs(trainer.UID, trainer.Status.ContainerStatuses[0].ContainerID)
+	pid, err := framework.ContainerHostPID("/proc", trainer.Status.ContainerStatuses[0].ContainerID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := pids[len(pids)-1]
-	if err := n.Machine().SetProcessUse(gpu, nvmock.ProcessUse{PID: uint32(pid), Name: "python", SMUtil: trainerSM, MemoryUsed: 2 << 30}); err != nil {
+	if err := n.Machine().SetProcessUse(gpu, nvmock.ProcessUse{PID: pid, Name: "python", SMUtil: trainerSM, MemoryUsed: 2 << 30}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = n.Machine().EndProcess(uint32(pid)) })
-	t.Logf("the trainer's container process %d (of %v) runs at %d%% of GPU %s", pid, pids, trainerSM, gpu)
+	t.Cleanup(func() { _ = n.Machine().EndProcess(pid) })
+	t.Logf("the trainer's container process %d runs at %d%% of GPU %s", pid, trainerSM, gpu)
 
 	want := map[string]float64{"trainer": trainerSM, "notebook": 0}
 	got := waitForClaimUse(t, ctx, ns, want)

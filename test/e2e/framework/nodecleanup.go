@@ -60,7 +60,18 @@ func makeCgroup(cgroup string) error {
 func cgroupPids(cgroup string) sets.Set[int] {
 	pids := sets.New[int]()
 	for _, dir := range cgroupDirs(cgroup) {
-		pids = pids.Union(procsUnder(dir))
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			data, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids.Insert(pid)
+				}
+			}
+			return nil
+		})
 	}
 	return pids
 }
