@@ -48,15 +48,20 @@ func testKueueIdleDeactivateMeasured(t *testing.T, kq *kueueHelper) {
 		}
 	}
 
-	ns := kq.team("idle-measured", "", 1000, nil)
+	ns := kq.team("idle-measured", "", 2000, nil) // two whole GPUs
+
 	tenant := uniqueName("kueue-idle-measured")
 	q := quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{GpuUnits: units("2")})
 	q.Spec.IdlePolicy = &gpuaas.IdlePolicy{ThresholdPercent: 5, Duration: metav1.Duration{Duration: time.Minute}, Action: gpuaas.IdleActionDeactivate}
 	createObject(t, q)
 	waitForQuotaNamespace(t, tenant, ns)
+	// On the GPUs set busy above, not a dynamic-MIG GPU's whole device.
+	wholeGPU := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+		Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpuaas.io",
+			Selectors: celSelectors(`device.attributes["gpu.gpuaas.io"].type == "gpu" && device.attributes["gpu.gpuaas.io"].index < 4`)}}}}}
 	pods := map[string]string{}
 	for _, job := range []string{"notebook", "trainer"} {
-		kq.job(ctx, ns, job, jobSpec{class: "gpu.gpuaas.io", nodeSelector: pin})
+		kq.job(ctx, ns, job, jobSpec{class: "gpu.gpuaas.io", claim: &wholeGPU, nodeSelector: pin})
 		kq.waitAdmitted(ctx, ns, job)
 		kq.waitRunningPods(ctx, ns, job, 1)
 		pods[job] = kq.jobPods(ctx, ns, job)[0].Name
