@@ -271,7 +271,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 }
 
 // usageOptions configure the use sampler: its thresholds from the idle
-// policies, its metrics, and the Lease in the plugin's namespace held by
+// policies and its tenants from the TenantQuotas, its metrics, and the Lease in the plugin's namespace held by
 // this process (pod and PID), acquired at its start.
 func usageOptions(ctx context.Context, f flags, reg prometheus.Registerer) plugin.UsageOptions {
 	opts := plugin.UsageOptions{Interval: f.usageInterval, Window: f.usageWindow, ProcRoot: f.procRoot,
@@ -280,7 +280,8 @@ func usageOptions(ctx context.Context, f flags, reg prometheus.Registerer) plugi
 		return opts
 	}
 	opts.Metrics = usage.NewMetrics(reg)
-	opts.Thresholds = usage.WatchPolicies(ctx, f.policies, time.Minute)
+	policies := usage.WatchPolicies(ctx, f.policies, time.Minute)
+	opts.Thresholds, opts.Tenants = policies, policies
 	holder := f.podName
 	if holder == "" {
 		holder, _ = os.Hostname()

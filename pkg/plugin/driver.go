@@ -108,7 +108,10 @@ type UsageOptions struct {
 	ProcRoot string
 	// Thresholds resolve each claim's idle threshold; nil: 0.
 	Thresholds usage.Thresholds
-	Metrics    *usage.Metrics
+	// Tenants name each claim's tenant, the use metrics' tenant label;
+	// nil: "".
+	Tenants usage.Tenants
+	Metrics *usage.Metrics
 	// Namespace is the plugin's, where the use Lease is renewed; empty
 	// renews none. Holder names this process in it, Started is when it
 	// started.

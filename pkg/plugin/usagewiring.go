@@ -20,7 +20,7 @@ func newSampler(opts Options, d *Driver) *usage.Sampler {
 		return nil
 	}
 	return usage.New(usage.Options{NVML: opts.NVML, ProcRoot: opts.Usage.ProcRoot, Interval: opts.Usage.Interval,
-		Window: opts.Usage.Window, Thresholds: opts.Usage.Thresholds, Metrics: opts.Usage.Metrics,
+		Window: opts.Usage.Window, Thresholds: opts.Usage.Thresholds, Tenants: opts.Usage.Tenants, Metrics: opts.Usage.Metrics,
 		Devices: d.state.DeviceMap,
 		// d.status is set before the sampler runs (startUsage).
 		Changed: func(uid types.UID) { d.status.idleChanged(uid) }})

@@ -371,9 +371,10 @@ func firstLines(s string, n int) string {
 // applyChartAccess applies what the rendered chart grants and fences (its
 // ServiceAccounts, RBAC and admission policies) into ns, removed when the
 // test ends, and returns the name of the ServiceAccount ending in suffix.
-func applyChartAccess(t *testing.T, release, ns, suffix string) string {
+// args are more helm template arguments (--set).
+func applyChartAccess(t *testing.T, release, ns, suffix string, args ...string) string {
 	t.Helper()
-	_, objs := renderChart(t, release, ns)
+	_, objs := renderChart(t, release, ns, args...)
 	ctx := framework.Context(t, 3*time.Minute)
 	installKinds := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
 		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}

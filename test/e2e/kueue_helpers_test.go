@@ -37,6 +37,8 @@ type jobSpec struct {
 	claim    *resourceapi.ResourceClaimSpec
 	pods     int32
 	priority string
+	// nodeSelector pins the Job's pods.
+	nodeSelector map[string]string
 }
 
 func (kq *kueueHelper) apply(ctx context.Context, doc string) *unstructured.Unstructured {
@@ -180,6 +182,7 @@ func (kq *kueueHelper) job(ctx context.Context, ns, name string, spec jobSpec) {
 			Parallelism: ptr.To(pods), Completions: ptr.To(pods), Suspend: ptr.To(true),
 			Template: v1.PodTemplateSpec{Spec: v1.PodSpec{
 				RestartPolicy:  v1.RestartPolicyNever,
+				NodeSelector:   spec.nodeSelector,
 				ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(name)}},
 				Containers: []v1.Container{{
 					Name: "main", Image: "registry.k8s.io/pause:3.10",

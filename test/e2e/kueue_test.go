@@ -60,6 +60,8 @@ func TestKueue(t *testing.T) {
 	t.Run("Shape", func(t *testing.T) { testKueueShape(t, &kueueHelper{t: t}) })
 	t.Run("ExtendedResource", func(t *testing.T) { testKueueExtendedResource(t, &kueueHelper{t: t}) })
 	t.Run("IdleDeactivate", func(t *testing.T) { testKueueIdleDeactivate(t, &kueueHelper{t: t}) })
+	t.Run("IdleDeactivateMeasured", func(t *testing.T) { testKueueIdleDeactivateMeasured(t, &kueueHelper{t: t}) })
+	t.Run("ControllerWorkloadFence", func(t *testing.T) { testKueueControllerWorkloadFence(t, &kueueHelper{t: t}) })
 }
 
 // kueueReplicaClass is a profile's class that pods may also ask as an

@@ -3,14 +3,18 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -35,8 +39,14 @@ const trainerSM = 70
 // 0 on the notebook's. Under a tenant policy of 5% for 1m with Evict, the
 // notebook's pod is evicted with an event naming the policy, and the
 // trainer keeps running.
+//
+// On the same run (its setup and its wait for the policy shared), the
+// other kinds of device are measured with known values (useKinds: a whole
+// GPU, a MIG device by GPM, an MPS client), a claim whose use NVML cannot
+// tell is never acted on, and one whose plugin restarted is acted on only
+// for the idleness the new process saw (useRestart).
 func testUseAndIdlePolicy(t *testing.T, n *realNode) {
-	ctx := framework.Context(t, 6*time.Minute)
+	ctx := framework.Context(t, 12*time.Minute)
 	applySharingClasses(t, ctx)
 	ns := cp.CreateNamespace(t, "real-use")
 	tenant := uniqueName("real-use")
@@ -65,10 +75,17 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 	}
 	t.Cleanup(func() { _ = n.Machine().EndProcess(pid) })
 	t.Logf("the trainer's container process %d runs at %d%% of GPU %s", pid, trainerSM, gpu)
+	kinds := startUseKinds(t, ctx, n, ns)
 
 	want := map[string]float64{"trainer": trainerSM, "notebook": 0}
+	maps.Copy(want, kinds.want)
 	got := waitForClaimUse(t, ctx, ns, want)
-	t.Logf("the plugin measured, per pod on GPU %s: %v", gpu, got)
+	t.Logf("the plugin measured, per pod: %v", got)
+	kinds.checkUnknown(t, ctx)
+	// Started now, so that it is idle for less than its policy's duration
+	// when the plugin restarts.
+	restart := newUseRestart(t, ctx, n)
+	restart.restartPlugin(t, ctx)
 
 	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := cp.Client.CoreV1().Pods(ns).Get(ctx, notebook.Name, metav1.GetOptions{})
@@ -80,11 +97,274 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 	if _, err := cp.WaitForEvent(ctx, ns, "Pod", notebook.Name, "IdleEvicted", "policy tenantquota/"+tenant, "below 5% for 1m0s"); err != nil {
 		t.Error(err)
 	}
-	p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, trainer.Name, metav1.GetOptions{})
-	if err != nil || p.UID != trainer.UID || p.DeletionTimestamp != nil || p.Status.Phase != v1.PodRunning {
-		t.Errorf("the busy trainer: %v; want it running", err)
+	delete(want, "notebook")
+	got = waitForClaimUse(t, ctx, ns, want)
+	t.Logf("the restarted plugin measured, per pod: %v", got)
+	restart.checkActedOnNewIdleness(t, ctx)
+
+	// By now the claim of unknown use has been held past the policy's
+	// duration under the new process as well.
+	for _, p := range append([]*v1.Pod{trainer}, kinds.pods...) {
+		got, err := cp.Client.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil || got.UID != p.UID || got.DeletionTimestamp != nil || got.Status.Phase != v1.PodRunning {
+			t.Errorf("pod %s (busy, or of unknown use) after the idle pods' evictions: %v; want it running", p.Name, err)
+		}
 	}
-	deletePodAndWait(t, ctx, trainer)
+	kinds.checkNeverWarned(t, ctx)
+	for _, p := range append([]*v1.Pod{trainer}, kinds.pods...) {
+		deletePodAndWait(t, ctx, p)
+	}
+}
+
+// The values the simulated machine sets for the other kinds of device.
+const (
+	wholeSM = 55 // the whole GPU's SM utilization
+	migSM   = 35 // the MIG device's GPU instance's SM activity (GPM)
+	mpsSM   = 25 // the MPS client's share of its GPU
+)
+
+// Whole GPUs of the demo node (0-3) for the busy and the unknown claim.
+const (
+	wholeGPUIndex   = 0
+	unknownGPUIndex = 1
+)
+
+// useKinds are pods on the other kinds of device in the use step's
+// namespace, each running at a known use: a whole GPU, a MIG device
+// (dynamic MIG, measured by GPM), an MPS client (its container's host PID
+// on the MPS GPU). One more holds a whole GPU whose use calls answer
+// NOT_SUPPORTED: its use is unknown, and the idle policy must never act on
+// it (unknown is not idle).
+type useKinds struct {
+	ns   string
+	want map[string]float64 // pod -> utilization percent
+	pods []*v1.Pod          // every pod that must keep running
+	// unknown is the pod whose use is unknown, unknownClaim its claim.
+	unknown      *v1.Pod
+	unknownClaim string
+}
+
+func startUseKinds(t *testing.T, ctx context.Context, n *realNode, ns string) *useKinds {
+	t.Helper()
+	k := &useKinds{ns: ns, want: map[string]float64{}}
+	m := n.Machine()
+	onIndex := func(i int) string {
+		return fmt.Sprintf(`device.attributes["gpu.gpuaas.io"].type == "gpu" && device.attributes["gpu.gpuaas.io"].index == %d`, i)
+	}
+
+	unknownGPU := gpuUUIDOf(t, ctx, n.Name, unknownGPUIndex)
+	if err := m.SetUseSupported(unknownGPU, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.SetUseSupported(unknownGPU, true) })
+	k.unknown = k.run(t, ctx, "unknown", "gpu.gpuaas.io", onIndex(unknownGPUIndex))
+	k.unknownClaim = podClaimName(t, k.unknown)
+
+	wholeGPU := gpuUUIDOf(t, ctx, n.Name, wholeGPUIndex)
+	if err := m.SetGPUUse(wholeGPU, nvmock.GPUUse{SMUtil: wholeSM, MemoryUsed: 3 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.SetGPUUse(wholeGPU, nvmock.GPUUse{}) })
+	k.run(t, ctx, "whole", "gpu.gpuaas.io", onIndex(wholeGPUIndex))
+	k.want["whole"] = wholeSM
+
+	if suiteShape(t).dynamicMIG {
+		pod := k.run(t, ctx, "mig", "mig.gpuaas.io", `device.attributes["gpu.gpuaas.io"].profile == "1g.10gb"`)
+		_, data := deviceStatus(t, ctx, ns, podClaimName(t, pod), "Ready with the MIG device's IDs", func(d resourceapi.AllocatedDeviceStatus) bool {
+			return conditionIs(d, "Ready", metav1.ConditionTrue)
+		})
+		if data.MIGUUID == "" {
+			t.Fatalf("the MIG claim's device status has no MIG UUID: %+v", data)
+		}
+		if err := m.SetMIGUse(data.MIGUUID, nvmock.MIGUse{SMActivity: migSM, MemoryUsed: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
+		k.want["mig"] = migSM
+	} else {
+		t.Log("no dynamic MIG on this API server: the MIG device's GPM measurement is not shown")
+	}
+
+	if suiteShape(t).shares {
+		pod := k.run(t, ctx, "mps", "shared.gpuaas.io", onMPSGPU)
+		pid, err := framework.ContainerHostPID("/proc", pod.Status.ContainerStatuses[0].ContainerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetProcessUse(gpuUUIDOf(t, ctx, n.Name, mpsGPU), nvmock.ProcessUse{PID: pid, Name: "python", SMUtil: mpsSM, MemoryUsed: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.EndProcess(pid) })
+		k.want["mps"] = mpsSM
+	} else {
+		t.Log("no consumable capacity on this API server: no MPS GPU published, the MPS client's measurement is not shown")
+	}
+	return k
+}
+
+// run runs a pod with one claim (from a template of its name) of one
+// device of class matching cel.
+func (k *useKinds) run(t *testing.T, ctx context.Context, name, class, cel string) *v1.Pod {
+	t.Helper()
+	tmpl := templateFor(name, k.ns, class)
+	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = celSelectors(cel)
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(k.ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := createAndRun(t, ctx, templateWorkloadPod(k.ns, name, name))
+	k.pods = append(k.pods, pod)
+	return pod
+}
+
+// checkUnknown: the claim of unknown use has no utilization series (absent,
+// never 0: waitForClaimUse counted every series of the namespace),
+// gpuaas_claim_gpu_use_known 0, and its Idle condition Unknown/UseUnknown.
+func (k *useKinds) checkUnknown(t *testing.T, ctx context.Context) {
+	t.Helper()
+	plugin := waitForPluginPod(t, ctx, "")
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		body, err := scrapeComponent(ctx, plugin, "kubelet-plugin", "")
+		if err != nil {
+			return false, nil
+		}
+		v, ok := claimGauge(body, "gpuaas_claim_gpu_use_known", k.ns, k.unknownClaim)
+		return ok && v == 0, nil
+	})
+	if err != nil {
+		t.Errorf("gpuaas_claim_gpu_use_known of claim %s (NVML answers NOT_SUPPORTED): want 0: %v", k.unknownClaim, err)
+	}
+	st, _ := deviceStatus(t, ctx, k.ns, k.unknownClaim, "Idle Unknown/UseUnknown", func(d resourceapi.AllocatedDeviceStatus) bool {
+		c := meta.FindStatusCondition(d.Conditions, gpuaas.DeviceConditionIdle)
+		return c != nil && c.Status == metav1.ConditionUnknown && c.Reason == gpuaas.ReasonIdleUseUnknown
+	})
+	t.Logf("claim %s of unknown use: %+v", k.unknownClaim, meta.FindStatusCondition(st.Conditions, gpuaas.DeviceConditionIdle))
+}
+
+// checkNeverWarned: the idle policy neither warned of nor acted on the
+// claim of unknown use, nor its pod.
+func (k *useKinds) checkNeverWarned(t *testing.T, ctx context.Context) {
+	t.Helper()
+	events, err := cp.Client.CoreV1().Events(k.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		o := e.InvolvedObject
+		if strings.HasPrefix(e.Reason, "Idle") && (o.Name == k.unknownClaim || o.Name == k.unknown.Name) {
+			t.Errorf("the idle policy acted on the claim of unknown use: %s %s/%s: %s", e.Reason, o.Kind, o.Name, e.Message)
+		}
+	}
+}
+
+// useRestart is an idle pod under a policy long enough (5% for 2m, Evict)
+// that its plugin restarts before the policy's duration is over: the
+// idleness the old process saw must never be acted on once the new
+// process renews the use Lease; the pod is evicted only for an idleness
+// that began after the new process started.
+type useRestart struct {
+	ns, tenant string
+	pod        *v1.Pod
+	lease      string
+	// renewedAt is when the test saw the new process's Lease; acquired is
+	// that process's start (the Lease's acquireTime).
+	renewedAt, acquired time.Time
+}
+
+func newUseRestart(t *testing.T, ctx context.Context, n *realNode) *useRestart {
+	t.Helper()
+	r := &useRestart{ns: cp.CreateNamespace(t, "real-use-restart"), tenant: uniqueName("real-use-restart"),
+		lease: gpuaas.UseLeasePrefix + n.Name}
+	q := quotaFor(r.tenant, []string{r.ns}, gpuaas.QuotaLimits{})
+	q.Spec.IdlePolicy = &gpuaas.IdlePolicy{ThresholdPercent: 5, Duration: metav1.Duration{Duration: 2 * time.Minute}, Action: gpuaas.IdleActionEvict}
+	createObject(t, q)
+	waitForQuotaNamespace(t, r.tenant, r.ns)
+	tmpl := templateFor("idle", r.ns, "timeslice.gpuaas.io")
+	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = celSelectors(onLongGPU)
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(r.ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.pod = createAndRun(t, ctx, templateWorkloadPod(r.ns, "idle", "idle"))
+	return r
+}
+
+// restartPlugin waits until the old plugin process has seen the pod idle
+// (its Idle condition True), deletes the plugin pod, and waits for the new
+// process's Lease.
+func (r *useRestart) restartPlugin(t *testing.T, ctx context.Context) {
+	t.Helper()
+	st, _ := deviceStatus(t, ctx, r.ns, podClaimName(t, r.pod), "Idle True (seen by the first plugin process)", func(d resourceapi.AllocatedDeviceStatus) bool {
+		return conditionIs(d, gpuaas.DeviceConditionIdle, metav1.ConditionTrue)
+	})
+	since := meta.FindStatusCondition(st.Conditions, gpuaas.DeviceConditionIdle).LastTransitionTime.Time
+	old, err := cp.Client.CoordinationV1().Leases(releaseNamespace).Get(ctx, r.lease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin := waitForPluginPod(t, ctx, "")
+	if err := cp.Client.CoreV1().Pods(releaseNamespace).Delete(ctx, plugin.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForPluginPod(t, ctx, plugin.UID)
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.CoordinationV1().Leases(releaseNamespace).Get(ctx, r.lease, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || l.Spec.AcquireTime == nil ||
+			*l.Spec.HolderIdentity == ptr.Deref(old.Spec.HolderIdentity, "") {
+			return false, nil
+		}
+		r.acquired, r.renewedAt = l.Spec.AcquireTime.Time, time.Now()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("use Lease %s not renewed by a new plugin process (was %s): %v", r.lease, ptr.Deref(old.Spec.HolderIdentity, ""), err)
+	}
+	t.Logf("the first plugin process saw pod %s idle since %s; a new process started at %s renews the use Lease",
+		r.pod.Name, since.UTC().Format(time.RFC3339), r.acquired.UTC().Format(time.RFC3339))
+	if !since.Add(2 * time.Minute).After(r.renewedAt) {
+		t.Fatalf("the plugin restarted (%s) after the first process's idleness (since %s) was past the policy's 2m: the restart is not shown",
+			r.renewedAt.UTC().Format(time.RFC3339), since.UTC().Format(time.RFC3339))
+	}
+}
+
+// checkActedOnNewIdleness: the pod is evicted for an idleness the new
+// process saw (its event's "idle since" not before the process started),
+// never for the one the old process saw.
+func (r *useRestart) checkActedOnNewIdleness(t *testing.T, ctx context.Context) {
+	t.Helper()
+	e, err := cp.WaitForEvent(ctx, r.ns, "Pod", r.pod.Name, "IdleEvicted", "policy tenantquota/"+r.tenant, "below 5% for 2m0s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	since, err := idleSince(e.Message)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if since.Before(r.acquired.Truncate(time.Second)) {
+		t.Errorf("pod %s evicted for an idleness since %s, before its plugin restarted (%s): %s",
+			r.pod.Name, since.UTC().Format(time.RFC3339), r.acquired.UTC().Format(time.RFC3339), e.Message)
+	}
+	t.Logf("evicted for the idleness the new plugin process saw: %s", e.Message)
+}
+
+// idleSince reads the "idle since T" of an idle policy's message.
+func idleSince(msg string) (time.Time, error) {
+	_, rest, ok := strings.Cut(msg, " idle since ")
+	if !ok {
+		return time.Time{}, fmt.Errorf("no \"idle since\" in %q", msg)
+	}
+	ts, _, _ := strings.Cut(rest, " ")
+	return time.Parse(time.RFC3339, ts)
+}
+
+// podClaimName is the name of the claim generated for a pod's only
+// template claim.
+func podClaimName(t *testing.T, pod *v1.Pod) string {
+	t.Helper()
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			return *s.ResourceClaimName
+		}
+	}
+	t.Fatalf("pod %s has no generated claim in its status", pod.Name)
+	return ""
 }
 
 // waitForClaimUse scrapes the chart's plugin until its utilization series
@@ -138,6 +418,23 @@ func claimUtilization(body, ns string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// claimGauge is a gauge of ours of one claim of a namespace on a
+// /metrics page (its first series).
+func claimGauge(body, metric, ns, claim string) (float64, bool) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil || families[metric] == nil {
+		return 0, false
+	}
+	for _, m := range families[metric].GetMetric() {
+		labels := labelMap(m.GetLabel())
+		if labels["namespace"] == ns && labels["claim"] == claim && m.GetGauge() != nil {
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
 }
 
 func labelMap(pairs []*dto.LabelPair) map[string]string {

@@ -56,9 +56,12 @@ func TestPolicyThresholds(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "team-a"},
 		Spec:       gpuaasv1.TenantQuotaSpec{IdlePolicy: &gpuaasv1.IdlePolicy{ThresholdPercent: 5, Action: gpuaasv1.IdleActionEvict}},
 		Status:     gpuaasv1.TenantQuotaStatus{Namespaces: []string{"team-a-dev"}}}
+	noPolicy := &gpuaasv1.TenantQuota{TypeMeta: metav1.TypeMeta{APIVersion: gpuaasv1.GroupVersion.String(), Kind: "TenantQuota"},
+		ObjectMeta: metav1.ObjectMeta{Name: "team-b"},
+		Status:     gpuaasv1.TenantQuotaStatus{Namespaces: []string{"team-b"}}}
 	scheme := runtime.NewScheme()
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		gpuProfiles: "GpuProfileList", tenantQuotas: "TenantQuotaList"}, policyObject(t, profile), policyObject(t, quota))
+		gpuProfiles: "GpuProfileList", tenantQuotas: "TenantQuotaList"}, policyObject(t, profile), policyObject(t, quota), policyObject(t, noPolicy))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p := WatchPolicies(ctx, client, 10*time.Millisecond)
@@ -79,6 +82,13 @@ func TestPolicyThresholds(t *testing.T) {
 	} {
 		if got := p.Threshold(c.namespace, c.class); got != c.want {
 			t.Errorf("Threshold(%s, %s) = %d, want %d", c.namespace, c.class, got, c.want)
+		}
+	}
+	// The tenant label of the use metrics: the quota listing the
+	// namespace, with an idle policy or without.
+	for ns, want := range map[string]string{"team-a-dev": "team-a", "team-b": "team-b", "elsewhere": ""} {
+		if got := p.Tenant(ns); got != want {
+			t.Errorf("Tenant(%s) = %q, want %q", ns, got, want)
 		}
 	}
 }

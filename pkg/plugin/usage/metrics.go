@@ -17,8 +17,10 @@ type Metrics struct {
 
 // labels of every series: pod is the pod the use is of (on a shared GPU
 // each pod of the claim; elsewhere the claim's only pod, "" for a claim
-// spanning pods), profile the device's DeviceClass.
-var labels = []string{"namespace", "pod", "claim", "device", "profile"}
+// spanning pods), profile the device's DeviceClass, tenant the TenantQuota
+// that lists the claim's namespace ("" for none), so that use is summed by
+// tenant as the controller's quota and billing metrics are.
+var labels = []string{"namespace", "pod", "claim", "device", "profile", "tenant"}
 
 // NewMetrics creates the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -40,12 +42,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // export records one device's sample; idle is the seconds the window it
 // closed adds.
-func (m *Metrics) export(r *measured, solo string, idle float64) {
+func (m *Metrics) export(r *measured, tenant, solo string, idle float64) {
 	if m == nil {
 		return
 	}
 	d := r.d
-	claim := prometheus.Labels{"namespace": d.claim.namespace, "pod": solo, "claim": d.claim.name, "device": d.key.device, "profile": d.profile}
+	if tenant != d.tenant {
+		// The namespace moved to another tenant (or its quota came or
+		// went): the device's series under the old label go, not to be
+		// summed twice.
+		m.forgetDevice(d)
+		d.tenant, d.prevPods = tenant, nil
+	}
+	claim := prometheus.Labels{"namespace": d.claim.namespace, "pod": solo, "claim": d.claim.name, "device": d.key.device, "profile": d.profile, "tenant": tenant}
 	m.idleSeconds.With(claim).Add(idle)
 	if !r.use.known {
 		m.known.With(claim).Set(0)
@@ -120,13 +129,26 @@ func (m *Metrics) deleteUse(l prometheus.Labels) {
 	m.memory.Delete(l)
 }
 
+// forgetDevice deletes every series of one device of a claim under its
+// tenant label of the last pass.
+func (m *Metrics) forgetDevice(d *trackedDevice) {
+	l := prometheus.Labels{"namespace": d.claim.namespace, "claim": d.claim.name, "device": d.key.device, "tenant": d.tenant}
+	for _, v := range m.vecs() {
+		v.DeletePartialMatch(l)
+	}
+}
+
+func (m *Metrics) vecs() []*prometheus.MetricVec {
+	return []*prometheus.MetricVec{m.utilization.MetricVec, m.perUnit.MetricVec, m.memory.MetricVec, m.idleSeconds.MetricVec, m.known.MetricVec}
+}
+
 // forget deletes every series of a claim.
 func (m *Metrics) forget(namespace, claim string) {
 	if m == nil {
 		return
 	}
 	l := prometheus.Labels{"namespace": namespace, "claim": claim}
-	for _, v := range []*prometheus.MetricVec{m.utilization.MetricVec, m.perUnit.MetricVec, m.memory.MetricVec, m.idleSeconds.MetricVec, m.known.MetricVec} {
+	for _, v := range m.vecs() {
 		v.DeletePartialMatch(l)
 	}
 }

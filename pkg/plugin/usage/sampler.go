@@ -37,6 +37,12 @@ type Thresholds interface {
 	Threshold(namespace, deviceClass string) int32
 }
 
+// Tenants names a namespace's tenant (its TenantQuota), "" for none: the
+// tenant label of the use metrics.
+type Tenants interface {
+	Tenant(namespace string) string
+}
+
 // Options configure a Sampler.
 type Options struct {
 	NVML nvdev.Interface
@@ -46,7 +52,9 @@ type Options struct {
 	Interval, Window time.Duration
 	// Thresholds; nil: 0 for every claim.
 	Thresholds Thresholds
-	Metrics    *Metrics
+	// Tenants; nil: every claim's tenant is "".
+	Tenants Tenants
+	Metrics *Metrics
 	// Devices are the published devices by name, for the existing MIG
 	// device a static-MIG device stands for; nil: none.
 	Devices func() map[string]*device.AllocatableDevice
@@ -97,6 +105,8 @@ type trackedDevice struct {
 	share    float64
 	judge    *judge
 	prevPods map[string]bool // pod label values exported last pass
+	// tenant is the tenant label exported last pass.
+	tenant string
 	// pods are the claim's pods as of this pass's snapshot; only the
 	// sampling goroutine touches them.
 	pods map[types.UID]string
@@ -345,7 +355,11 @@ func (s *Sampler) apply(now time.Time, results []measured) {
 		if ch {
 			changed = append(changed, c.uid)
 		}
-		s.opts.Metrics.export(m, soloPod(c), idle)
+		tenant := ""
+		if s.opts.Tenants != nil {
+			tenant = s.opts.Tenants.Tenant(c.namespace)
+		}
+		s.opts.Metrics.export(m, tenant, soloPod(c), idle)
 	}
 	s.mu.Unlock()
 	if s.opts.Changed != nil {

@@ -117,7 +117,7 @@ func TestWholeGPUIdleSinceFirstIdleWindowWrittenOnlyOnChange(t *testing.T) {
 	if len(h.changed) != 1 {
 		t.Errorf("status writes asked %d times over four idle windows, want 1 (only on change)", len(h.changed))
 	}
-	labels := prometheus.Labels{"namespace": "team-a", "pod": "notebook-pod", "claim": "notebook", "device": "gpu-0", "profile": "h100"}
+	labels := prometheus.Labels{"namespace": "team-a", "pod": "notebook-pod", "claim": "notebook", "device": "gpu-0", "profile": "h100", "tenant": ""}
 	m := h.s.opts.Metrics
 	if got := testutil.ToFloat64(m.idleSeconds.With(labels)); got != 120 {
 		t.Errorf("idle seconds = %v, want 120 (four closed idle windows of 30 s)", got)
@@ -147,6 +147,40 @@ func TestThresholdOfTheClaim(t *testing.T) {
 	h.s.Track(record("c1", "low", "GPU-0", checkpoint.Device{Device: "gpu-0"}), h.t0)
 	h.passes(0, 30*time.Second)
 	wantCondition(t, h.s, "c1", "gpu-0", metav1.ConditionFalse, gpuaasv1.ReasonIdleInUse)
+}
+
+// tenantsOf is a Tenants of a fixed map.
+type tenantsOf map[string]string
+
+func (t tenantsOf) Tenant(namespace string) string { return t[namespace] }
+
+// The use series carry the claim's tenant, so that dashboards sum use by
+// tenant as they sum quota; a namespace that moves to another tenant
+// leaves no series under the old one (summed twice otherwise).
+func TestUseLabelledByTenant(t *testing.T) {
+	tenants := tenantsOf{"team-a": "acme"}
+	h := newHarness(t, &fakeNVML{devices: map[string]nvml.Device{"GPU-0": gpu(40, 1<<20)}}, t.TempDir(), nil)
+	h.s.opts.Tenants = tenants
+	h.s.Track(record("c1", "trainer", "GPU-0", checkpoint.Device{Device: "gpu-0", DeviceClass: "h100"}), h.t0)
+	h.passes(0, 30*time.Second)
+	m := h.s.opts.Metrics
+	acme := prometheus.Labels{"namespace": "team-a", "pod": "trainer-pod", "claim": "trainer", "device": "gpu-0", "profile": "h100", "tenant": "acme"}
+	if got := testutil.ToFloat64(m.utilization.With(acme)); got != 40 {
+		t.Errorf("utilization of tenant acme = %v, want 40", got)
+	}
+
+	tenants["team-a"] = "umbrella"
+	h.passes(40*time.Second, 60*time.Second)
+	umbrella := withPod(acme, "trainer-pod")
+	umbrella["tenant"] = "umbrella"
+	if got := testutil.ToFloat64(m.utilization.With(umbrella)); got != 40 {
+		t.Errorf("utilization of tenant umbrella = %v, want 40", got)
+	}
+	for name, v := range map[string]prometheus.Collector{"utilization": m.utilization, "memory": m.memory, "use_known": m.known, "idle_seconds": m.idleSeconds} {
+		if n := testutil.CollectAndCount(v); n != 1 {
+			t.Errorf("%s has %d series after the tenant changed, want 1 (none under the old tenant)", name, n)
+		}
+	}
 }
 
 // A restarted plugin has not seen the past: a device idle before starts
@@ -195,7 +229,7 @@ func TestUnknownIsNeverZero(t *testing.T) {
 		if !strings.Contains(cond.Message, c.why) {
 			t.Errorf("%s: message %q does not say %q", c.name, cond.Message, c.why)
 		}
-		labels := prometheus.Labels{"namespace": "team-a", "pod": c.name + "-pod", "claim": c.name, "device": c.device, "profile": ""}
+		labels := prometheus.Labels{"namespace": "team-a", "pod": c.name + "-pod", "claim": c.name, "device": c.device, "profile": "", "tenant": ""}
 		if got := testutil.ToFloat64(m.known.With(labels)); got != 0 {
 			t.Errorf("%s: use_known = %v, want 0", c.name, got)
 		}
@@ -237,7 +271,7 @@ func TestMIGDeviceMeasuredByGPM(t *testing.T) {
 	if len(h.changed) != 1 {
 		t.Errorf("%d status writes, want 1 (NoSamples to InUse, no UseUnknown between)", len(h.changed))
 	}
-	labels := prometheus.Labels{"namespace": "team-a", "pod": "trainer-pod", "claim": "trainer", "device": "gpu-0-mig-3g.40gb-0", "profile": ""}
+	labels := prometheus.Labels{"namespace": "team-a", "pod": "trainer-pod", "claim": "trainer", "device": "gpu-0-mig-3g.40gb-0", "profile": "", "tenant": ""}
 	m := h.s.opts.Metrics
 	if got := testutil.ToFloat64(m.utilization.With(labels)); got != 35 {
 		t.Errorf("utilization = %v, want 35 (GPM SM utilization)", got)
@@ -285,8 +319,8 @@ func TestSharedGPUSplitByPod(t *testing.T) {
 	wantCondition(t, h.s, "busy", "gpu-0-ts-0", metav1.ConditionFalse, gpuaasv1.ReasonIdleInUse)
 	wantCondition(t, h.s, "idle", "gpu-0-ts-1", metav1.ConditionTrue, gpuaasv1.ReasonIdleBelowThreshold)
 	m := h.s.opts.Metrics
-	busyL := prometheus.Labels{"namespace": "team-a", "pod": "trainer-0", "claim": "trainer", "device": "gpu-0-ts-0", "profile": "ts"}
-	idleL := prometheus.Labels{"namespace": "team-a", "pod": "notebook-0", "claim": "notebook", "device": "gpu-0-ts-1", "profile": "ts"}
+	busyL := prometheus.Labels{"namespace": "team-a", "pod": "trainer-0", "claim": "trainer", "device": "gpu-0-ts-0", "profile": "ts", "tenant": ""}
+	idleL := prometheus.Labels{"namespace": "team-a", "pod": "notebook-0", "claim": "notebook", "device": "gpu-0-ts-1", "profile": "ts", "tenant": ""}
 	for _, c := range []struct {
 		name string
 		g    *prometheus.GaugeVec
@@ -402,7 +436,7 @@ func TestSharedClaimOfTwoPods(t *testing.T) {
 	h.s.Track(rec, h.t0)
 	h.at(0)
 	m := h.s.opts.Metrics
-	claimL := prometheus.Labels{"namespace": "team-a", "pod": "", "claim": "serving", "device": "gpu-0-shared", "profile": ""}
+	claimL := prometheus.Labels{"namespace": "team-a", "pod": "", "claim": "serving", "device": "gpu-0-shared", "profile": "", "tenant": ""}
 	if got := testutil.ToFloat64(m.utilization.With(claimL)); got != 0 {
 		t.Fatalf("utilization with no pod known = %v, want 0 (no process is the claim's)", got)
 	}

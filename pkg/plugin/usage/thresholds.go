@@ -29,11 +29,27 @@ var (
 // informers on GpuProfiles and TenantQuotas: the GpuProfile named as the
 // device's DeviceClass, if it sets an idle policy; else the TenantQuota
 // whose status lists the claim's namespace, if it sets one; else 0 (no use
-// at all). Until the CRDs exist every threshold is 0.
+// at all). Until the CRDs exist every threshold is 0. It also names each
+// namespace's tenant (the TenantQuota whose status lists it), the tenant
+// label of the use metrics.
 type PolicyThresholds struct {
 	mu sync.RWMutex
 	// byProfile and byNamespace are the thresholds of the policies set.
 	byProfile, byNamespace map[string]int32
+	// tenants is every TenantQuota's name by the namespaces it lists,
+	// with an idle policy or without.
+	tenants map[string]string
+}
+
+// Tenant implements Tenants: the TenantQuota that lists the namespace in
+// its status, "" for none (or until the quotas can be read).
+func (p *PolicyThresholds) Tenant(namespace string) string {
+	if p == nil {
+		return ""
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.tenants[namespace]
 }
 
 // Threshold implements Thresholds.
@@ -52,7 +68,7 @@ func (p *PolicyThresholds) Threshold(namespace, deviceClass string) int32 {
 // WatchPolicies starts the informers; where the CRDs are not installed it
 // says so once and looks again every retry until they are.
 func WatchPolicies(ctx context.Context, client dynamic.Interface, retry time.Duration) *PolicyThresholds {
-	p := &PolicyThresholds{byProfile: map[string]int32{}, byNamespace: map[string]int32{}}
+	p := &PolicyThresholds{byProfile: map[string]int32{}, byNamespace: map[string]int32{}, tenants: map[string]string{}}
 	if client == nil {
 		klog.FromContext(ctx).Info("No API client for idle policies: every idle threshold is 0")
 		return p
@@ -102,7 +118,7 @@ func (p *PolicyThresholds) watch(ctx context.Context, client dynamic.Interface, 
 // rebuild recomputes the thresholds from the informers' stores: there are
 // few profiles and quotas, and they change rarely.
 func (p *PolicyThresholds) rebuild(ctx context.Context, profiles, quotas cache.Store) {
-	byProfile, byNamespace := map[string]int32{}, map[string]int32{}
+	byProfile, byNamespace, tenants := map[string]int32{}, map[string]int32{}, map[string]string{}
 	for _, obj := range profiles.List() {
 		var gp gpuaasv1.GpuProfile
 		if fromUnstructured(ctx, obj, &gp) && gp.Spec.IdlePolicy != nil {
@@ -111,14 +127,18 @@ func (p *PolicyThresholds) rebuild(ctx context.Context, profiles, quotas cache.S
 	}
 	for _, obj := range quotas.List() {
 		var tq gpuaasv1.TenantQuota
-		if fromUnstructured(ctx, obj, &tq) && tq.Spec.IdlePolicy != nil {
-			for _, ns := range tq.Status.Namespaces {
+		if !fromUnstructured(ctx, obj, &tq) {
+			continue
+		}
+		for _, ns := range tq.Status.Namespaces {
+			tenants[ns] = tq.Name
+			if tq.Spec.IdlePolicy != nil {
 				byNamespace[ns] = tq.Spec.IdlePolicy.ThresholdPercent
 			}
 		}
 	}
 	p.mu.Lock()
-	p.byProfile, p.byNamespace = byProfile, byNamespace
+	p.byProfile, p.byNamespace, p.tenants = byProfile, byNamespace, tenants
 	p.mu.Unlock()
 }
 

@@ -53,6 +53,9 @@ type NodeOptions struct {
 	// directory the mock backend would, so hack/mocknvml and the tests'
 	// injections reach it alike.
 	NVMLLibrary string
+	// Env is added to the plugin's environment, e.g. POD_NAMESPACE: the
+	// namespace of its use Lease, which it renews only where it has one.
+	Env []string
 	// RunUnder is a command the plugin binary runs under, e.g.
 	// {"qemu-aarch64-static", "-L", "<arm64 rootfs>"} for the release's
 	// arm64 plugin on this amd64 machine; empty runs it directly.
@@ -164,7 +167,7 @@ func (cp *ControlPlane) newNode(ctx context.Context, opts NodeOptions) (*Node, e
 		bin, args = opts.RunUnder[0], append(append(opts.RunUnder[1:len(opts.RunUnder):len(opts.RunUnder)], opts.PluginBinary), args...)
 	}
 	n.Plugin = NewProcess("plugin-"+opts.Name, bin, filepath.Join(cp.LogDir, "plugin-"+opts.Name+".log"), args...)
-	n.Plugin.Env = env
+	n.Plugin.Env = append(env, opts.Env...)
 	sim, err := kubeletsim.New(kubeletsim.Config{
 		Client: cp.Client, NodeName: opts.Name, RegistryDir: n.RegistryDir, Labels: opts.Labels,
 	})
