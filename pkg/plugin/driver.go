@@ -30,6 +30,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -419,6 +420,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		if err != nil {
 			logger.Error(err, "Preparing claim failed")
+			d.reportStranded(claim, err)
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
 		}
 		results[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devices}
@@ -467,4 +469,19 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		msg = "Non-recoverable error (check the cluster's Kubernetes version and feature gates): " + msg
 	}
 	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// reportStranded tells a claim allocated a device this node no longer
+// publishes (prepare.NotPublishedError) so, with an event on the claim
+// (kubectl describe resourceclaim; its device's Ready condition says it
+// too): the kubelet would otherwise retry it, failing, for as long as its
+// pod exists.
+func (d *Driver) reportStranded(claim *resourceapi.ResourceClaim, err error) {
+	var stranded *prepare.NotPublishedError
+	if !errors.As(err, &stranded) {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}
+	d.events.WarnOn(ref, reasonDeviceNotPublished, "PrepareResourceClaims", "%s", stranded.Error())
 }

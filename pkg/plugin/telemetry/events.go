@@ -5,6 +5,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -54,6 +55,15 @@ func (e NodeEvents) Warn(reason, action, note string, args ...any) {
 		return
 	}
 	e.recorder.Eventf(e.node, nil, v1.EventTypeWarning, reason, action, note, args...)
+}
+
+// WarnOn records a warning on another object the node's plugin acts for (a
+// claim), related to the Node.
+func (e NodeEvents) WarnOn(regarding runtime.Object, reason, action, note string, args ...any) {
+	if e.recorder == nil {
+		return
+	}
+	e.recorder.Eventf(regarding, e.node, v1.EventTypeWarning, reason, action, note, args...)
 }
 
 // Normal records an informational event on the Node.
