@@ -206,12 +206,13 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("reading the prepared claims: %w", err)
 	}
 	steps.Step(ctx, "discovering devices")
-	cfg := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
+	cfg, pinned := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: inventory.Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := device.NewSharing(device.SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: device.MPSDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
+	reportPinned(events, opts.Metrics, pinned)
 	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
@@ -484,4 +485,24 @@ func (d *Driver) reportStranded(claim *resourceapi.ResourceClaim, err error) {
 	ref := &corev1.ObjectReference{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
 		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}
 	d.events.WarnOn(ref, reasonDeviceNotPublished, "PrepareResourceClaims", "%s", stranded.Error())
+}
+
+// reportPinned says which busy GPUs keep their mode against the node
+// configuration (device.PinModes): a Node event and the metric per GPU, so
+// that a configuration change left unapplied is seen where it was made,
+// not found at some later restart.
+func reportPinned(events telemetry.NodeEvents, metrics *telemetry.Metrics, pinned []device.PinnedMode) {
+	for _, p := range pinned {
+		events.Warn(telemetry.ReasonModeChangeDeferred, "PublishResources",
+			"GPU %d (%s) keeps its mode %q while claims hold it; the node configuration's %q applies at the plugin's first start after its last claim is unprepared",
+			p.Index, p.UUID, modeOrWhole(p.Mode), modeOrWhole(p.Configured))
+	}
+	metrics.SetModeChangesDeferred(pinned)
+}
+
+func modeOrWhole(m string) string {
+	if m == "" {
+		return "whole"
+	}
+	return m
 }

@@ -23,6 +23,9 @@ const (
 	// ReasonClusterFeatureMissing: the API server drops or refuses a field
 	// of the slices the plugin would publish, so it publishes less.
 	ReasonClusterFeatureMissing = "ClusterFeatureMissing"
+	// ReasonModeChangeDeferred: the node configuration changes the mode of
+	// a GPU that claims hold; it keeps its mode until they are gone.
+	ReasonModeChangeDeferred = "ModeChangeDeferred"
 )
 
 // NodeEvents records warnings on the plugin's Node; a nil recorder records
