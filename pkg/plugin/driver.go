@@ -233,23 +233,27 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	problems := inventory.FindGPUProblems(opts.NVML, records)
 	problems.Report(ctx, events, opts.Metrics, missing)
 	d.orphans = problems.Orphans
-	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
-	damaged, err := d.state.RestoreRecords(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("restoring prepared claims: %w", err)
-	}
 	checked := make(chan struct{})
 	d.checked, d.store, d.client = checked, store, opts.KubeClient
 	d.usage = newSampler(opts, d)
 	// Read by the kubelet's health stream, which may start at once.
 	d.health = opts.Health
-	steps.Step(ctx, "starting the kubelet plugin")
-	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
+	// State.Restore's order: the records, registering with the kubelet
+	// (whose calls wait for checked), the check of the claims against the
+	// API, withholding what MIG devices no claim owns occupy.
+	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
+	inv, err := d.state.Restore(ctx, opts.KubeClient, d.inv, func(ctx context.Context) error {
+		steps.Step(ctx, "starting the kubelet plugin")
+		if d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...); err != nil {
+			return fmt.Errorf("starting kubelet plugin: %w", err)
+		}
+		steps.Step(ctx, "checking the prepared claims against the API")
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
+		return nil, err
 	}
-	steps.Step(ctx, "checking the prepared claims against the API")
-	d.checkClaims(ctx, opts, store, damaged)
+	d.checkedClaims(ctx, opts, store, inv)
 	close(checked)
 	// Every prepared device starts Unknown/NoSamples: a restarted plugin
 	// has not seen the past.
@@ -285,18 +289,18 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	return d, nil
 }
 
-// checkClaims is the start's check of the prepared claims against the API
-// (State.CheckClaims), made once the kubelet can reach the plugin: the
-// kubelet's calls wait for it (waitChecked) instead of failing with "not
-// registered" and retrying after its backoff. The check costs what the API
-// server answers in: 100 claims took about 100 ms on a 2-core machine, as
-// much as the rest of the start (BenchmarkPeerRestart, issue 37). It then
-// withholds the placements of MIG devices that no claim owns, and sets up
-// what the kubelet's calls use: the publisher and the status writer.
-func (d *Driver) checkClaims(ctx context.Context, opts Options, store *checkpoint.Store, damaged []checkpoint.Damaged) {
-	d.state.CheckClaims(ctx, opts.KubeClient, damaged)
+// checkedClaims sets up, once State.Restore is done, what the kubelet's
+// calls use: the inventory less the placements of MIG devices that no
+// claim owns (inv), the publisher and the status writer. Restore's check
+// of the prepared claims against the API is made once the kubelet can
+// reach the plugin: the kubelet's calls wait for it (waitChecked) instead
+// of failing with "not registered" and retrying after its backoff. The
+// check costs what the API server answers in: 100 claims took about
+// 100 ms on a 2-core machine, as much as the rest of the start
+// (BenchmarkPeerRestart, issue 37).
+func (d *Driver) checkedClaims(ctx context.Context, opts Options, store *checkpoint.Store, inv inventory.Inventory) {
 	d.mu.Lock()
-	d.inv = d.state.Withhold(d.inv)
+	d.inv = inv
 	d.pub = d.helper
 	d.mu.Unlock()
 	if opts.KubeClient != nil {
