@@ -168,6 +168,9 @@ type Driver struct {
 	client kubernetes.Interface
 	// usage samples the prepared devices' use; nil: not sampled.
 	usage *usage.Sampler
+	// deferred are the busy GPUs whose configured mode waits for their
+	// last claim (deferredmodes.go); guarded by mu.
+	deferred *deferredModes
 }
 
 // gpuUUIDs are the UUIDs of gpus.
@@ -213,6 +216,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
 	reportPinned(events, opts.Metrics, pinned)
+	d.deferred = &deferredModes{nvml: opts.NVML, config: cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), pending: pinned}
 	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
@@ -458,6 +462,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		results[claim.UID] = err
 	}
+	d.applyDeferredModes(ctx)
 	return results, nil
 }
 
@@ -498,7 +503,7 @@ func (d *Driver) reportStranded(claim *resourceapi.ResourceClaim, err error) {
 func reportPinned(events telemetry.NodeEvents, metrics *telemetry.Metrics, pinned []device.PinnedMode) {
 	for _, p := range pinned {
 		events.Warn(telemetry.ReasonModeChangeDeferred, "PublishResources",
-			"GPU %d (%s) keeps its mode %q while claims hold it; the node configuration's %q applies at the plugin's first start after its last claim is unprepared",
+			"GPU %d (%s) keeps its mode %q while claims hold it; the node configuration's %q applies when its last claim is unprepared",
 			p.Index, p.UUID, modeOrWhole(p.Mode), modeOrWhole(p.Configured))
 	}
 	metrics.SetModeChangesDeferred(pinned)

@@ -31,9 +31,10 @@ type PinnedMode struct {
 // PinModes refuses mode changes of busy GPUs: a GPU with prepared claims
 // keeps the mode it had when they were prepared, whatever the node
 // configuration now says, so its claims can still be unprepared and its
-// devices are not handed out twice under new names. The change applies at
-// the first restart after the GPU is idle; until then it is logged as an
-// error, and returned (by GPU index) for the Node event and the metric.
+// devices are not handed out twice under new names. The change applies
+// when the GPU is idle (the plugin asks again after each unprepare, and at
+// its next start); until then it is logged as an error, and returned (by
+// GPU index) for the Node event and the metric.
 func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, records []*checkpoint.Claim) (*configapi.NodeConfig, []PinnedMode) {
 	index := map[string]int{}
 	for _, g := range gpus {

@@ -26,6 +26,9 @@ const (
 	// ReasonModeChangeDeferred: the node configuration changes the mode of
 	// a GPU that claims hold; it keeps its mode until they are gone.
 	ReasonModeChangeDeferred = "ModeChangeDeferred"
+	// ReasonModeChangeApplied (Normal): such a GPU's last claim is gone,
+	// and its configured mode applies.
+	ReasonModeChangeApplied = "ModeChangeApplied"
 )
 
 // NodeEvents records warnings on the plugin's Node; a nil recorder records

@@ -11,7 +11,7 @@ import (
 func newModeChangesDeferred() *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Name: "gpu_mode_change_deferred",
-		Help: "1 per GPU whose mode in the node configuration (configuredMode) is not applied because prepared claims hold it in its old mode; it applies at the plugin's first start after the GPU's last claim is unprepared.",
+		Help: "1 per GPU whose mode in the node configuration (configuredMode) is not applied because prepared claims hold it in its old mode; it applies when the GPU's last claim is unprepared.",
 	}, []string{"gpu", "configuredMode"})
 }
 
