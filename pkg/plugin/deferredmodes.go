@@ -20,6 +20,9 @@ type deferredModes struct {
 	nvml    nvdev.Interface
 	config  *configapi.NodeConfig // the node configuration, unpinned
 	pending []device.PinnedMode
+	// memoryLimits: the node's CDI specs carry the driver's memory limits
+	// (withMemoryLimits), which new devices publish as at start.
+	memoryLimits bool
 }
 
 // applyDeferredModes gives each pinned GPU that no prepared claim holds
@@ -61,7 +64,7 @@ func (d *Driver) applyDeferredModes(ctx context.Context) {
 		if held[p.UUID] || i < 0 {
 			continue
 		}
-		fresh := discovered.GPUPart(p.UUID, mig.CounterSetName(gpus[i].Index))
+		fresh := discovered.GPUPart(p.UUID, mig.CounterSetName(gpus[i].Index)).WithMemoryLimits(d.deferred.memoryLimits)
 		d.inv = d.inv.WithGPU(gpus[i], fresh)
 		d.state.ReplaceGPUDevices(p.UUID, slices.Clone(fresh.Devices))
 		applied = append(applied, p)

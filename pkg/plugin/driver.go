@@ -216,7 +216,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
 	reportPinned(events, opts.Metrics, pinned)
-	d.deferred = &deferredModes{nvml: opts.NVML, config: cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), pending: pinned}
+	d.deferred = &deferredModes{nvml: opts.NVML, config: cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), pending: pinned,
+		memoryLimits: memoryLimitsOf(opts.CDI).Enforced}
 	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
