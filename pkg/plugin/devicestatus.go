@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -29,6 +30,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/usage"
 	"github.com/gpuaas/gpu-dra-driver/pkg/timeslice"
 )
@@ -40,6 +42,10 @@ const statusFieldManager = "gpu.gpuaas.io/kubelet-plugin"
 const (
 	condReady   = "Ready"
 	condHealthy = "Healthy"
+	// reasonDeviceNotPublished: the claim was allocated a device the node
+	// no longer publishes (its GPU's mode changed since): it is stranded,
+	// and only a new allocation helps.
+	reasonDeviceNotPublished = "DeviceNotPublished"
 )
 
 // DeviceStatusData is what status.devices[].data says of one of our
@@ -290,7 +296,11 @@ func (w *statusWriter) failedStatus(uid types.UID, f failedPrepare) *resourceapp
 			entry.WithShareID(string(*r.ShareID))
 		}
 		key := r.Device + "/" + string(ptr.Deref(r.ShareID, ""))
-		entry.WithConditions(w.condition(uid, key, condReady, metav1.ConditionFalse, "PrepareFailed", truncate(f.err.Error(), 4096)))
+		reason := "PrepareFailed"
+		if stranded := (*prepare.NotPublishedError)(nil); errors.As(f.err, &stranded) {
+			reason = reasonDeviceNotPublished
+		}
+		entry.WithConditions(w.condition(uid, key, condReady, metav1.ConditionFalse, reason, truncate(f.err.Error(), 4096)))
 		status.WithDevices(entry)
 	}
 	return resourceapply.ResourceClaim(f.name, f.namespace).WithUID(uid).WithStatus(status)

@@ -30,6 +30,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/coexist"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/maintenance"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -170,6 +171,9 @@ type Driver struct {
 	client kubernetes.Interface
 	// usage samples the prepared devices' use; nil: not sampled.
 	usage *usage.Sampler
+	// deferred are the busy GPUs whose configured mode waits for their
+	// last claim (deferredmodes.go); guarded by mu.
+	deferred *deferredModes
 }
 
 // gpuUUIDs are the UUIDs of gpus.
@@ -208,12 +212,15 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("reading the prepared claims: %w", err)
 	}
 	steps.Step(ctx, "discovering devices")
-	cfg := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
+	cfg, pinned := device.PinModes(logger, cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs(), records)
 	d := &Driver{inv: inventory.Discover(logger, opts.NVML, cfg), metrics: opts.Metrics, nodeName: opts.NodeName,
 		socket: filepath.Join(opts.PluginDataDir, SocketName(opts.PluginDataDir, opts.PodUID))}
 	sharing := device.NewSharing(device.SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: device.MPSDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
+	reportPinned(events, opts.Metrics, pinned)
+	d.deferred = &deferredModes{nvml: opts.NVML, config: cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), pending: pinned,
+		memoryLimits: memoryLimitsOf(opts.CDI).Enforced}
 	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
 	d.startMaintenance(ctx, opts, events)
 	stateCfg := prepare.StateConfig{NodeName: opts.NodeName, Devices: d.inv.Devices, NVML: opts.NVML,
@@ -234,23 +241,27 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	problems := inventory.FindGPUProblems(opts.NVML, records)
 	problems.Report(ctx, events, opts.Metrics, missing)
 	d.orphans = problems.Orphans
-	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
-	damaged, err := d.state.RestoreRecords(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("restoring prepared claims: %w", err)
-	}
 	checked := make(chan struct{})
 	d.checked, d.store, d.client = checked, store, opts.KubeClient
 	d.usage = newSampler(opts, d)
 	// Read by the kubelet's health stream, which may start at once.
 	d.health = opts.Health
-	steps.Step(ctx, "starting the kubelet plugin")
-	d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...)
+	// State.Restore's order: the records, registering with the kubelet
+	// (whose calls wait for checked), the check of the claims against the
+	// API, withholding what MIG devices no claim owns occupy.
+	steps.Step(ctx, fmt.Sprintf("restoring %d prepared claims", len(records)))
+	inv, err := d.state.Restore(ctx, opts.KubeClient, d.inv, func(ctx context.Context) error {
+		steps.Step(ctx, "starting the kubelet plugin")
+		if d.helper, err = kubeletplugin.Start(ctx, d, helperOptions(opts)...); err != nil {
+			return fmt.Errorf("starting kubelet plugin: %w", err)
+		}
+		steps.Step(ctx, "checking the prepared claims against the API")
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("starting kubelet plugin: %w", err)
+		return nil, err
 	}
-	steps.Step(ctx, "checking the prepared claims against the API")
-	d.checkClaims(ctx, opts, store, damaged)
+	d.checkedClaims(ctx, opts, store, inv)
 	close(checked)
 	// Every prepared device starts Unknown/NoSamples: a restarted plugin
 	// has not seen the past.
@@ -286,18 +297,18 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	return d, nil
 }
 
-// checkClaims is the start's check of the prepared claims against the API
-// (State.CheckClaims), made once the kubelet can reach the plugin: the
-// kubelet's calls wait for it (waitChecked) instead of failing with "not
-// registered" and retrying after its backoff. The check costs what the API
-// server answers in: 100 claims took about 100 ms on a 2-core machine, as
-// much as the rest of the start (BenchmarkPeerRestart, issue 37). It then
-// withholds the placements of MIG devices that no claim owns, and sets up
-// what the kubelet's calls use: the publisher and the status writer.
-func (d *Driver) checkClaims(ctx context.Context, opts Options, store *checkpoint.Store, damaged []checkpoint.Damaged) {
-	d.state.CheckClaims(ctx, opts.KubeClient, damaged)
+// checkedClaims sets up, once State.Restore is done, what the kubelet's
+// calls use: the inventory less the placements of MIG devices that no
+// claim owns (inv), the publisher and the status writer. Restore's check
+// of the prepared claims against the API is made once the kubelet can
+// reach the plugin: the kubelet's calls wait for it (waitChecked) instead
+// of failing with "not registered" and retrying after its backoff. The
+// check costs what the API server answers in: 100 claims took about
+// 100 ms on a 2-core machine, as much as the rest of the start
+// (BenchmarkPeerRestart, issue 37).
+func (d *Driver) checkedClaims(ctx context.Context, opts Options, store *checkpoint.Store, inv inventory.Inventory) {
 	d.mu.Lock()
-	d.inv = d.state.Withhold(d.inv)
+	d.inv = inv
 	d.pub = d.helper
 	d.mu.Unlock()
 	if opts.KubeClient != nil {
@@ -422,6 +433,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		if err != nil {
 			logger.Error(err, "Preparing claim failed")
+			d.reportStranded(claim, err)
 			err = fmt.Errorf("preparing claim %s: %w", klog.KObj(claim), err)
 		}
 		results[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devices}
@@ -454,6 +466,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		results[claim.UID] = err
 	}
+	d.applyDeferredModes(ctx)
 	return results, nil
 }
 
@@ -470,4 +483,39 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		msg = "Non-recoverable error (check the cluster's Kubernetes version and feature gates): " + msg
 	}
 	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// reportStranded tells a claim allocated a device this node no longer
+// publishes (prepare.NotPublishedError) so, with an event on the claim
+// (kubectl describe resourceclaim; its device's Ready condition says it
+// too): the kubelet would otherwise retry it, failing, for as long as its
+// pod exists.
+func (d *Driver) reportStranded(claim *resourceapi.ResourceClaim, err error) {
+	var stranded *prepare.NotPublishedError
+	if !errors.As(err, &stranded) {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}
+	d.events.WarnOn(ref, reasonDeviceNotPublished, "PrepareResourceClaims", "%s", stranded.Error())
+}
+
+// reportPinned says which busy GPUs keep their mode against the node
+// configuration (device.PinModes): a Node event and the metric per GPU, so
+// that a configuration change left unapplied is seen where it was made,
+// not found at some later restart.
+func reportPinned(events telemetry.NodeEvents, metrics *telemetry.Metrics, pinned []device.PinnedMode) {
+	for _, p := range pinned {
+		events.Warn(telemetry.ReasonModeChangeDeferred, "PublishResources",
+			"GPU %d (%s) keeps its mode %q while claims hold it; the node configuration's %q applies when its last claim is unprepared",
+			p.Index, p.UUID, modeOrWhole(p.Mode), modeOrWhole(p.Configured))
+	}
+	metrics.SetModeChangesDeferred(pinned)
+}
+
+func modeOrWhole(m string) string {
+	if m == "" {
+		return "whole"
+	}
+	return m
 }

@@ -26,10 +26,7 @@ const ReasonMemoryLimitsNotEnforced = "MemoryLimitsNotEnforced"
 // the specs; where it does not, it says why in the log, a Node event (only
 // where such devices are offered) and the metric.
 func withMemoryLimits(ctx context.Context, inv inventory.Inventory, w prepare.CDIWriter, events telemetry.NodeEvents, metrics *telemetry.Metrics) inventory.Inventory {
-	limits := cdi.MemoryLimits{Cause: cdi.CauseHooksDisabled, Reason: "the CDI writer writes no memory limits"}
-	if ml, ok := w.(memoryLimiter); ok {
-		limits = ml.MemoryLimits()
-	}
+	limits := memoryLimitsOf(w)
 	metrics.SetMemoryLimits(limits.Enforced, limits.Cause)
 	logger := klog.FromContext(ctx)
 	if limits.Enforced {
@@ -50,4 +47,13 @@ func withMemoryLimits(ctx context.Context, inv inventory.Inventory, w prepare.CD
 			len(shared), limits.Cause, limits.Reason)
 	}
 	return inv.WithMemoryLimits(false)
+}
+
+// memoryLimitsOf is whether the CDI writer's specs carry the driver's
+// memory limits, and why not.
+func memoryLimitsOf(w prepare.CDIWriter) cdi.MemoryLimits {
+	if ml, ok := w.(memoryLimiter); ok {
+		return ml.MemoryLimits()
+	}
+	return cdi.MemoryLimits{Cause: cdi.CauseHooksDisabled, Reason: "the CDI writer writes no memory limits"}
 }

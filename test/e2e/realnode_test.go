@@ -65,6 +65,7 @@ func TestRealNode(t *testing.T) {
 		{"SimulatorAgrees", testSimulatorAgrees},
 		{"DemoSpecs", testDemoSpecsOnRealNode},
 		{"SharingTools", testSharingTools},
+		{"MPSCaps", testMPSCaps},
 		{"UseAndIdlePolicy", testUseAndIdlePolicy},
 		{"RealDriverTools", testRealDriverTools},
 		{"RealNVMLStopsCleanly", testRealNVMLStopsCleanly},

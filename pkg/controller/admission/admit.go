@@ -531,3 +531,16 @@ func priceWith(ctx context.Context, p *quota.Pricer, claim *resourceapi.Resource
 	return &priced{pricer: p, cost: p.ClaimCost(ctx, &claim.Spec), unpriced: p.Unpriced(ctx, &claim.Spec),
 		guessed: p.Guessed(ctx, &claim.Spec)}
 }
+
+// Candidates are the published devices a request of class, with selectors
+// sel and capacity capReq, can be allocated, and what each allocation
+// consumes (quota.Pricer.Candidates), in the current catalog.
+func (a *Accountant) Candidates(ctx context.Context, class string, sel []resourceapi.DeviceSelector, capReq *resourceapi.CapacityRequirements) ([]quota.Candidate, error) {
+	a.mu.Lock()
+	cat, err := a.catalogLocked(ctx)
+	a.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return cat.pricer.Candidates(ctx, class, sel, capReq), nil
+}

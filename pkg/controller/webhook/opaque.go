@@ -3,7 +3,6 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -68,17 +67,9 @@ func withinClassCaps(ctx context.Context, classes client.Reader, path *field.Pat
 // classNames are the DeviceClasses of the requests a config targets
 // (targets empty: every request), firstAvailable subrequests included.
 func classNames(requests []resourceapi.DeviceRequest, targets []string) []string {
-	named := func(name string) bool { return len(targets) == 0 || slices.Contains(targets, name) }
 	var out []string
-	for _, r := range requests {
-		if r.Exactly != nil && named(r.Name) {
-			out = append(out, r.Exactly.DeviceClassName)
-		}
-		for _, sub := range r.FirstAvailable {
-			if named(r.Name) || named(r.Name+"/"+sub.Name) {
-				out = append(out, sub.DeviceClassName)
-			}
-		}
+	for _, r := range targetedRequests(requests, targets) {
+		out = append(out, r.class)
 	}
 	return out
 }

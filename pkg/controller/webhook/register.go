@@ -32,12 +32,12 @@ func Register(mgr manager.Manager, acct *quotaadmission.Accountant, nudge *quota
 	srv := mgr.GetWebhookServer()
 	srv.Register(pathClaim, &admission.Webhook{Handler: &claimWebhook{
 		exempt: sets.New(skip...), acct: acct, decoder: dec, nudger: nudge, kueue: gate, shapes: shapes, recorder: mgr.GetEventRecorder("gpuaas-dra-controller"),
-		server: server, classes: mgr.GetClient(),
+		server: server, classes: mgr.GetClient(), shares: acct,
 	}})
 	srv.Register(pathAlternatives, &admission.Webhook{Handler: &alternativesWebhook{
 		exempt: sets.New(skip...), acct: acct, decoder: dec,
 	}})
-	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec, server: server}})
+	srv.Register(pathTemplate, &admission.Webhook{Handler: &templateWebhook{decoder: dec, server: server, classes: mgr.GetClient(), shares: acct}})
 	srv.Register(pathProfile, &admission.Webhook{Handler: &profileWebhook{acct: acct, decoder: dec}})
 	srv.Register(pathQuota, &admission.Webhook{Handler: &quotaWebhook{acct: acct, decoder: dec}})
 	return nil

@@ -62,6 +62,9 @@ type claimWebhook struct {
 	// classes reads the DeviceClasses whose configs cap the MPS limits a
 	// claim's config may ask; nil: no such check.
 	classes client.Reader
+	// shares lists the devices a request can get, whose shares of their
+	// GPUs cap the MPS limits; nil: no such check.
+	shares Candidates
 }
 
 func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -78,10 +81,10 @@ func (h *claimWebhook) Handle(ctx context.Context, req admission.Request) admiss
 	if errs := validateOpaque(field.NewPath("spec", "devices", "config"), claim.Spec.Devices.Config); len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
 	}
-	errs, err := withinClassCaps(ctx, h.classes, field.NewPath("spec", "devices", "config"), claim.Spec.Devices)
+	errs, err := withinCaps(ctx, h.classes, h.shares, field.NewPath("spec", "devices", "config"), claim.Spec.Devices)
 	if err != nil {
 		admissionErrors.Inc()
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("checking the claim's config against its classes', retry: %w", err))
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("checking the claim's config against its classes' and devices' caps, retry: %w", err))
 	}
 	if len(errs) > 0 {
 		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaim"}, claim.Name, errs)
@@ -199,15 +202,31 @@ func (h *claimWebhook) denied(ctx context.Context, claim *resourceapi.ResourceCl
 type templateWebhook struct {
 	decoder admission.Decoder
 	server  *serverMinor // nil: no warnings about the scheduler
+	// classes reads the DeviceClasses whose configs cap the MPS limits a
+	// template's claim config may ask; nil: no such check.
+	classes client.Reader
+	// shares: as the claim webhook's.
+	shares Candidates
 }
 
-func (h *templateWebhook) Handle(_ context.Context, req admission.Request) admission.Response {
+func (h *templateWebhook) Handle(ctx context.Context, req admission.Request) admission.Response {
 	var tmpl resourceapi.ResourceClaimTemplate
 	if err := h.decoder.Decode(req, &tmpl); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding ResourceClaimTemplate: %w", err))
 	}
-	if errs := validateOpaque(field.NewPath("spec", "spec", "devices", "config"), tmpl.Spec.Spec.Devices.Config); len(errs) > 0 {
-		return invalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaimTemplate"}, req.Name, errs)
+	gk := schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceClaimTemplate"}
+	path := field.NewPath("spec", "spec", "devices", "config")
+	if errs := validateOpaque(path, tmpl.Spec.Spec.Devices.Config); len(errs) > 0 {
+		return invalid(gk, req.Name, errs)
+	}
+	// The caps its claims would be refused for, found before any is made.
+	errs, err := withinCaps(ctx, h.classes, h.shares, path, tmpl.Spec.Spec.Devices)
+	if err != nil {
+		admissionErrors.Inc()
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("checking the template's config against its classes' and devices' caps, retry: %w", err))
+	}
+	if len(errs) > 0 {
+		return invalid(gk, req.Name, errs)
 	}
 	if warning := rejectedCountersWarning(h.server.get(), tmpl.Spec.Spec.Devices); warning != "" {
 		return admission.Allowed("").WithWarnings(warning)

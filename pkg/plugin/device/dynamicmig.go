@@ -89,7 +89,7 @@ func (dynamicMIG) CDIDevice(e *Env, p Planned, d *checkpoint.Device) (cdi.Device
 	return e.migCDIDevice(p, d.CreatedMIG)
 }
 
-// tearDown destroys the MIG device the record names. Until a retry
+// TearDown destroys the MIG device the record names. Until a retry
 // succeeds the placement is tainted, so that no other claim is given a
 // device that cannot be made.
 func (dynamicMIG) TearDown(ctx context.Context, e *Env, rec *checkpoint.Claim, i int) error {

@@ -18,7 +18,7 @@ type NoFaults struct{}
 
 func (NoFaults) SetCleanupBlocked(context.Context, string, *health.MIGScope, error) {}
 
-// migScope is the MIG device a device stands for, nil for the others.
+// MIGScope is the MIG device a device stands for, nil for the others.
 func (d *AllocatableDevice) MIGScope() *health.MIGScope { return d.Kind.MIGScope() }
 
 // cleanupScope is the MIG device a checkpoint device's teardown is about.

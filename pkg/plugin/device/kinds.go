@@ -24,35 +24,35 @@ import (
 type Kind interface {
 	// Type is the device's `type` attribute.
 	Type() DeviceType
-	// modeName is its GPU's mode as the checkpoint records it
+	// ModeName is its GPU's mode as the checkpoint records it
 	// (checkpoint.Device.GPUMode), so that a restart keeps a busy GPU's
 	// mode (PinModes) and knows how to tear the device down (RecordedKind):
 	// "" whole, "static"/"dynamic" MIG, "timeSlicing/<replicas>",
 	// "shared", with "/MPS" or "/<interval>" when the GPU's sharing
 	// settings are not the default.
 	ModeName() string
-	// planSharing resolves the claim's config to the GPU settings the
+	// PlanSharing resolves the claim's config to the GPU settings the
 	// device needs; nil for none. Every refusal names what to change.
 	// Admin access never gets here: it changes no GPU.
 	PlanSharing(p Planned) (*sharingPlan, error)
-	// changesGPU reports whether setting p up may change its GPU, which the
+	// ChangesGPU reports whether setting p up may change its GPU, which the
 	// record must then say (staged) before it happens.
 	ChangesGPU(p Planned) bool
-	// setUp makes p's GPU ready for it, p being device i of rec: creates
+	// SetUp makes p's GPU ready for it, p being device i of rec: creates
 	// its MIG device, switches MIG mode, applies its sharing settings. It
 	// records in rec what an undo must know, and may replace p.Device with
 	// the device as it is now (a re-bound GPU, an observed MIG device).
 	SetUp(ctx context.Context, e *Env, p *Planned, rec *checkpoint.Claim, i int) error
-	// cdiDevice is p's CDI device: the UUID and nodes a container gets,
+	// CDIDevice is p's CDI device: the UUID and nodes a container gets,
 	// and its environment and mounts; d is p's record after set-up.
 	CDIDevice(e *Env, p Planned, d *checkpoint.Device) (cdi.Device, error)
-	// tearDown undoes what setUp made for device i of rec, as recorded:
+	// TearDown undoes what SetUp made for device i of rec, as recorded:
 	// after a restart only the record is known (see RecordedKind).
 	TearDown(ctx context.Context, e *Env, rec *checkpoint.Claim, i int) error
-	// adopt counts again what device d of the claim uid holds on its GPU
+	// Adopt counts again what device d of the claim uid holds on its GPU
 	// (after a restart, or after another process changed it).
 	Adopt(e *Env, uid string, d *checkpoint.Device) error
-	// migScope is the MIG device the device stands for, nil for others.
+	// MIGScope is the MIG device the device stands for, nil for others.
 	MIGScope() *health.MIGScope
 }
 

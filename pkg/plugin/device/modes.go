@@ -2,6 +2,7 @@ package device
 
 import (
 	"cmp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,13 +19,23 @@ const (
 	modeShared      = "shared"
 )
 
+// PinnedMode is a busy GPU's mode, kept against the node configuration's.
+type PinnedMode struct {
+	UUID  string
+	Index int
+	// Mode is the mode kept and Configured the configuration's, as
+	// Kind.ModeName names them ("" whole).
+	Mode, Configured string
+}
+
 // PinModes refuses mode changes of busy GPUs: a GPU with prepared claims
 // keeps the mode it had when they were prepared, whatever the node
 // configuration now says, so its claims can still be unprepared and its
-// devices are not handed out twice under new names. The change applies at
-// the first restart after the GPU is idle; until then it is logged as an
-// error.
-func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, records []*checkpoint.Claim) *configapi.NodeConfig {
+// devices are not handed out twice under new names. The change applies
+// when the GPU is idle (the plugin asks again after each unprepare, and at
+// its next start); until then it is logged as an error, and returned (by
+// GPU index) for the Node event and the metric.
+func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, records []*checkpoint.Claim) (*configapi.NodeConfig, []PinnedMode) {
 	index := map[string]int{}
 	for _, g := range gpus {
 		index[g.UUID] = g.Index
@@ -38,6 +49,7 @@ func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 		}
 	}
 	var pins []configapi.GpuModeSelector
+	var kept []PinnedMode
 	for uuid, mode := range pinned {
 		idx, ok := index[uuid]
 		want := configuredMode(cfg.ModeFor(idx, uuid))
@@ -47,13 +59,15 @@ func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 		logger.Error(nil, "Refusing to change the mode of a GPU with prepared claims; it keeps its mode until idle",
 			"gpu", uuid, "mode", mode, "configuredMode", want)
 		pins = append(pins, configapi.GpuModeSelector{UUIDs: []string{uuid}, GpuMode: recordedMode(mode, cfg.ModeFor(idx, uuid))})
+		kept = append(kept, PinnedMode{UUID: uuid, Index: idx, Mode: mode, Configured: want})
 	}
 	if len(pins) == 0 {
-		return cfg
+		return cfg, nil
 	}
+	slices.SortFunc(kept, func(a, b PinnedMode) int { return cmp.Compare(a.Index, b.Index) })
 	out := cfg.DeepCopyObject().(*configapi.NodeConfig)
 	out.GPUs = append(pins, out.GPUs...)
-	return out
+	return out, kept
 }
 
 // configuredMode names a configured mode as modeName records it.

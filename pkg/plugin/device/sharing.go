@@ -219,7 +219,7 @@ func (s *Sharing) timeSliceComputeMode(ctx context.Context, gpu string) error {
 	return nil
 }
 
-// computeModeName is a compute mode as nvidia-smi names it.
+// ComputeModeName is a compute mode as nvidia-smi names it.
 func ComputeModeName(mode nvml.ComputeMode, ret nvml.Return) string {
 	if ret != nvml.SUCCESS {
 		return "unknown: " + ret.Error()

@@ -57,7 +57,7 @@ func (p *sharingPlan) LimitsOrNil() *mps.Limits {
 	return &l
 }
 
-// changesGPU reports whether applying the settings may change the GPU,
+// ChangesGPU reports whether applying the settings may change the GPU,
 // which must be recorded before it happens. Default-interval time-slicing
 // changes nothing, so it costs no extra checkpoint write.
 func (p *sharingPlan) ChangesGPU() bool {

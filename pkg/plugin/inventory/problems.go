@@ -86,7 +86,7 @@ func unreadableSummary(problems []nvdev.Problem) string {
 	return fmt.Sprintf("%d GPU(s) unreadable at enumeration", n)
 }
 
-// report says what is wrong: a log line and a Node event per GPU, and the
+// Report says what is wrong: a log line and a Node event per GPU, and the
 // gpu_problems metric; the monitor is told of the missing GPUs.
 func (p GPUProblems) Report(ctx context.Context, events telemetry.NodeEvents, metrics *telemetry.Metrics, monitor MissingGPUs) {
 	logger := klog.FromContext(ctx)

@@ -73,3 +73,23 @@ func NamesOf(devices []device.AllocatableDevice) []string {
 	}
 	return out
 }
+
+// GPUPart is the part of inv that is GPU uuid's: its devices and its
+// counter set (named set), for WithGPU.
+func (inv Inventory) GPUPart(uuid, set string) Inventory {
+	out := Inventory{ownSlice: map[int]bool{}, layouts: map[string]*mig.Layout{}, units: inv.units}
+	for _, d := range inv.Devices {
+		if d.GPU.UUID == uuid {
+			out.Devices = append(out.Devices, d)
+		}
+	}
+	for _, cs := range inv.CounterSets {
+		if cs.Name == set {
+			out.CounterSets = append(out.CounterSets, cs)
+		}
+	}
+	if l := inv.layouts[uuid]; l != nil {
+		out.layouts[uuid] = l
+	}
+	return out
+}

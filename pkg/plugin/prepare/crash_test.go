@@ -282,7 +282,7 @@ func (h *crashHarness) restart() {
 			h.arm()
 		}
 		var err error
-		if !killedDuring(func() { err = s.Restore(h.e.Ctx, fake.NewClientset(objs...)) }) {
+		if !killedDuring(func() { _, err = s.Restore(h.e.Ctx, fake.NewClientset(objs...), h.e.Inventory, nil) }) {
 			if err != nil {
 				h.t.Errorf("restore: %v", err)
 			}

@@ -237,7 +237,7 @@ func TestModeChangeOfBusyGPUIsRefused(t *testing.T) {
 	}
 	records, _, _ := e.state.env.Store.LoadAll()
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
-	cfg := device.PinModes(logger, &configapi.NodeConfig{}, e.Lib.GPUs(), records) // admin asks for "whole" everywhere
+	cfg, _ := device.PinModes(logger, &configapi.NodeConfig{}, e.Lib.GPUs(), records) // admin asks for "whole" everywhere
 	inv := inventory.Discover(logger, e.Lib, cfg)
 	modes := map[int]string{}
 	for _, d := range inv.Devices {

@@ -172,7 +172,7 @@ func (s *State) planResult(r resourceapi.DeviceRequestAllocationResult, configs 
 	}
 	dev, ok := s.DeviceMap()[r.Device]
 	if !ok {
-		return device.Planned{}, fmt.Errorf("device %q is not published by this node", r.Device)
+		return device.Planned{}, &NotPublishedError{Device: r.Device}
 	}
 	cfg, err := configFor(configs, r.Request, dev.Kind.Type())
 	if err != nil {
@@ -354,4 +354,15 @@ func lostErr(rec *checkpoint.Claim) error {
 	}
 	return fmt.Errorf("claim %s: %w (%s); delete the pods using it so that it is allocated again",
 		klog.KRef(rec.Namespace, rec.Name), ErrLostInReboot, rec.Lost)
+}
+
+// NotPublishedError refuses a device this node does not publish: the claim
+// was allocated it before the node configuration changed how its GPU is
+// offered (or before the GPU went), and is stranded on it. No retry helps;
+// a new allocation does.
+type NotPublishedError struct{ Device string }
+
+func (e *NotPublishedError) Error() string {
+	return fmt.Sprintf("device %q is not published by this node: the claim was allocated it before the node's configuration "+
+		"(or its GPUs) changed; delete the claim (for a template's claim, its pod) so that it is allocated again", e.Device)
 }

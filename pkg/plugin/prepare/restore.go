@@ -6,6 +6,7 @@ import (
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/checkpoint"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"golang.org/x/sync/errgroup"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,16 +18,25 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Restore rebuilds the state a previous run left on the node, before the
-// plugin serves the kubelet: RestoreRecords, then CheckClaims. The plugin
-// calls the two itself, registering with the kubelet in between.
-func (s *State) Restore(ctx context.Context, client kubernetes.Interface) error {
+// Restore rebuilds the state a previous run left on the node, in the
+// order the plugin's start runs it (and the tests, so that they exercise
+// that order): RestoreRecords; register, which makes the plugin reachable
+// by the kubelet (its calls wait until the start is done); CheckClaims;
+// and Withhold, which returns inv, the discovered inventory, less the
+// placements of MIG devices that no claim owns. register may be nil (no
+// kubelet).
+func (s *State) Restore(ctx context.Context, client kubernetes.Interface, inv inventory.Inventory, register func(context.Context) error) (inventory.Inventory, error) {
 	damaged, err := s.RestoreRecords(ctx)
 	if err != nil {
-		return err
+		return inv, fmt.Errorf("restoring prepared claims: %w", err)
+	}
+	if register != nil {
+		if err := register(ctx); err != nil {
+			return inv, err
+		}
 	}
 	s.CheckClaims(ctx, client, damaged)
-	return nil
+	return s.Withhold(inv), nil
 }
 
 // RestoreRecords is what the restart rebuilds from the node alone, and

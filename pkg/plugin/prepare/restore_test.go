@@ -210,7 +210,7 @@ func restoreWithGetLimit(t *testing.T, e *testEnv, client *fake.Clientset, limit
 	e.Metrics = telemetry.NewMetrics(prometheus.NewRegistry())
 	s := e.newState(t)
 	s.claimGetLimit = limit
-	if err := s.Restore(e.Ctx, client); err != nil {
+	if _, err := s.Restore(e.Ctx, client, e.Inventory, nil); err != nil {
 		t.Fatal(err)
 	}
 	return s

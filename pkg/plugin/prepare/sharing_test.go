@@ -501,7 +501,8 @@ func TestBusyGPUKeepsItsSharingSettings(t *testing.T) {
 	changed.GPUs[2].TimeSlicing = &configapi.TimeSlicingMode{Replicas: 2, Interval: configapi.ShortTimeSlice}
 	changed.GPUs[0].TimeSlicing.Interval = configapi.MediumTimeSlice // GPU 4 is idle: changes
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
-	inv := inventory.Discover(logger, e.Lib, device.PinModes(logger, changed, e.Lib.GPUs(), records))
+	pinned, _ := device.PinModes(logger, changed, e.Lib.GPUs(), records)
+	inv := inventory.Discover(logger, e.Lib, pinned)
 	got := map[string]string{}
 	for _, d := range inv.Devices {
 		if k, ok := d.Kind.(interface{ GPUSettings() timeslice.Settings }); ok {

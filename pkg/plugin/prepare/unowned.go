@@ -114,9 +114,9 @@ func logUnowned(ctx context.Context, gpu string, gis []mig.GPUInstance) {
 	}
 }
 
-// Withhold returns the inventory less what the MIG devices that Restore
-// found unowned occupy, and stops preparing the devices it leaves out. It
-// runs once, after Restore and before the plugin serves the kubelet.
+// Withhold returns the inventory less what the MIG devices that
+// RestoreRecords found unowned occupy, and stops preparing the devices it
+// leaves out. It runs once, last in Restore.
 func (s *State) Withhold(inv inventory.Inventory) inventory.Inventory {
 	out, dropped := inv.Withhold(s.unowned)
 	if len(dropped) == 0 {

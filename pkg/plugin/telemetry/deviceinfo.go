@@ -21,7 +21,7 @@ func newPreparedDeviceInfo() *prometheus.GaugeVec {
 	}, []string{"claim_namespace", "claim_name", "device", "gpu_uuid", "gpu_instance", "mig_uuid"})
 }
 
-// setPreparedClaims reports the prepared claims: their counts and one info
+// SetPreparedClaims reports the prepared claims: their counts and one info
 // series per device.
 func (m *Metrics) SetPreparedClaims(claims []*checkpoint.Claim) {
 	if m == nil {

@@ -5,6 +5,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -22,6 +23,12 @@ const (
 	// ReasonClusterFeatureMissing: the API server drops or refuses a field
 	// of the slices the plugin would publish, so it publishes less.
 	ReasonClusterFeatureMissing = "ClusterFeatureMissing"
+	// ReasonModeChangeDeferred: the node configuration changes the mode of
+	// a GPU that claims hold; it keeps its mode until they are gone.
+	ReasonModeChangeDeferred = "ModeChangeDeferred"
+	// ReasonModeChangeApplied (Normal): such a GPU's last claim is gone,
+	// and its configured mode applies.
+	ReasonModeChangeApplied = "ModeChangeApplied"
 )
 
 // NodeEvents records warnings on the plugin's Node; a nil recorder records
@@ -54,6 +61,15 @@ func (e NodeEvents) Warn(reason, action, note string, args ...any) {
 		return
 	}
 	e.recorder.Eventf(e.node, nil, v1.EventTypeWarning, reason, action, note, args...)
+}
+
+// WarnOn records a warning on another object the node's plugin acts for (a
+// claim), related to the Node.
+func (e NodeEvents) WarnOn(regarding runtime.Object, reason, action, note string, args ...any) {
+	if e.recorder == nil {
+		return
+	}
+	e.recorder.Eventf(regarding, e.node, v1.EventTypeWarning, reason, action, note, args...)
 }
 
 // Normal records an informational event on the Node.

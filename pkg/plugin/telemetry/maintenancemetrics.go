@@ -16,7 +16,7 @@ func newGPUsReleased() prometheus.Gauge {
 	})
 }
 
-// setMaintenance records the driver in use and whether the GPUs are
+// SetMaintenance records the driver in use and whether the GPUs are
 // released.
 func (m *Metrics) SetMaintenance(version string, released bool) {
 	if m == nil {

@@ -27,6 +27,8 @@ type Metrics struct {
 	DpCheckFailed    prometheus.Gauge
 	clusterGaps      *prometheus.GaugeVec
 	MemoryLimits     *prometheus.GaugeVec
+	// ModeChangesDeferred: SetModeChangesDeferred.
+	ModeChangesDeferred *prometheus.GaugeVec
 }
 
 const metricsNamespace = "gpuaas_dra_plugin"
@@ -68,12 +70,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: metricsNamespace, Name: "dynamic_mig_withdrawn_gpus",
 			Help: "Dynamic-MIG GPUs no longer offered because the cluster drops the counters of partitionable devices (feature gate DRAPartitionableDevices off in the API server); 0 when dynamic MIG is offered as configured.",
 		}),
-		GPUProblems:  newGPUProblemsMetric(),
-		DeviceInfo:   newPreparedDeviceInfo(),
-		driverInfo:   newDriverInfo(),
-		gpusReleased: newGPUsReleased(),
-		clusterGaps:  newClusterGaps(),
-		MemoryLimits: newMemoryLimits(),
+		GPUProblems:         newGPUProblemsMetric(),
+		DeviceInfo:          newPreparedDeviceInfo(),
+		driverInfo:          newDriverInfo(),
+		gpusReleased:        newGPUsReleased(),
+		clusterGaps:         newClusterGaps(),
+		MemoryLimits:        newMemoryLimits(),
+		ModeChangesDeferred: newModeChangesDeferred(),
 	}
 	m.DpWithheld, m.DpCheckFailed = newDevicePluginMetrics()
 	// Every series an alert takes increase() of exists from the start, at
@@ -85,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Operations, m.duration, m.preparedClaims, m.preparedDevices,
 		m.Damaged, m.StaleCleaned, m.PublishedDevices, m.UnownedMIG, m.WithdrawnMIG, m.GPUProblems, m.DeviceInfo,
-		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed, m.clusterGaps, m.MemoryLimits)
+		m.driverInfo, m.gpusReleased, m.DpWithheld, m.DpCheckFailed, m.clusterGaps, m.MemoryLimits, m.ModeChangesDeferred)
 	return m
 }
 

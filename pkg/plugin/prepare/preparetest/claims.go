@@ -11,6 +11,7 @@ import (
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/pkg/mig"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -115,16 +116,17 @@ func ReadClaimSpec(t *testing.T, e *Env, uid string) *cdispec.Spec {
 
 // Restorer is what Restore restores: a State.
 type Restorer interface {
-	Restore(ctx context.Context, client kubernetes.Interface) error
+	Restore(ctx context.Context, client kubernetes.Interface, inv inventory.Inventory, register func(context.Context) error) (inventory.Inventory, error)
 }
 
-// Restore runs s's Restore as Start does, with apiClaims in the API.
+// Restore runs s's Restore as Start does (without a kubelet to register
+// with), on the env's inventory, with apiClaims in the API.
 func Restore(t *testing.T, e *Env, s Restorer, apiClaims ...*resourceapi.ResourceClaim) {
 	objs := make([]runtime.Object, 0, len(apiClaims))
 	for _, c := range apiClaims {
 		objs = append(objs, c)
 	}
-	if err := s.Restore(e.Ctx, fake.NewClientset(objs...)); err != nil {
+	if _, err := s.Restore(e.Ctx, fake.NewClientset(objs...), e.Inventory, nil); err != nil {
 		t.Error(err)
 	}
 }

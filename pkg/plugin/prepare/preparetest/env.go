@@ -43,6 +43,8 @@ type Env struct {
 	MigMinors string
 	Metrics   *telemetry.Metrics
 	Devices   []device.AllocatableDevice
+	// Inventory is what Devices were discovered in, for Restore.
+	Inventory inventory.Inventory
 	Ctx       context.Context
 	// Sharing wires each (re)started State's sharing settings; the zero
 	// value has no driver tools.
@@ -125,7 +127,8 @@ func NewEnv(t testing.TB, machine string, cfg *configapi.NodeConfig, mockStateDi
 	if err := os.WriteFile(filepath.Join(dir, "devices"), []byte("Character devices:\n195 nvidia\n237 nvidia-caps\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.Devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg).Devices
+	e.Inventory = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg)
+	e.Devices = e.Inventory.Devices
 	return e
 }
 
@@ -205,7 +208,8 @@ func (e *Env) OpenMachine(t *testing.T, cfg *configapi.NodeConfig, mockStateDir 
 	if e.Sharing.NVML != nil {
 		e.Sharing.NVML = lib
 	}
-	e.Devices = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg).Devices
+	e.Inventory = inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), lib, cfg)
+	e.Devices = e.Inventory.Devices
 }
 
 // MIGDevices are the MIG devices that exist now on the GPU at gpuIndex.

@@ -1,0 +1,34 @@
+package telemetry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/device"
+)
+
+// newModeChangesDeferred is the gauge of the GPUs whose configured mode is
+// not applied because claims hold them in their old one.
+func newModeChangesDeferred() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "gpu_mode_change_deferred",
+		Help: "1 per GPU whose mode in the node configuration (configuredMode) is not applied because prepared claims hold it in its old mode; it applies when the GPU's last claim is unprepared.",
+	}, []string{"gpu", "configuredMode"})
+}
+
+// SetModeChangesDeferred records the busy GPUs that keep their mode.
+func (m *Metrics) SetModeChangesDeferred(pinned []device.PinnedMode) {
+	if m == nil {
+		return
+	}
+	m.ModeChangesDeferred.Reset()
+	for _, p := range pinned {
+		m.ModeChangesDeferred.WithLabelValues(p.UUID, modeOrWhole(p.Configured)).Set(1)
+	}
+}
+
+func modeOrWhole(m string) string {
+	if m == "" {
+		return "whole"
+	}
+	return m
+}
