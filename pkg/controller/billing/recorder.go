@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -45,6 +46,8 @@ type Recorder struct {
 	Now    func() time.Time
 	// Shapes: GpuShapes are served (and so priced).
 	Shapes bool
+	// Events raises the budgets' threshold events (nil: none).
+	Events events.EventRecorder
 
 	mu     sync.Mutex
 	loaded bool
@@ -56,6 +59,8 @@ type Recorder struct {
 	// no longer sees ended now; one it never saw (a previous leader's)
 	// ended at its lastSeen, uncertain.
 	seen map[string]bool
+	// budgets are the tenants' budgets the last sync saw (budget.go).
+	budgets map[string]budgetState
 }
 
 // observation is one device a claim holds now, as it would be recorded.
@@ -74,7 +79,10 @@ func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		return reconcile.Result{}, err
 	}
 	r.apply(ctx, observed, now)
-	if err := r.flush(ctx); err != nil {
+	// The budgets are judged on the records as this leader knows them,
+	// written or still to be.
+	budgetErr := r.syncBudgets(ctx, now)
+	if err := errors.Join(r.flush(ctx), budgetErr); err != nil {
 		// Kept in memory: the next try writes what is new since too.
 		return reconcile.Result{}, err
 	}
