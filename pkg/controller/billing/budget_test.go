@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -142,5 +143,30 @@ func TestBudgetRemoved(t *testing.T) {
 	}
 	if _, ok := r.budgetMetrics()["team-a"]; ok {
 		t.Error("budget removed, its metrics kept")
+	}
+}
+
+// TestIdleHeld: the units of devices the plugin reports Idle=True, and
+// their cost per hour, per tenant; a tenant with none idle reads zero.
+func TestIdleHeld(t *testing.T) {
+	clk := newClock()
+	busy := allocated("busy", "whole", "whole-0")
+	idle := allocated("idle", "whole", "whole-1", "slice-0")
+	for _, d := range idle.Status.Allocation.Devices.Results {
+		idle.Status.Devices = append(idle.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: d.Driver, Pool: d.Pool, Device: d.Device,
+			Conditions: []metav1.Condition{{Type: gpuaas.DeviceConditionIdle, Status: metav1.ConditionTrue, Reason: "Idle", LastTransitionTime: metav1.NewTime(t0)}}})
+	}
+	idle.Status.Devices[1].Conditions[0].Status = metav1.ConditionFalse // the slice is in use
+	api := newAPI(t, profile("whole", "7"), busy, idle)
+	r := newRecorder(api, clk)
+	reconcileOK(t, r)
+	got := r.idleNow()["team-a"]
+	if got.units == nil || got.units.RatString() != "1" || got.costPerHour.RatString() != "7" {
+		t.Fatalf("idle held %+v", got)
+	}
+	deleteClaim(t, api, "idle")
+	reconcileOK(t, r)
+	if got := r.idleNow()["team-a"]; got.units == nil || got.units.Sign() != 0 {
+		t.Errorf("nothing idle: %+v", got)
 	}
 }

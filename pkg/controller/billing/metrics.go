@@ -32,6 +32,13 @@ var (
 		"Each threshold of the tenant's budget as a ratio of the amount (0.8 for 80 percent), for alerts that compare the spent ratio with the tenant's own thresholds.",
 		[]string{"tenant", "threshold"}, nil)
 
+	idleUnitsDesc = prometheus.NewDesc("gpuaas_tenant_idle_gpu_units",
+		"GPU units the tenant's allocated claims hold on devices whose plugin reports them Idle (held, billed and unused), at the billing recorder's last reconcile.",
+		[]string{"tenant"}, nil)
+	idleCostDesc = prometheus.NewDesc("gpuaas_tenant_idle_cost_per_hour",
+		"What the GPU units the tenant holds idle cost per hour at their prices: integrated over time, the idle cost.",
+		[]string{"tenant", "currency"}, nil)
+
 	registerOnce sync.Once
 )
 
@@ -54,6 +61,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- budgetSpentDesc
 	ch <- budgetRatioDesc
 	ch <- budgetThresholdDesc
+	ch <- idleUnitsDesc
+	ch <- idleCostDesc
 }
 
 type costKey struct{ tenant, profile, model string }
@@ -80,6 +89,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		for _, t := range b.thresholds {
 			ch <- prometheus.MustNewConstMetric(budgetThresholdDesc, prometheus.GaugeValue, float64(t)/100, tenant, thresholdLabel(t))
 		}
+	}
+	for tenant, h := range c.r.idleNow() {
+		units, _ := h.units.Float64()
+		cost, _ := h.costPerHour.Float64()
+		ch <- prometheus.MustNewConstMetric(idleUnitsDesc, prometheus.GaugeValue, units, tenant)
+		ch <- prometheus.MustNewConstMetric(idleCostDesc, prometheus.GaugeValue, cost, tenant, currency)
 	}
 }
 

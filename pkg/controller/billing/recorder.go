@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/big"
 	"slices"
 	"sort"
 	"sync"
@@ -61,6 +62,10 @@ type Recorder struct {
 	seen map[string]bool
 	// budgets are the tenants' budgets the last sync saw (budget.go).
 	budgets map[string]budgetState
+	// idle are the GPU units, and their cost per hour, that each tenant's
+	// claims held on devices the plugin reports Idle=True at the last
+	// reconcile (idle.go).
+	idle map[string]idleHeld
 }
 
 // observation is one device a claim holds now, as it would be recorded.
@@ -122,6 +127,7 @@ func (r *Recorder) observe(ctx context.Context, now time.Time) (map[string]obser
 		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
 	out := map[string]observation{}
+	idle := map[string]idleHeld{}
 	for i := range claims.Items {
 		claim := &claims.Items[i]
 		if claim.Status.Allocation == nil {
@@ -134,11 +140,18 @@ func (r *Recorder) observe(ctx context.Context, now time.Time) (map[string]obser
 		if tenant == "" {
 			continue
 		}
+		if _, ok := idle[tenant]; !ok { // "none idle" is a value, not an absent series
+			idle[tenant] = idleHeld{units: new(big.Rat), costPerHour: new(big.Rat)}
+		}
 		for _, h := range held {
 			rec := recordOf(claim, tenant, h, prices, now)
 			out[recordKey(&rec)] = observation{rec: rec}
+			if deviceIdle(claim, h.Device) {
+				addIdle(idle, &rec)
+			}
 		}
 	}
+	r.idle = idle
 	return out, nil
 }
 
