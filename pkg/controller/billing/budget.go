@@ -168,8 +168,17 @@ func (r *Recorder) budgetStatus(q *gpuaas.TenantQuota, period string, now time.T
 		c.ObservedGeneration = q.Generation
 		meta.SetStatusCondition(&status.Conditions, c)
 	}
-	if equality.Semantic.DeepEqual(&q.Status, status) {
-		return nil, nil
+	// Written when anything but the spend changed, or the spend moved by
+	// a whole percent: the spend grows at every reconcile, and a status
+	// write per claim event and budgeted tenant would be a write storm.
+	if old := q.Status.Budget; old != nil {
+		unchanged := *status.Budget
+		unchanged.Spent = old.Spent
+		candidate := status.DeepCopy()
+		candidate.Budget = &unchanged
+		if equality.Semantic.DeepEqual(&q.Status, candidate) {
+			return nil, nil
+		}
 	}
 	return status, fresh
 }
@@ -177,7 +186,9 @@ func (r *Recorder) budgetStatus(q *gpuaas.TenantQuota, period string, now time.T
 // budgetConditions are BudgetThresholdReached and BudgetExhausted.
 func budgetConditions(q *gpuaas.TenantQuota, st *gpuaas.BudgetStatus) []metav1.Condition {
 	b := q.Spec.Budget
-	spend := fmt.Sprintf("spent %s %s of the budget of %s for %s (%d%%)", st.Spent, st.Currency, b.Amount.String(), st.Period, st.Percent)
+	// The percent, not the exact spend (status.budget.spent): a message
+	// that changed at every reconcile would be a status write each time.
+	spend := fmt.Sprintf("spent %d%% of the budget of %s %s for %s", st.Percent, b.Amount.String(), st.Currency, st.Period)
 	threshold := metav1.Condition{Type: gpuaas.ConditionBudgetThresholdReached, Status: metav1.ConditionFalse,
 		Reason: gpuaas.ReasonBelowThresholds, Message: spend + "; no threshold reached"}
 	if n := len(st.ThresholdsCrossed); n > 0 {

@@ -170,3 +170,26 @@ func TestIdleHeld(t *testing.T) {
 		t.Errorf("nothing idle: %+v", got)
 	}
 }
+
+// The spend grows at every reconcile; the quota's status is written only
+// when the percent (or anything else) changes, not at each reconcile.
+func TestBudgetStatusWrittenPerPercent(t *testing.T) {
+	clk := newClock()
+	api := newAPI(t, profile("whole", "3.60"), allocated("c1", "whole", "whole-0"), budgetQuota("10", gpuaas.BudgetActionNotify))
+	r := newRecorder(api, clk)
+	reconcileOK(t, r)
+	versions := map[string]bool{}
+	for s := 0; s < 90; s += 10 { // 0.09% of the budget in 90 s
+		clk.t = at(time.Duration(s) * time.Second)
+		reconcileOK(t, r)
+		versions[quotaIn(t, api).ResourceVersion] = true
+	}
+	if len(versions) != 1 {
+		t.Errorf("status written %d times within one percent", len(versions))
+	}
+	clk.t = at(110 * time.Minute) // 66%
+	reconcileOK(t, r)
+	if st := quotaIn(t, api).Status.Budget; st.Percent != 66 || st.Spent != "6.600000" {
+		t.Errorf("after a percent: %+v", st)
+	}
+}
