@@ -231,6 +231,9 @@ func (d *demo) run(ctx context.Context) error {
 	if !scen.health && !scen.shapes && !scen.queueing && !scen.use {
 		d.out.printf("\nBuilt-in scenarios not run (they go with the built-in specs; --scenarios=%s runs them).\n", strings.Join(scenarioNames, ","))
 	}
+	if err := d.reportStatements(ctx); err != nil {
+		return err
+	}
 	d.reportMonitoring(ctx)
 	return nil
 }

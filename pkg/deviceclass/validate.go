@@ -22,7 +22,7 @@ var compiler = cel.GetCompiler(cel.Features{EnableConsumableCapacity: true})
 // Validate checks a profile: the selector (types, MIG profile name, the CEL
 // expression compiled and cost-checked the way the apiserver checks
 // DeviceClass selectors), the opaque config (decoded strictly, and of a kind
-// that fits the device type) and the extended resource name. Errors name
+// that fits the device type), the extended resource name and the price. Errors name
 // the field.
 func Validate(p *gpuaas.GpuProfile, publishedMig map[string]bool) field.ErrorList {
 	spec := field.NewPath("spec")
@@ -30,6 +30,8 @@ func Validate(p *gpuaas.GpuProfile, publishedMig map[string]bool) field.ErrorLis
 	errs = append(errs, validateSelector(spec.Child("selector"), &p.Spec.Selector, publishedMig)...)
 	errs = append(errs, validateConfig(spec.Child("config"), p)...)
 	errs = append(errs, validateExtendedResourceName(spec.Child("extendedResourceName"), ptr.Deref(p.Spec.ExtendedResourceName, ""))...)
+	// A negative price would make the cost counters go down.
+	errs = append(errs, p.Spec.Price.Validate(spec.Child("price"))...)
 	return errs
 }
 

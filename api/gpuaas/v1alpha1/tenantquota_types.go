@@ -90,6 +90,13 @@ type TenantQuotaSpec struct {
 	// acted on.
 	// +optional
 	IdlePolicy *IdlePolicy `json:"idlePolicy,omitempty"`
+
+	// Budget is what the tenant may spend per billing period (a UTC
+	// month), with thresholds that raise conditions, events and alerts,
+	// and an optional refusal of new claims at 100% (docs/platform.md,
+	// "Budgets").
+	// +optional
+	Budget *Budget `json:"budget,omitempty"`
 }
 
 // TenantKueue names the Kueue ClusterQueue kept for a tenant.
@@ -191,9 +198,15 @@ type TenantQuotaStatus struct {
 	// +optional
 	ClaimsCounted int32 `json:"claimsCounted"`
 
+	// Budget is the current period's spend against spec.budget, written
+	// by the billing recorder.
+	// +optional
+	Budget *BudgetStatus `json:"budget,omitempty"`
+
 	// Conditions: Ready (the quota is valid and enforced),
 	// NamespaceConflict (another quota claims one of the namespaces),
-	// OverQuota (usage is above a limit, e.g. after the limit was lowered).
+	// OverQuota (usage is above a limit, e.g. after the limit was lowered),
+	// IdleClaims, BudgetThresholdReached and BudgetExhausted.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

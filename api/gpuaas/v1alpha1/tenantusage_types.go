@@ -13,6 +13,7 @@ type Price struct {
 	// ("2.50"): a whole GPU is one unit, a 1g slice of a 7-slice GPU 1/7,
 	// a share of a shared GPU its memory's fraction, so that a slice or a
 	// share costs its part of the GPU at the same rate.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="perGpuUnitHour must not be negative"
 	PerGpuUnitHour resource.Quantity `json:"perGpuUnitHour"`
 }
 

@@ -37,7 +37,50 @@ func (q *TenantQuota) Validate() field.ErrorList {
 		errs = append(errs, nonNegative(path.Child("gpuMemory"), b.GpuMemory)...)
 	}
 	errs = append(errs, q.Spec.IdlePolicy.Validate(spec.Child("idlePolicy"))...)
+	errs = append(errs, q.Spec.Budget.Validate(spec.Child("budget"))...)
 	return errs
+}
+
+// Validate checks a budget at path: a positive amount, thresholds between
+// 1 and 1000 percent without repeats, a known action. A nil budget is
+// valid.
+func (b *Budget) Validate(path *field.Path) field.ErrorList {
+	if b == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if b.Amount.Sign() <= 0 {
+		errs = append(errs, field.Invalid(path.Child("amount"), b.Amount.String(), "must be positive"))
+	}
+	if len(b.Thresholds) > 10 {
+		errs = append(errs, field.TooMany(path.Child("thresholds"), len(b.Thresholds), 10))
+	}
+	seen := map[int32]bool{}
+	for i, t := range b.Thresholds {
+		switch {
+		case t < 1 || t > 1000:
+			errs = append(errs, field.Invalid(path.Child("thresholds").Index(i), t, "must be between 1 and 1000 (percent of the amount)"))
+		case seen[t]:
+			errs = append(errs, field.Duplicate(path.Child("thresholds").Index(i), t))
+		}
+		seen[t] = true
+	}
+	switch b.Action {
+	case "", BudgetActionNotify, BudgetActionRefuseNewClaims:
+	default:
+		errs = append(errs, field.NotSupported(path.Child("action"), b.Action,
+			[]BudgetAction{BudgetActionNotify, BudgetActionRefuseNewClaims}))
+	}
+	return errs
+}
+
+// Validate checks a price at path: not negative (a negative price would
+// make the cost counters go down). A nil price is valid.
+func (p *Price) Validate(path *field.Path) field.ErrorList {
+	if p == nil {
+		return nil
+	}
+	return nonNegative(path.Child("perGpuUnitHour"), &p.PerGpuUnitHour)
 }
 
 // Validate checks what the CRD schema does not of an idle policy at path:

@@ -43,6 +43,15 @@ func TestTenantQuotaValidate(t *testing.T) {
 		{"idle policy with a negative warning", TenantQuotaSpec{Namespaces: []string{"a"}, IdlePolicy: &IdlePolicy{
 			Duration: metav1.Duration{Duration: time.Hour}, Warning: &metav1.Duration{Duration: -time.Minute}, Action: IdleActionEvict}},
 			[]string{"spec.idlePolicy.warning", "must not be negative"}},
+		{"budget", TenantQuotaSpec{Namespaces: []string{"a"}, Budget: &Budget{Amount: *qty("1000"), Thresholds: []int32{50, 90, 120},
+			Action: BudgetActionRefuseNewClaims}}, nil},
+		{"budget of zero", TenantQuotaSpec{Namespaces: []string{"a"}, Budget: &Budget{Amount: *qty("0")}},
+			[]string{"spec.budget.amount", "must be positive"}},
+		{"budget with bad thresholds", TenantQuotaSpec{Namespaces: []string{"a"}, Budget: &Budget{Amount: *qty("10"),
+			Thresholds: []int32{0, 80, 80, 2000}}},
+			[]string{"spec.budget.thresholds[0]", "spec.budget.thresholds[2]: Duplicate", "spec.budget.thresholds[3]", "between 1 and 1000"}},
+		{"budget with an unknown action", TenantQuotaSpec{Namespaces: []string{"a"}, Budget: &Budget{Amount: *qty("10"), Action: "Stop"}},
+			[]string{"spec.budget.action", `"Stop"`, "RefuseNewClaims"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,6 +70,24 @@ func TestTenantQuotaValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestBudgetEffectiveThresholds(t *testing.T) {
+	if got := (&Budget{}).EffectiveThresholds(); len(got) != 3 || got[0] != 50 || got[2] != 100 {
+		t.Errorf("default thresholds %v", got)
+	}
+	if got := (&Budget{Thresholds: []int32{90, 20, 50}}).EffectiveThresholds(); got[0] != 20 || got[1] != 50 || got[2] != 90 {
+		t.Errorf("sorted thresholds %v", got)
+	}
+}
+
+func TestPriceValidate(t *testing.T) {
+	if errs := (&Price{PerGpuUnitHour: *qty("-1")}).Validate(nil); len(errs) != 1 || !strings.Contains(errs[0].Error(), "must not be negative") {
+		t.Errorf("negative price: %v", errs)
+	}
+	if errs := (&Price{PerGpuUnitHour: *qty("0")}).Validate(nil); len(errs) != 0 {
+		t.Errorf("zero price: %v", errs)
 	}
 }
 

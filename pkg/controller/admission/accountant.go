@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -130,6 +132,52 @@ type tenancy struct {
 	invalid map[string]string // quota name -> why it is not enforced
 	assign  quota.Assignment
 	owner   map[string]string // namespace -> quota name
+	// budgets are the exhausted budgets whose action refuses new claims,
+	// by quota name.
+	budgets map[string]exhaustedBudget
+}
+
+// exhaustedBudget is a budget the billing recorder found spent, in its
+// period.
+type exhaustedBudget struct{ period, message string }
+
+// budgetRefusal is why the tenant's new claims are refused for its budget,
+// or "": the recorder found the budget of the current period exhausted and
+// its action is RefuseNewClaims. One of a past period refuses nothing (a
+// new month starts with a new budget, before the recorder says so).
+func (t *tenancy) budgetRefusal(owner string, now time.Time) string {
+	b, ok := t.budgets[owner]
+	if !ok || b.period != now.UTC().Format("2006-01") {
+		return ""
+	}
+	return b.message
+}
+
+// budgetOf is the quota's exhausted budget that refuses new claims, if any.
+func budgetOf(q *gpuaas.TenantQuota) (exhaustedBudget, bool) {
+	b, st := q.Spec.Budget, q.Status.Budget
+	if b == nil || b.Action != gpuaas.BudgetActionRefuseNewClaims || st == nil {
+		return exhaustedBudget{}, false
+	}
+	c := meta.FindStatusCondition(q.Status.Conditions, gpuaas.ConditionBudgetExhausted)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return exhaustedBudget{}, false
+	}
+	// Judged against the budget it was computed with: a raised budget
+	// admits again at once.
+	if st.Amount.Cmp(b.Amount) != 0 {
+		return exhaustedBudget{}, false
+	}
+	return exhaustedBudget{period: st.Period, message: fmt.Sprintf(
+		"the budget of TenantQuota %q for %s is exhausted (spent %s %s of %s): new claims are refused until the period ends or the budget is raised",
+		q.Name, st.Period, st.Spent, st.Currency, b.Amount.String())}, true
+}
+
+// BudgetStateChanged: the budget status the claim webhook acts on differs.
+func BudgetStateChanged(o, q *gpuaas.TenantQuota) bool {
+	ob, ook := budgetOf(o)
+	nb, nok := budgetOf(q)
+	return ook != nok || ob != nb
 }
 
 type cachedCharge struct {
@@ -284,10 +332,14 @@ func (a *Accountant) tenancyLocked(ctx context.Context) (*tenancy, error) {
 // newTenancy resolves which quota each namespace is charged to; a quota
 // that fails validation is kept (its namespaces are refused) and flagged.
 func newTenancy(gen int64, quotas []gpuaas.TenantQuota, namespaces []corev1.Namespace) *tenancy {
-	ten := &tenancy{gen: gen, tenants: map[string]quota.Tenant{}, invalid: map[string]string{}, owner: map[string]string{}}
+	ten := &tenancy{gen: gen, tenants: map[string]quota.Tenant{}, invalid: map[string]string{}, owner: map[string]string{},
+		budgets: map[string]exhaustedBudget{}}
 	ten.quotas, ten.assign = quota.Resolve(quotas, namespaces)
 	for _, q := range ten.quotas {
 		ten.tenants[q.Name] = quota.TenantFromQuota(q)
+		if b, ok := budgetOf(q); ok {
+			ten.budgets[q.Name] = b
+		}
 		if errs := q.Validate(); len(errs) > 0 {
 			ten.invalid[q.Name] = errs.ToAggregate().Error()
 		}

@@ -186,13 +186,18 @@ const resourceTenant = "tenant"
 // tenant's reservations, or its book, are at their cap (see maxBookBytes).
 const resourceLedger = "reservations"
 
+// resourceBudget is the Decision.Resource of a claim refused because its
+// tenant's budget is exhausted and its action is RefuseNewClaims.
+const resourceBudget = "budget"
+
 // overrulable: a refusal for a limit, which whoever may admit past the
 // quota (Kueue) can overrule; not one for the tenancy, nor one for a claim
 // that cannot be priced, whose cost nobody could cap, nor one for a
-// shape's instances (Kueue charges devices, not shapes).
+// shape's instances (Kueue charges devices, not shapes), nor one for the
+// budget (Kueue knows no money).
 func overrulable(resource string) bool {
 	return resource != resourceTenant && resource != quota.ResourceUnpriced && resource != resourceLedger &&
-		!quota.IsShapeResource(resource)
+		resource != resourceBudget && !quota.IsShapeResource(resource)
 }
 
 // overruling is what lets a claim past its tenant's limits: who decided
@@ -312,6 +317,10 @@ func (a *Accountant) decide(ctx context.Context, claim *resourceapi.ResourceClai
 	case ten.invalid[owner] != "":
 		adm.Allowed, adm.Resource = false, resourceTenant
 		adm.Reason = fmt.Sprintf("TenantQuota %q is invalid and refuses every claim until it is fixed: %s", owner, ten.invalid[owner])
+		return adm, nil
+	}
+	if msg := ten.budgetRefusal(owner, a.now()); msg != "" {
+		adm.Allowed, adm.Resource, adm.Reason = false, resourceBudget, msg
 		return adm, nil
 	}
 	tenant := ten.tenants[owner]

@@ -63,7 +63,8 @@ func observeClaimList(ctx context.Context, inf cache.Informer, reg toolscache.Re
 }
 
 // quotaHandler invalidates the tenancy when a quota comes, goes or changes
-// its spec (its generation). Not on a status write: the reconciler writes
+// its spec (its generation), or its budget's refusal (BudgetStateChanged).
+// Not on another status write: the reconciler writes
 // the status of a quota whose usage changed, after nearly every admission,
 // and a new tenancy rebuilds every cohort's running total.
 func quotaHandler(acct *Accountant, n *Nudger) toolscache.ResourceEventHandlerFuncs {
@@ -72,7 +73,9 @@ func quotaHandler(acct *Accountant, n *Nudger) toolscache.ResourceEventHandlerFu
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*gpuaas.TenantQuota)
 			q, ok2 := newObj.(*gpuaas.TenantQuota)
-			if !ok1 || !ok2 || o.Generation != q.Generation {
+			// A budget exhausted or lifted is a status write the claim
+			// webhook acts on; it is rare.
+			if !ok1 || !ok2 || o.Generation != q.Generation || BudgetStateChanged(o, q) {
 				acct.invalidateTenancy()
 			}
 			n.Kick()

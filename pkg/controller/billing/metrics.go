@@ -19,6 +19,26 @@ var (
 		"Cost per tenant, profile (or shape) and GPU model at the prices that applied, from the TenantUsage records.",
 		[]string{"tenant", "profile", "gpu_model", "currency"}, nil)
 
+	budgetAmountDesc = prometheus.NewDesc("gpuaas_tenant_budget_amount",
+		"The TenantQuota's budget per billing period (a UTC month), in the billing currency.",
+		[]string{"tenant", "currency"}, nil)
+	budgetSpentDesc = prometheus.NewDesc("gpuaas_tenant_budget_spent",
+		"What the tenant spent in the current billing period so far, from the TenantUsage records, in the billing currency.",
+		[]string{"tenant", "currency"}, nil)
+	budgetRatioDesc = prometheus.NewDesc("gpuaas_tenant_budget_spent_ratio",
+		"What the tenant spent in the current billing period over its budget (1 is the whole budget).",
+		[]string{"tenant"}, nil)
+	budgetThresholdDesc = prometheus.NewDesc("gpuaas_tenant_budget_threshold_ratio",
+		"Each threshold of the tenant's budget as a ratio of the amount (0.8 for 80 percent), for alerts that compare the spent ratio with the tenant's own thresholds.",
+		[]string{"tenant", "threshold"}, nil)
+
+	idleUnitsDesc = prometheus.NewDesc("gpuaas_tenant_idle_gpu_units",
+		"GPU units the tenant's allocated claims hold on devices whose plugin reports them Idle (held, billed and unused), at the billing recorder's last reconcile.",
+		[]string{"tenant"}, nil)
+	idleCostDesc = prometheus.NewDesc("gpuaas_tenant_idle_cost_per_hour",
+		"What the GPU units the tenant holds idle cost per hour at their prices: integrated over time, the idle cost.",
+		[]string{"tenant", "currency"}, nil)
+
 	registerOnce sync.Once
 )
 
@@ -37,6 +57,12 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unitSecondsDesc
 	ch <- usageDesc
 	ch <- costDesc
+	ch <- budgetAmountDesc
+	ch <- budgetSpentDesc
+	ch <- budgetRatioDesc
+	ch <- budgetThresholdDesc
+	ch <- idleUnitsDesc
+	ch <- idleCostDesc
 }
 
 type costKey struct{ tenant, profile, model string }
@@ -52,6 +78,23 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(usageDesc, prometheus.CounterValue, f, k.tenant, k.profile, k.model)
 		money, _ := cost[k].Float64()
 		ch <- prometheus.MustNewConstMetric(costDesc, prometheus.CounterValue, money, k.tenant, k.profile, k.model, currency)
+	}
+	for tenant, b := range c.r.budgetMetrics() {
+		amount, _ := b.amount.Float64()
+		spent, _ := b.spent.Float64()
+		ratio, _ := new(big.Rat).Quo(b.spent, b.amount).Float64()
+		ch <- prometheus.MustNewConstMetric(budgetAmountDesc, prometheus.GaugeValue, amount, tenant, currency)
+		ch <- prometheus.MustNewConstMetric(budgetSpentDesc, prometheus.GaugeValue, spent, tenant, currency)
+		ch <- prometheus.MustNewConstMetric(budgetRatioDesc, prometheus.GaugeValue, ratio, tenant)
+		for _, t := range b.thresholds {
+			ch <- prometheus.MustNewConstMetric(budgetThresholdDesc, prometheus.GaugeValue, float64(t)/100, tenant, thresholdLabel(t))
+		}
+	}
+	for tenant, h := range c.r.idleNow() {
+		units, _ := h.units.Float64()
+		cost, _ := h.costPerHour.Float64()
+		ch <- prometheus.MustNewConstMetric(idleUnitsDesc, prometheus.GaugeValue, units, tenant)
+		ch <- prometheus.MustNewConstMetric(idleCostDesc, prometheus.GaugeValue, cost, tenant, currency)
 	}
 }
 

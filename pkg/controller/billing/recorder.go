@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/big"
 	"slices"
 	"sort"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -45,6 +47,8 @@ type Recorder struct {
 	Now    func() time.Time
 	// Shapes: GpuShapes are served (and so priced).
 	Shapes bool
+	// Events raises the budgets' threshold events (nil: none).
+	Events events.EventRecorder
 
 	mu     sync.Mutex
 	loaded bool
@@ -56,6 +60,12 @@ type Recorder struct {
 	// no longer sees ended now; one it never saw (a previous leader's)
 	// ended at its lastSeen, uncertain.
 	seen map[string]bool
+	// budgets are the tenants' budgets the last sync saw (budget.go).
+	budgets map[string]budgetState
+	// idle are the GPU units, and their cost per hour, that each tenant's
+	// claims held on devices the plugin reports Idle=True at the last
+	// reconcile (idle.go).
+	idle map[string]idleHeld
 }
 
 // observation is one device a claim holds now, as it would be recorded.
@@ -74,7 +84,10 @@ func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		return reconcile.Result{}, err
 	}
 	r.apply(ctx, observed, now)
-	if err := r.flush(ctx); err != nil {
+	// The budgets are judged on the records as this leader knows them,
+	// written or still to be.
+	budgetErr := r.syncBudgets(ctx, now)
+	if err := errors.Join(r.flush(ctx), budgetErr); err != nil {
 		// Kept in memory: the next try writes what is new since too.
 		return reconcile.Result{}, err
 	}
@@ -114,6 +127,7 @@ func (r *Recorder) observe(ctx context.Context, now time.Time) (map[string]obser
 		return nil, fmt.Errorf("listing ResourceClaims: %w", err)
 	}
 	out := map[string]observation{}
+	idle := map[string]idleHeld{}
 	for i := range claims.Items {
 		claim := &claims.Items[i]
 		if claim.Status.Allocation == nil {
@@ -126,11 +140,18 @@ func (r *Recorder) observe(ctx context.Context, now time.Time) (map[string]obser
 		if tenant == "" {
 			continue
 		}
+		if _, ok := idle[tenant]; !ok { // "none idle" is a value, not an absent series
+			idle[tenant] = idleHeld{units: new(big.Rat), costPerHour: new(big.Rat)}
+		}
 		for _, h := range held {
 			rec := recordOf(claim, tenant, h, prices, now)
 			out[recordKey(&rec)] = observation{rec: rec}
+			if deviceIdle(claim, h.Device) {
+				addIdle(idle, &rec)
+			}
 		}
 	}
+	r.idle = idle
 	return out, nil
 }
 

@@ -72,7 +72,7 @@ func newAPI(t *testing.T, objs ...client.Object) client.WithWatch {
 		t.Fatal(err)
 	}
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
-		WithStatusSubresource(&gpuaas.TenantUsage{}, &resourceapi.ResourceClaim{}).Build()
+		WithStatusSubresource(&gpuaas.TenantUsage{}, &resourceapi.ResourceClaim{}, &gpuaas.TenantQuota{}).Build()
 }
 
 // newRecorder is a leader starting: nothing in memory, the API's records.

@@ -9,6 +9,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -240,5 +241,26 @@ func TestClaimWebhookRefusesUnavailableShape(t *testing.T) {
 	ok := claim("a", "ok", "h100", 1)
 	if resp := h.Handle(ctx(t), request(t, admissionv1.Create, "a", ok.Name, ok)); !resp.Allowed {
 		t.Fatalf("claim after a refusal denied: %+v", resp.Result)
+	}
+}
+
+// A negative price made the cost counters go down; the recorder ignored it
+// and logged, so the admin learned of it from the controller's log at
+// best. The webhook refuses it, naming the field.
+func TestProfileWebhookRefusesNegativePrice(t *testing.T) {
+	acct, _ := newAccountant(t, world(t)...)
+	s, _ := testworld.Scheme()
+	ph := &profileWebhook{acct: acct, decoder: admission.NewDecoder(s)}
+	for price, allowed := range map[string]bool{"-0.50": false, "0": true, "2.5": true} {
+		p := gpuProfile("priced", gpuaas.ProfileSelector{MigProfile: "3g.40gb"})
+		p.Spec.Price = &gpuaas.Price{PerGpuUnitHour: resource.MustParse(price)}
+		resp := ph.Handle(ctx(t), request(t, admissionv1.Create, "", p.Name, p))
+		if resp.Allowed != allowed {
+			t.Errorf("price %s: allowed %v, want %v (%+v)", price, resp.Allowed, allowed, resp.Result)
+		}
+		if !allowed && (resp.Result == nil || !strings.Contains(resp.Result.Message, "spec.price.perGpuUnitHour") ||
+			!strings.Contains(resp.Result.Message, "must not be negative")) {
+			t.Errorf("price %s: the refusal does not name the field: %+v", price, resp.Result)
+		}
 	}
 }
