@@ -70,6 +70,18 @@ func hardwareProfileCases() []*gpuaas.GpuProfile {
 	}
 }
 
+// hardwareProfileShape is a GpuShape with the admin's ranges: a GPU and
+// another driver's NIC.
+func hardwareProfileShape() *gpuaas.GpuShape {
+	return &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "gpu-slot"}, Spec: gpuaas.GpuShapeSpec{
+		DisplayName: "One GPU and its NIC",
+		Requests:    []gpuaas.ShapeRequest{{Name: "gpu", Profile: "whole-h100"}, {Name: "nic", DeviceClassName: "nic.example.com"}},
+		HardwareProfile: &gpuaas.HardwareProfileSettings{
+			CPU: &gpuaas.ResourceRange{Default: ptr.To(resource.MustParse("4"))},
+		},
+	}}
+}
+
 // TestHardwareProfilesValidateAgainstTheSchema: every object the renderer
 // writes is accepted by a HardwareProfile CRD written from the API's
 // fields, with strict field validation (an unknown or misplaced field is an
@@ -78,15 +90,37 @@ func TestHardwareProfilesValidateAgainstTheSchema(t *testing.T) {
 	ctx := framework.Context(t, 2*time.Minute)
 	installHardwareProfileCRD(t, ctx)
 	ns := cp.CreateNamespace(t, "hwp-schema")
+	var rendered []*unstructured.Unstructured
 	for _, p := range hardwareProfileCases() {
 		hp, err := hardwareprofile.Render(p, ns)
 		if err != nil {
 			t.Fatal(err)
 		}
+		rendered = append(rendered, hp)
+	}
+	// A profile in a Kueue-managed tenant's namespace, and shapes (their
+	// template named in spec.dra), Node- and Queue-scheduled.
+	inTenant, err := hardwareprofile.RenderIn(hardwareProfileCases()[1], ns, hardwareprofile.Scheduling{LocalQueue: "gpus", PriorityClass: "batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTenant.SetName("in-tenant")
+	rendered = append(rendered, inTenant)
+	for _, sched := range []hardwareprofile.Scheduling{{}, {LocalQueue: "gpus"}} {
+		hp, err := hardwareprofile.RenderShape(hardwareProfileShape(), ns, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sched.LocalQueue != "" {
+			hp.SetName("gpu-slot-queued")
+		}
+		rendered = append(rendered, hp)
+	}
+	for _, hp := range rendered {
 		hp.SetOwnerReferences(nil) // no GpuProfile here: the garbage collector would take it
 		created, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Create(ctx, hp, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
 		if err != nil {
-			t.Fatalf("HardwareProfile of GpuProfile %s refused: %v", p.Name, err)
+			t.Fatalf("HardwareProfile %s refused: %v", hp.GetName(), err)
 		}
 		if !reflect.DeepEqual(hp.Object["spec"], created.Object["spec"]) {
 			t.Errorf("HardwareProfile %s: spec read back %v, want %v as written", hp.GetName(), created.Object["spec"], hp.Object["spec"])
