@@ -54,6 +54,10 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 	}
 	// The rendered transformations charge extended resources in GPU
 	// units only with Kueue's own DRA path for them off (docs/kueue.md).
+	// The dashboard's workloads (dashboardStep) ask CPU and memory too,
+	// which the ClusterQueues here do not cover: Kueue leaves them to the
+	// scheduler.
+	resources["excludeResourcePrefixes"] = []any{"cpu", "memory"}
 	k, err := d.cp.StartKueue(ctx, framework.KueueOptions{Resources: resources, FeatureGates: kueue.ExtendedResourceGate + "=false"})
 	if err != nil {
 		return err
@@ -75,7 +79,7 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 			return err
 		}
 	}
-	return nil
+	return d.dashboardStep(ctx, root)
 }
 
 // ensureProfiles creates the catalog entries (GpuProfiles) that the claim
