@@ -306,4 +306,3 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 		t.Fatalf("HardwareProfile %s/%s still there after its GpuShape was deleted: %v", ns1, name, err)
 	}
 }
-
