@@ -47,6 +47,9 @@ func (d *demo) dashboardStep(ctx context.Context, root string) error {
 	if _, err := d.cp.Apply(ctx, filepath.Join(root, "test", "e2e", "testdata", "hardwareprofile"), ""); err != nil {
 		return fmt.Errorf("installing the HardwareProfile CRD: %w", err)
 	}
+	if err := d.ensureCatalogProfiles(ctx, root, "OpenShift AI", dashboardProfile); err != nil {
+		return err
+	}
 	if err := d.applyQueueing(ctx, filepath.Join(root, "demo", "queueing", "30-dashboard.yaml")); err != nil {
 		return err
 	}
