@@ -239,14 +239,18 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 	ctx := framework.Context(t, 3*time.Minute)
 	installHardwareProfileCRD(t, ctx)
 	startControllerWith(t, func(o *controller.Options) { o.HardwareProfilesPerTenant = true })
+	// The profile is published per tenant too: the shape has a name of
+	// its own (one name for both meets in the tenant's namespace, and the
+	// first there keeps it).
 	name := uniqueName("hwp-slot")
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
-	waitForProfileReady(t, name)
+	part := name + "-gpu"
+	createObject(t, profile(part, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
+	waitForProfileReady(t, part)
 	ns1, ns2 := cp.CreateNamespace(t, "hwp-shape"), cp.CreateNamespace(t, "hwp-shape")
 	q := quotaFor(name, []string{ns1, ns2}, gpuaas.QuotaLimits{})
 	createObject(t, q)
 	shape := &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: gpuaas.GpuShapeSpec{
-		DisplayName: "One GPU", Requests: []gpuaas.ShapeRequest{{Name: "gpu", Profile: name}}, Tenants: []string{name},
+		DisplayName: "One GPU", Requests: []gpuaas.ShapeRequest{{Name: "gpu", Profile: part}}, Tenants: []string{name},
 	}}
 	createObject(t, shape)
 
