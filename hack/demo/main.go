@@ -431,7 +431,9 @@ func (d *demo) startController(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.controller, err = d.cp.StartController(ctx, bin, "--kueue")
+	// Per tenant: the queueing scenario's dashboard step publishes the
+	// catalog as HardwareProfiles once it installs their CRD.
+	d.controller, err = d.cp.StartController(ctx, bin, "--kueue", "--hardware-profiles-per-tenant")
 	return err
 }
 

@@ -54,6 +54,10 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 	}
 	// The rendered transformations charge extended resources in GPU
 	// units only with Kueue's own DRA path for them off (docs/kueue.md).
+	// The dashboard's workloads (dashboardStep) ask CPU and memory too,
+	// which the ClusterQueues here do not cover: Kueue leaves them to the
+	// scheduler.
+	resources["excludeResourcePrefixes"] = []any{"cpu", "memory"}
 	k, err := d.cp.StartKueue(ctx, framework.KueueOptions{Resources: resources, FeatureGates: kueue.ExtendedResourceGate + "=false"})
 	if err != nil {
 		return err
@@ -75,7 +79,7 @@ func (d *demo) queueingScenario(ctx context.Context, objs []*unstructured.Unstru
 			return err
 		}
 	}
-	return nil
+	return d.dashboardStep(ctx, root)
 }
 
 // ensureProfiles creates the catalog entries (GpuProfiles) that the claim
@@ -92,12 +96,18 @@ func (d *demo) ensureProfiles(ctx context.Context, root, scenario string, files 
 		}
 		jobs = append(jobs, objs...)
 	}
+	return d.ensureCatalogProfiles(ctx, root, scenario, claimClasses(jobs)...)
+}
+
+// ensureCatalogProfiles creates the named GpuProfiles the cluster lacks
+// from the built-in demo/specs/quota/00-profiles.yaml.
+func (d *demo) ensureCatalogProfiles(ctx context.Context, root, scenario string, names ...string) error {
 	catalog, err := framework.ReadObjects(filepath.Join(root, "demo", "specs", "quota", "00-profiles.yaml"))
 	if err != nil {
 		return err
 	}
 	profiles := d.cp.Dynamic.Resource(gpuProfiles)
-	for _, p := range profilesFor(claimClasses(jobs), catalog) {
+	for _, p := range profilesFor(names, catalog) {
 		_, err := profiles.Get(ctx, p.GetName(), metav1.GetOptions{})
 		if err == nil {
 			continue
@@ -105,7 +115,7 @@ func (d *demo) ensureProfiles(ctx context.Context, root, scenario string, files 
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("getting GpuProfile %s: %w", p.GetName(), err)
 		}
-		d.out.printf("%s: adding GpuProfile %s (demo/specs/quota), which its claims use.\n", scenario, p.GetName())
+		d.out.printf("%s: adding GpuProfile %s (demo/specs/quota), which it uses.\n", scenario, p.GetName())
 		if _, err := d.cp.ApplyObject(ctx, p, ""); err != nil {
 			return err
 		}

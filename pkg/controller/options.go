@@ -99,6 +99,14 @@ type Options struct {
 	// (pkg/controller/hardwareprofiles); empty publishes none.
 	HardwareProfileNamespace string
 
+	// HardwareProfilesPerTenant publishes each GpuProfile as a
+	// HardwareProfile in every tenant's namespaces too, scheduled as the
+	// tenant is (Queue with its LocalQueue where it is Kueue-managed, Node
+	// otherwise). GpuShapes are published in their tenants' namespaces
+	// holding their templates whenever either this or
+	// HardwareProfileNamespace is set.
+	HardwareProfilesPerTenant bool
+
 	// QuotaBackstop keeps a ResourceQuota in each namespace of a
 	// TenantQuota with device limits, so the API server enforces those
 	// limits too, whatever the webhook does (backstop.go). With Kueue,

@@ -265,8 +265,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 			return err
 		}
 	}
-	if opts.HardwareProfileNamespace != "" {
-		if err := hardwareprofiles.Setup(mgr, direct, opts.HardwareProfileNamespace, opts.Resync); err != nil {
+	if opts.HardwareProfileNamespace != "" || opts.HardwareProfilesPerTenant {
+		cfg := hardwareprofiles.Config{Namespace: opts.HardwareProfileNamespace, PerTenant: opts.HardwareProfilesPerTenant, Resync: opts.Resync}
+		if err := hardwareprofiles.Setup(mgr, direct, cfg); err != nil {
 			return err
 		}
 	}

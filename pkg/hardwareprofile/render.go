@@ -1,6 +1,7 @@
-// Package hardwareprofile renders a GpuProfile into the OpenShift AI /
-// Open Data Hub HardwareProfile (infrastructure.opendatahub.io/v1,
-// namespaced) the dashboard offers it as. Pure functions over the API types,
+// Package hardwareprofile renders a GpuProfile or a GpuShape into the
+// OpenShift AI / Open Data Hub HardwareProfile
+// (infrastructure.opendatahub.io/v1, namespaced) the dashboard offers it
+// as. Pure functions over the API types,
 // no client code: pkg/controller/hardwareprofiles writes what they render.
 //
 // The object is unstructured: the opendatahub-operator's Go types are not a
@@ -72,27 +73,40 @@ type Range struct {
 	Min, Default, Max resource.Quantity
 }
 
+// Scheduling is how workloads started with a HardwareProfile are
+// scheduled: through a Kueue LocalQueue (type Queue) where LocalQueue is
+// set, else by the scheduler alone (type Node).
+type Scheduling struct {
+	LocalQueue    string
+	PriorityClass string
+}
+
+// SchedulingOf is the scheduling a profile's own settings say: what it is
+// published with in the global namespace.
+func SchedulingOf(s gpuaas.HardwareProfileSettings) Scheduling {
+	return Scheduling{LocalQueue: s.LocalQueueName, PriorityClass: s.PriorityClass}
+}
+
 // Render is the HardwareProfile for profile p in namespace, owned by p (so
-// it goes with it). A disabled or deleted profile renders too, marked
-// disabled: the dashboard stops offering it while workloads that name it
-// keep their reference. It fails where the admin's ranges do not hold
-// (min <= default <= max).
+// it goes with it), scheduled as its settings say. A disabled or deleted
+// profile renders too, marked disabled: the dashboard stops offering it
+// while workloads that name it keep their reference. It fails where the
+// admin's ranges do not hold (min <= default <= max).
 func Render(p *gpuaas.GpuProfile, namespace string) (*unstructured.Unstructured, error) {
 	settings := ptr.Deref(p.Spec.HardwareProfile, gpuaas.HardwareProfileSettings{})
-	cpu, err := rangeOf(settings.CPU, DefaultCPU)
-	if err != nil {
-		return nil, fmt.Errorf("GpuProfile %s: spec.hardwareProfile.cpu: %w", p.Name, err)
-	}
-	memory, err := rangeOf(settings.Memory, DefaultMemory)
-	if err != nil {
-		return nil, fmt.Errorf("GpuProfile %s: spec.hardwareProfile.memory: %w", p.Name, err)
-	}
 	if settings.PriorityClass != "" && settings.LocalQueueName == "" {
 		return nil, fmt.Errorf("GpuProfile %s: spec.hardwareProfile.priorityClass needs localQueueName (Kueue's priority applies to queued workloads only)", p.Name)
 	}
-	identifiers := []any{
-		identifier("CPU", "cpu", ResourceTypeCPU, cpu),
-		identifier("Memory", "memory", ResourceTypeMemory, memory),
+	return RenderIn(p, namespace, SchedulingOf(settings))
+}
+
+// RenderIn is Render with the scheduling given: a tenant's namespace is
+// scheduled as the tenant is (its LocalQueue where Kueue manages it).
+func RenderIn(p *gpuaas.GpuProfile, namespace string, sched Scheduling) (*unstructured.Unstructured, error) {
+	settings := ptr.Deref(p.Spec.HardwareProfile, gpuaas.HardwareProfileSettings{})
+	identifiers, err := baseIdentifiers(settings)
+	if err != nil {
+		return nil, fmt.Errorf("GpuProfile %s: %w", p.Name, err)
 	}
 	if ern := p.Spec.ExtendedResourceName; ern != nil && *ern != "" {
 		maxDevices := int64(DefaultMaxDevices)
@@ -104,15 +118,75 @@ func Render(p *gpuaas.GpuProfile, namespace string) (*unstructured.Unstructured,
 			"minCount": int64(1), "defaultCount": int64(1), "maxCount": maxDevices,
 		})
 	}
+	hp := object(namespace, Name(p.Name), Annotations(p), deviceclass.OwnerReference(p))
+	hp.Object["spec"] = map[string]any{"identifiers": identifiers, "scheduling": sched.render()}
+	return hp, nil
+}
+
+// RenderShape is the HardwareProfile for shape s in namespace, one of its
+// tenants' namespaces holding its ResourceClaimTemplate, which
+// spec.dra.resourceClaimTemplateName names (the template has the shape's
+// name: pkg/shape.Template). Owned by s, so it goes with it. No
+// Accelerator identifier: the devices come from the template's claim.
+func RenderShape(s *gpuaas.GpuShape, namespace string, sched Scheduling) (*unstructured.Unstructured, error) {
+	settings := ptr.Deref(s.Spec.HardwareProfile, gpuaas.HardwareProfileSettings{})
+	identifiers, err := baseIdentifiers(settings)
+	if err != nil {
+		return nil, fmt.Errorf("GpuShape %s: %w", s.Name, err)
+	}
+	hp := object(namespace, Name(s.Name), ShapeAnnotations(s), metav1.OwnerReference{
+		APIVersion: gpuaas.GroupVersion.String(), Kind: gpuaas.GpuShapeKind, Name: s.Name, UID: s.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(false),
+	})
+	hp.Object["spec"] = map[string]any{
+		"identifiers": identifiers,
+		"scheduling":  sched.render(),
+		"dra":         map[string]any{"resourceClaimTemplateName": s.Name},
+	}
+	return hp, nil
+}
+
+// ShapeAnnotation names the GpuShape a HardwareProfile was rendered from.
+const ShapeAnnotation = gpuaas.ShapeLabel
+
+// ShapeAnnotations are the dashboard's name, description and state of s's
+// HardwareProfiles (a shape being deleted is disabled), and the shape.
+func ShapeAnnotations(s *gpuaas.GpuShape) map[string]string {
+	settings := ptr.Deref(s.Spec.HardwareProfile, gpuaas.HardwareProfileSettings{})
+	return map[string]string{
+		DisplayNameAnnotation: cmp.Or(settings.DisplayName, s.Spec.DisplayName, s.Name),
+		DescriptionAnnotation: cmp.Or(settings.Description, s.Spec.Description),
+		DisabledAnnotation:    fmt.Sprint(!s.DeletionTimestamp.IsZero()),
+		ShapeAnnotation:       s.Name,
+	}
+}
+
+func object(namespace, name string, annotations map[string]string, owner metav1.OwnerReference) *unstructured.Unstructured {
 	hp := &unstructured.Unstructured{}
 	hp.SetGroupVersionKind(GroupVersionKind)
 	hp.SetNamespace(namespace)
-	hp.SetName(Name(p.Name))
+	hp.SetName(name)
 	hp.SetLabels(map[string]string{deviceclass.ManagedByLabel: deviceclass.ManagedByValue})
-	hp.SetAnnotations(Annotations(p))
-	hp.SetOwnerReferences([]metav1.OwnerReference{deviceclass.OwnerReference(p)})
-	hp.Object["spec"] = map[string]any{"identifiers": identifiers, "scheduling": scheduling(settings)}
-	return hp, nil
+	hp.SetAnnotations(annotations)
+	hp.SetOwnerReferences([]metav1.OwnerReference{owner})
+	return hp
+}
+
+// baseIdentifiers are the CPU and memory identifiers every published
+// HardwareProfile has (the dashboard hides one without both).
+func baseIdentifiers(settings gpuaas.HardwareProfileSettings) ([]any, error) {
+	cpu, err := rangeOf(settings.CPU, DefaultCPU)
+	if err != nil {
+		return nil, fmt.Errorf("spec.hardwareProfile.cpu: %w", err)
+	}
+	memory, err := rangeOf(settings.Memory, DefaultMemory)
+	if err != nil {
+		return nil, fmt.Errorf("spec.hardwareProfile.memory: %w", err)
+	}
+	return []any{
+		identifier("CPU", "cpu", ResourceTypeCPU, cpu),
+		identifier("Memory", "memory", ResourceTypeMemory, memory),
+	}, nil
 }
 
 // Annotations are the dashboard's name, description and state of p's
@@ -148,11 +222,11 @@ func Name(profile string) string {
 	return strings.Trim(base, "-") + suffix
 }
 
-func scheduling(s gpuaas.HardwareProfileSettings) map[string]any {
-	if s.LocalQueueName == "" {
+func (s Scheduling) render() map[string]any {
+	if s.LocalQueue == "" {
 		return map[string]any{"type": SchedulingNode}
 	}
-	kueue := map[string]any{"localQueueName": s.LocalQueueName}
+	kueue := map[string]any{"localQueueName": s.LocalQueue}
 	if s.PriorityClass != "" {
 		kueue["priorityClass"] = s.PriorityClass
 	}

@@ -170,3 +170,87 @@ func TestNameIsADNSLabelAndKeepsDistinctProfilesApart(t *testing.T) {
 		names[got] = profile
 	}
 }
+
+func slotShape() *gpuaas.GpuShape {
+	return &gpuaas.GpuShape{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-slot", UID: "uid-shape"},
+		Spec: gpuaas.GpuShapeSpec{
+			DisplayName: "One H100 and its NIC", Description: "A GPU with the NIC on its PCIe root",
+			Requests: []gpuaas.ShapeRequest{{Name: "gpu", Profile: "h100"}, {Name: "nic", DeviceClassName: "nic.example.com"}},
+		},
+	}
+}
+
+// TestRenderShapeNamesItsTemplate: a shape's HardwareProfile has the CPU
+// and memory identifiers, no Accelerator (its devices come from the
+// template's claim), spec.dra.resourceClaimTemplateName naming the
+// template the shape renders (pkg/shape: the shape's name), the given
+// scheduling, the shape's display name and description, and the shape as
+// its controlling owner.
+func TestRenderShapeNamesItsTemplate(t *testing.T) {
+	s := slotShape()
+	s.Spec.HardwareProfile = &gpuaas.HardwareProfileSettings{Memory: &gpuaas.ResourceRange{Default: quantity("32Gi")}}
+	hp, err := RenderShape(s, "team-a", Scheduling{LocalQueue: "gpus", PriorityClass: "batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSpec := map[string]any{
+		"identifiers": []any{
+			map[string]any{"displayName": "CPU", "identifier": "cpu", "resourceType": "CPU",
+				"minCount": int64(1), "defaultCount": int64(2), "maxCount": int64(8)},
+			map[string]any{"displayName": "Memory", "identifier": "memory", "resourceType": "Memory",
+				"minCount": "2Gi", "defaultCount": "32Gi", "maxCount": "64Gi"},
+		},
+		"scheduling": map[string]any{"type": "Queue", "kueue": map[string]any{"localQueueName": "gpus", "priorityClass": "batch"}},
+		"dra":        map[string]any{"resourceClaimTemplateName": "gpu-slot"},
+	}
+	if got := hp.Object["spec"]; !reflect.DeepEqual(got, wantSpec) {
+		t.Errorf("spec:\n got %v\nwant %v", got, wantSpec)
+	}
+	if hp.GetNamespace() != "team-a" || hp.GetName() != "gpu-slot" {
+		t.Errorf("rendered %s/%s, want team-a/gpu-slot", hp.GetNamespace(), hp.GetName())
+	}
+	wantAnnotations := map[string]string{
+		DisplayNameAnnotation: "One H100 and its NIC", DescriptionAnnotation: "A GPU with the NIC on its PCIe root",
+		DisabledAnnotation: "false", ShapeAnnotation: "gpu-slot",
+	}
+	if got := hp.GetAnnotations(); !reflect.DeepEqual(got, wantAnnotations) {
+		t.Errorf("annotations:\n got %v\nwant %v", got, wantAnnotations)
+	}
+	refs := hp.GetOwnerReferences()
+	if len(refs) != 1 || refs[0].Kind != "GpuShape" || refs[0].UID != "uid-shape" || !ptr.Deref(refs[0].Controller, false) {
+		t.Errorf("owner references %+v, want the GpuShape as controller", refs)
+	}
+	if _, err := RenderShape(&gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: gpuaas.GpuShapeSpec{
+		HardwareProfile: &gpuaas.HardwareProfileSettings{CPU: &gpuaas.ResourceRange{Min: quantity("4"), Max: quantity("2")}},
+	}}, "team-a", Scheduling{}); err == nil || !strings.Contains(err.Error(), "GpuShape x: spec.hardwareProfile.cpu") {
+		t.Errorf("ranges that do not hold: %v, want an error naming the shape's cpu range", err)
+	}
+}
+
+// TestRenderInSchedulesAsGiven: in a tenant's namespace the scheduling is
+// the tenant's, not the profile's own localQueueName; a priority class
+// without the profile's localQueueName is fine there (the tenant's
+// LocalQueue queues it).
+func TestRenderInSchedulesAsGiven(t *testing.T) {
+	p := sharedProfile()
+	p.Spec.HardwareProfile = &gpuaas.HardwareProfileSettings{PriorityClass: "interactive"}
+	hp, err := RenderIn(p, "team-a", Scheduling{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hp.Object["spec"].(map[string]any)["scheduling"]; !reflect.DeepEqual(got, map[string]any{"type": "Node"}) {
+		t.Errorf("scheduling %v, want Node", got)
+	}
+	hp, err = RenderIn(p, "team-b", Scheduling{LocalQueue: "gpus", PriorityClass: "interactive"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"type": "Queue", "kueue": map[string]any{"localQueueName": "gpus", "priorityClass": "interactive"}}
+	if got := hp.Object["spec"].(map[string]any)["scheduling"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("scheduling %v, want %v", got, want)
+	}
+	if _, err := Render(p, "global"); err == nil {
+		t.Error("Render: a priority class without localQueueName in the global namespace was accepted")
+	}
+}

@@ -238,44 +238,51 @@ func conditionsOf(t *testing.T, cfg *admissionregv1.ValidatingWebhookConfigurati
 }
 
 // TestHardwareProfileNamespace (issue 54): controller.hardwareProfileNamespace
-// passes --hardware-profile-namespace and grants the controller's
-// ClusterRole the HardwareProfiles it writes; unset, neither.
+// passes --hardware-profile-namespace, controller.hardwareProfilesPerTenant
+// --hardware-profiles-per-tenant, and either grants the controller's
+// ClusterRole the HardwareProfiles it writes (and deletes where no longer
+// meant) and the LocalQueues it reads; unset, neither.
 func TestHardwareProfileNamespace(t *testing.T) {
 	for _, tc := range []struct {
-		sets     []string
-		wantFlag string
+		sets      []string
+		wantFlags []string
 	}{
 		{},
-		{sets: []string{"controller.hardwareProfileNamespace=redhat-ods-applications"}, wantFlag: "--hardware-profile-namespace=redhat-ods-applications"},
+		{sets: []string{"controller.hardwareProfileNamespace=redhat-ods-applications"}, wantFlags: []string{"--hardware-profile-namespace=redhat-ods-applications"}},
+		{sets: []string{"controller.hardwareProfilesPerTenant=true"}, wantFlags: []string{"--hardware-profiles-per-tenant"}},
 	} {
 		objs := render(t, tc.sets...)
 		var flags []string
 		for _, arg := range controllerContainer(t, controllerDeployment(t, objs)).Args {
-			if strings.HasPrefix(arg, "--hardware-profile-namespace") {
+			if strings.HasPrefix(arg, "--hardware-profile") {
 				flags = append(flags, arg)
 			}
 		}
 		granted := hardwareProfileVerbs(t, objs)
-		if tc.wantFlag == "" {
-			if len(flags) != 0 || granted != nil {
-				t.Errorf("unset: flags %v, ClusterRole verbs on hardwareprofiles %v; want none", flags, granted)
+		queues := clusterRoleVerbs(t, objs, "kueue.x-k8s.io", "localqueues")
+		if len(tc.wantFlags) == 0 {
+			if len(flags) != 0 || granted != nil || queues != nil {
+				t.Errorf("unset: flags %v, ClusterRole verbs on hardwareprofiles %v, on localqueues %v; want none", flags, granted, queues)
 			}
 			continue
 		}
-		if len(flags) != 1 || flags[0] != tc.wantFlag {
-			t.Errorf("%v: flags %v, want [%s]", tc.sets, flags, tc.wantFlag)
+		if !slices.Equal(flags, tc.wantFlags) {
+			t.Errorf("%v: flags %v, want %v", tc.sets, flags, tc.wantFlags)
 		}
-		for _, verb := range []string{"get", "create", "update"} { // what the reconciler does
+		for _, verb := range []string{"get", "list", "create", "update", "delete"} { // what the reconciler does
 			if !slices.Contains(granted, verb) {
 				t.Errorf("%v: ClusterRole verbs on hardwareprofiles %v lack %s", tc.sets, granted, verb)
 			}
 		}
+		if !slices.Contains(queues, "list") {
+			t.Errorf("%v: ClusterRole verbs on localqueues %v lack list", tc.sets, queues)
+		}
 	}
 }
 
-// hardwareProfileVerbs are the verbs the controller's ClusterRoles grant on
-// infrastructure.opendatahub.io hardwareprofiles; nil: no rule names them.
-func hardwareProfileVerbs(t *testing.T, objs []*unstructured.Unstructured) []string {
+// clusterRoleVerbs are the verbs the chart's ClusterRoles grant on
+// resource of group; nil: no rule names it.
+func clusterRoleVerbs(t *testing.T, objs []*unstructured.Unstructured, group, resource string) []string {
 	t.Helper()
 	var verbs []string
 	for _, o := range objs {
@@ -285,10 +292,17 @@ func hardwareProfileVerbs(t *testing.T, objs []*unstructured.Unstructured) []str
 		var role rbacv1.ClusterRole
 		convert(t, o, &role)
 		for _, rule := range role.Rules {
-			if slices.Contains(rule.APIGroups, "infrastructure.opendatahub.io") && slices.Contains(rule.Resources, "hardwareprofiles") {
+			if slices.Contains(rule.APIGroups, group) && slices.Contains(rule.Resources, resource) {
 				verbs = append(verbs, rule.Verbs...)
 			}
 		}
 	}
 	return verbs
+}
+
+// hardwareProfileVerbs are the verbs the controller's ClusterRoles grant on
+// infrastructure.opendatahub.io hardwareprofiles; nil: no rule names them.
+func hardwareProfileVerbs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	return clusterRoleVerbs(t, objs, "infrastructure.opendatahub.io", "hardwareprofiles")
 }

@@ -70,6 +70,18 @@ func hardwareProfileCases() []*gpuaas.GpuProfile {
 	}
 }
 
+// hardwareProfileShape is a GpuShape with the admin's ranges: a GPU and
+// another driver's NIC.
+func hardwareProfileShape() *gpuaas.GpuShape {
+	return &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: "gpu-slot"}, Spec: gpuaas.GpuShapeSpec{
+		DisplayName: "One GPU and its NIC",
+		Requests:    []gpuaas.ShapeRequest{{Name: "gpu", Profile: "whole-h100"}, {Name: "nic", DeviceClassName: "nic.example.com"}},
+		HardwareProfile: &gpuaas.HardwareProfileSettings{
+			CPU: &gpuaas.ResourceRange{Default: ptr.To(resource.MustParse("4"))},
+		},
+	}}
+}
+
 // TestHardwareProfilesValidateAgainstTheSchema: every object the renderer
 // writes is accepted by a HardwareProfile CRD written from the API's
 // fields, with strict field validation (an unknown or misplaced field is an
@@ -78,15 +90,37 @@ func TestHardwareProfilesValidateAgainstTheSchema(t *testing.T) {
 	ctx := framework.Context(t, 2*time.Minute)
 	installHardwareProfileCRD(t, ctx)
 	ns := cp.CreateNamespace(t, "hwp-schema")
+	var rendered []*unstructured.Unstructured
 	for _, p := range hardwareProfileCases() {
 		hp, err := hardwareprofile.Render(p, ns)
 		if err != nil {
 			t.Fatal(err)
 		}
+		rendered = append(rendered, hp)
+	}
+	// A profile in a Kueue-managed tenant's namespace, and shapes (their
+	// template named in spec.dra), Node- and Queue-scheduled.
+	inTenant, err := hardwareprofile.RenderIn(hardwareProfileCases()[1], ns, hardwareprofile.Scheduling{LocalQueue: "gpus", PriorityClass: "batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTenant.SetName("in-tenant")
+	rendered = append(rendered, inTenant)
+	for _, sched := range []hardwareprofile.Scheduling{{}, {LocalQueue: "gpus"}} {
+		hp, err := hardwareprofile.RenderShape(hardwareProfileShape(), ns, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sched.LocalQueue != "" {
+			hp.SetName("gpu-slot-queued")
+		}
+		rendered = append(rendered, hp)
+	}
+	for _, hp := range rendered {
 		hp.SetOwnerReferences(nil) // no GpuProfile here: the garbage collector would take it
 		created, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Create(ctx, hp, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
 		if err != nil {
-			t.Fatalf("HardwareProfile of GpuProfile %s refused: %v", p.Name, err)
+			t.Fatalf("HardwareProfile %s refused: %v", hp.GetName(), err)
 		}
 		if !reflect.DeepEqual(hp.Object["spec"], created.Object["spec"]) {
 			t.Errorf("HardwareProfile %s: spec read back %v, want %v as written", hp.GetName(), created.Object["spec"], hp.Object["spec"])
@@ -150,6 +184,10 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	waitForHardwareProfile(t, ctx, ns, p.Name, "put back", func(hp *unstructured.Unstructured) bool {
 		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "false" && reflect.DeepEqual(hp.Object["spec"], want.Object["spec"])
 	})
+	waitForProfile(t, p.Name, "saying where it is published", func(p *gpuaas.GpuProfile) bool {
+		c := findCondition(p.Status.Conditions, gpuaas.ConditionHardwareProfilesPublished)
+		return len(p.Status.HardwareProfileNamespaces) == 1 && p.Status.HardwareProfileNamespaces[0] == ns && c != nil && c.Status == metav1.ConditionTrue
+	})
 
 	live.Spec.Enabled = ptr.To(false)
 	if err := ctrlClient.Update(ctx, live); err != nil {
@@ -171,8 +209,8 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	}
 }
 
-// waitForHardwareProfile waits until profile's HardwareProfile in ns
-// exists and meets cond.
+// waitForHardwareProfile waits until the HardwareProfile of profile (a
+// GpuProfile or GpuShape) in ns exists and meets cond.
 func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, profile, what string, cond func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
 	t.Helper()
 	var hp *unstructured.Unstructured
@@ -185,7 +223,90 @@ func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, profile, what
 		return cond(hp), nil
 	})
 	if err != nil {
-		t.Fatalf("HardwareProfile of GpuProfile %s in %s not %s: %v; last %v", profile, ns, what, err, hp)
+		t.Fatalf("HardwareProfile of %s in %s not %s: %v; last %v", profile, ns, what, err, hp)
 	}
 	return hp
+}
+
+// TestControllerPublishesShapeHardwareProfiles (issue 54): a GpuShape is
+// published as a HardwareProfile in each of its tenants' namespaces that
+// holds its ResourceClaimTemplate, naming that template
+// (spec.dra.resourceClaimTemplateName), accepted by the CRD's schema, owned
+// by the shape; the shape's status says where; a hand edit of the template
+// name is put back; a namespace the tenant drops loses it; deleting the
+// shape takes the rest (the garbage collector).
+func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
+	ctx := framework.Context(t, 3*time.Minute)
+	installHardwareProfileCRD(t, ctx)
+	startControllerWith(t, func(o *controller.Options) { o.HardwareProfilesPerTenant = true })
+	// The profile is published per tenant too: the shape has a name of
+	// its own (one name for both meets in the tenant's namespace, and the
+	// first there keeps it).
+	name := uniqueName("hwp-slot")
+	part := name + "-gpu"
+	createObject(t, profile(part, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
+	waitForProfileReady(t, part)
+	ns1, ns2 := cp.CreateNamespace(t, "hwp-shape"), cp.CreateNamespace(t, "hwp-shape")
+	q := quotaFor(name, []string{ns1, ns2}, gpuaas.QuotaLimits{})
+	createObject(t, q)
+	shape := &gpuaas.GpuShape{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: gpuaas.GpuShapeSpec{
+		DisplayName: "One GPU", Requests: []gpuaas.ShapeRequest{{Name: "gpu", Profile: part}}, Tenants: []string{name},
+	}}
+	createObject(t, shape)
+
+	for _, ns := range []string{ns1, ns2} {
+		hp := waitForHardwareProfile(t, ctx, ns, name, "published", func(*unstructured.Unstructured) bool { return true })
+		if tmpl, _, _ := unstructured.NestedString(hp.Object, "spec", "dra", "resourceClaimTemplateName"); tmpl != name {
+			t.Errorf("%s: spec.dra.resourceClaimTemplateName %q, want the shape's template %s", ns, tmpl, name)
+		}
+		if kind, _, _ := unstructured.NestedString(hp.Object, "spec", "scheduling", "type"); kind != "Node" {
+			t.Errorf("%s: scheduling %q, want Node (the tenant is not Kueue-managed)", ns, kind)
+		}
+		if refs := hp.GetOwnerReferences(); len(refs) != 1 || refs[0].Kind != gpuaas.GpuShapeKind || refs[0].Name != name {
+			t.Errorf("%s: owner references %+v, want the GpuShape's", ns, refs)
+		}
+		if got := getTemplate(t, ctx, ns, name); got == nil {
+			t.Errorf("%s: HardwareProfile published where the shape's template is not", ns)
+		}
+	}
+	waitForShape(t, name, "published in both namespaces", func(s *gpuaas.GpuShape) bool {
+		c := findCondition(s.Status.Conditions, gpuaas.ConditionHardwareProfilesPublished)
+		return len(s.Status.HardwareProfileNamespaces) == 2 && c != nil && c.Status == metav1.ConditionTrue
+	})
+
+	hps := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns1)
+	edited, err := hps.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(edited.Object, "someone-elses", "spec", "dra", "resourceClaimTemplateName"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hps.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForHardwareProfile(t, ctx, ns1, name, "put back", func(hp *unstructured.Unstructured) bool {
+		tmpl, _, _ := unstructured.NestedString(hp.Object, "spec", "dra", "resourceClaimTemplateName")
+		return tmpl == name
+	})
+
+	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) { q.Spec.Namespaces = []string{ns1} })
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns2).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile %s/%s still there after the tenant dropped the namespace: %v", ns2, name, err)
+	}
+
+	if err := ctrlClient.Delete(ctx, shape); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := hps.Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("HardwareProfile %s/%s still there after its GpuShape was deleted: %v", ns1, name, err)
+	}
 }

@@ -46,10 +46,14 @@ func TestKueue(t *testing.T) {
 	ctx := framework.Context(t, 20*time.Minute)
 	applySharingClasses(t, ctx)
 	createObject(t, &kueueReplicaClass)
+	resources := kueue.Resources(append(kueueCharges, kueue.Charge{DeviceClass: kueueReplicaClass.Name}, kueue.Charge{DeviceClass: kueueDashboardProfile.Name}),
+		kueueReplicaPrice, kueueDashboardPrice)
+	// The dashboard's workloads ask CPU and memory too, which the
+	// ClusterQueues here (as those the controller keeps) do not cover.
+	resources["excludeResourcePrefixes"] = []any{"cpu", "memory"}
 	startKueueWithController(t, framework.KueueOptions{
-		Resources:   kueue.Resources(append(kueueCharges, kueue.Charge{DeviceClass: kueueReplicaClass.Name}), kueueReplicaPrice),
-		FairSharing: true, FeatureGates: kueue.ExtendedResourceGate + "=false",
-	}, func(o *controller.Options) { o.IdlePolicy = true })
+		Resources: resources, FairSharing: true, FeatureGates: kueue.ExtendedResourceGate + "=false",
+	}, func(o *controller.Options) { o.IdlePolicy, o.HardwareProfilesPerTenant = true, true })
 	t.Run("GPUUnits", func(t *testing.T) { testKueueGPUUnits(t, &kueueHelper{t: t}) })
 	t.Run("Gang", func(t *testing.T) { testKueueGang(t, &kueueHelper{t: t}) })
 	t.Run("Priority", func(t *testing.T) { testKueuePriority(t, &kueueHelper{t: t}) })
@@ -59,6 +63,7 @@ func TestKueue(t *testing.T) {
 	t.Run("BackedQueue", func(t *testing.T) { testKueueBackedQueue(t, &kueueHelper{t: t}) })
 	t.Run("Shape", func(t *testing.T) { testKueueShape(t, &kueueHelper{t: t}) })
 	t.Run("ExtendedResource", func(t *testing.T) { testKueueExtendedResource(t, &kueueHelper{t: t}) })
+	t.Run("Dashboard", func(t *testing.T) { testKueueDashboard(t, &kueueHelper{t: t}) })
 	t.Run("IdleDeactivate", func(t *testing.T) { testKueueIdleDeactivate(t, &kueueHelper{t: t}) })
 	t.Run("IdleDeactivateMeasured", func(t *testing.T) { testKueueIdleDeactivateMeasured(t, &kueueHelper{t: t}) })
 	t.Run("ControllerWorkloadFence", func(t *testing.T) { testKueueControllerWorkloadFence(t, &kueueHelper{t: t}) })

@@ -16,6 +16,11 @@ const (
 	// the rendered DeviceClass because its feature gate is off; the class
 	// is kept without it (the message names the field and the gate).
 	ConditionFieldsDropped = "FieldsDropped"
+	// ConditionHardwareProfilesPublished: GpuProfile, GpuShape: published
+	// as an OpenShift AI HardwareProfile in every namespace it is meant for
+	// (status.hardwareProfileNamespaces); False names the namespaces it is
+	// not published in and why.
+	ConditionHardwareProfilesPublished = "HardwareProfilesPublished"
 )
 
 // Condition reasons.
@@ -40,6 +45,13 @@ const (
 	// GpuShape: a ResourceClaimTemplate of its name exists in an entitled
 	// namespace and was not rendered from the shape.
 	ReasonTemplateConflict = "TemplateConflict"
+	// HardwareProfilesPublished: in every namespace meant.
+	ReasonPublished = "Published"
+	// HardwareProfilesPublished: not in some namespace (a Kueue-managed
+	// tenant's namespace without a LocalQueue of its ClusterQueue, a
+	// HardwareProfile of that name that is not ours, settings that do not
+	// hold); the message names each.
+	ReasonNotPublished = "NotPublished"
 )
 
 // Labels and annotations the control plane uses.

@@ -94,9 +94,11 @@ type GpuProfileSpec struct {
 
 	// HardwareProfile is what the profile's OpenShift AI HardwareProfile
 	// says beyond the profile itself (docs/platform.md, "OpenShift AI"):
-	// the controller publishes one per profile with
-	// --hardware-profile-namespace, where the HardwareProfile CRD is
-	// served. Unset fields take the documented defaults.
+	// the controller publishes one per profile in
+	// --hardware-profile-namespace and, with
+	// --hardware-profiles-per-tenant, in each tenant's namespaces, where
+	// the HardwareProfile CRD is served. Unset fields take the documented
+	// defaults.
 	// +optional
 	HardwareProfile *HardwareProfileSettings `json:"hardwareProfile,omitempty"`
 
@@ -147,14 +149,18 @@ type HardwareProfileSettings struct {
 	// LocalQueueName, when set, makes the HardwareProfile's scheduling
 	// type Queue with this Kueue LocalQueue (the dashboard offers it in
 	// the projects where a LocalQueue of that name exists); unset: type
-	// Node.
+	// Node. In a tenant's namespace (--hardware-profiles-per-tenant) the
+	// scheduling is the tenant's instead: Queue with a LocalQueue of the
+	// tenant's Kueue ClusterQueue (spec.kueue; this one preferred where
+	// several point at it) for a Kueue-managed tenant, Node otherwise.
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	// +optional
 	LocalQueueName string `json:"localQueueName,omitempty"`
 
 	// PriorityClass is the Kueue WorkloadPriorityClass of the workloads
-	// started with the HardwareProfile; only with localQueueName.
+	// started with the HardwareProfile; only with localQueueName, or in
+	// a Kueue-managed tenant's namespace.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	PriorityClass string `json:"priorityClass,omitempty"`
@@ -232,6 +238,13 @@ type GpuProfileStatus struct {
 	// FreeDevices is MatchingDevices minus AllocatedDevices.
 	// +optional
 	FreeDevices int32 `json:"freeDevices"`
+
+	// HardwareProfileNamespaces are the namespaces holding the profile's
+	// OpenShift AI HardwareProfile (docs/platform.md, "OpenShift AI"); the
+	// HardwareProfilesPublished condition says where it is not, and why.
+	// +listType=set
+	// +optional
+	HardwareProfileNamespaces []string `json:"hardwareProfileNamespaces,omitempty"`
 
 	// Conditions: Ready says whether the DeviceClass is in sync with the
 	// spec; its reason and message explain why not.

@@ -125,6 +125,16 @@ type GpuShapeSpec struct {
 	// +optional
 	Price *Price `json:"price,omitempty"`
 
+	// HardwareProfile is what the shape's OpenShift AI HardwareProfiles
+	// say beyond the shape itself: the CPU and memory identifiers, the
+	// display name and description, the preferred LocalQueue and the
+	// priority class (maxDevices does not apply: a shape is asked through
+	// its template). Published per tenant namespace holding the template,
+	// where the controller publishes HardwareProfiles (docs/platform.md,
+	// "OpenShift AI").
+	// +optional
+	HardwareProfile *HardwareProfileSettings `json:"hardwareProfile,omitempty"`
+
 	// WhenUnavailable: Queue (default) admits a claim of the shape when
 	// none can be placed and lets it wait; Refuse has the claim webhook
 	// refuse it at once.
@@ -201,6 +211,14 @@ type GpuShapeStatus struct {
 	// namespaces).
 	// +optional
 	Templates int32 `json:"templates"`
+
+	// HardwareProfileNamespaces are the namespaces holding the shape's
+	// OpenShift AI HardwareProfile, which names its template there
+	// (docs/platform.md, "OpenShift AI"); the HardwareProfilesPublished
+	// condition says where it is not, and why.
+	// +listType=set
+	// +optional
+	HardwareProfileNamespaces []string `json:"hardwareProfileNamespaces,omitempty"`
 
 	// Placeable is how many more disjoint instances of the shape fit now
 	// on healthy, unallocated devices, alignment respected, as counted

@@ -1,107 +1,172 @@
 // Package hardwareprofiles publishes the catalog in the OpenShift AI / Open
-// Data Hub dashboard: one HardwareProfile (infrastructure.opendatahub.io/v1)
-// per GpuProfile, enabled or not, in one configured namespace
-// (--hardware-profile-namespace), rendered by pkg/hardwareprofile and owned
-// by its GpuProfile so the garbage collector removes it with the profile.
+// Data Hub dashboard as HardwareProfiles (infrastructure.opendatahub.io/v1),
+// rendered by pkg/hardwareprofile:
+//
+//   - each GpuProfile, enabled or not, in one configured namespace
+//     (--hardware-profile-namespace), scheduled as its settings say, and,
+//     with --hardware-profiles-per-tenant, in every tenant's namespaces
+//     (TenantQuota status.namespaces), scheduled as the tenant is: Queue
+//     with a LocalQueue of the tenant's Kueue ClusterQueue where the tenant
+//     is Kueue-managed (spec.kueue), Node otherwise;
+//   - each GpuShape in each of its tenants' namespaces that holds its
+//     ResourceClaimTemplate (the shape's status.namespaces), naming that
+//     template in spec.dra.resourceClaimTemplateName, scheduled as the
+//     tenant is.
+//
+// Every HardwareProfile is owned by its GpuProfile or GpuShape, so the
+// garbage collector removes it with its owner; one in a namespace it is no
+// longer meant for (a tenant gone, a LocalQueue gone) is deleted. Where it
+// was published is written to the owner's status.hardwareProfileNamespaces
+// and its HardwareProfilesPublished condition.
 //
 // The HardwareProfile CRD is the opendatahub-operator's and may be absent,
 // or installed after the controller starts: the reconciler asks the REST
-// mapper on every pass (each profile's resync) and writes nothing while the
-// kind is not served, and it reads and writes HardwareProfiles through an
-// uncached client, so no informer waits on a kind that may never come.
-// Without an informer a hand edit is put back on the profile's next resync.
+// mapper on every pass (each owner's resync) and writes nothing while the
+// kind is not served, and it reads and writes HardwareProfiles (and reads
+// Kueue's LocalQueues) through an uncached client, so no informer waits on
+// a kind that may never come. Without an informer a hand edit, and a
+// LocalQueue made or removed, are taken in on the owner's next resync.
 package hardwareprofiles
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/kinds"
 	"github.com/gpuaas/gpu-dra-driver/pkg/deviceclass"
 	"github.com/gpuaas/gpu-dra-driver/pkg/hardwareprofile"
+	"github.com/gpuaas/gpu-dra-driver/pkg/kueue"
 )
 
-// Reconciler keeps each GpuProfile's HardwareProfile in Namespace.
+// Reconciler keeps the HardwareProfiles of GpuProfiles (Profiles) and
+// GpuShapes (Shapes) in the namespaces they are meant for.
 type Reconciler struct {
-	// Profiles reads GpuProfiles (the manager's cache).
-	Profiles client.Reader
-	// Direct reads and writes HardwareProfiles, uncached.
+	// Client reads GpuProfiles, GpuShapes and TenantQuotas (the manager's
+	// cache) and writes their status.
+	Client client.Client
+	// Direct reads and writes HardwareProfiles and reads LocalQueues,
+	// uncached.
 	Direct client.Client
-	// Mapper tells whether the HardwareProfile kind is served; it must
-	// ask discovery again on a miss (the manager's does), so that a CRD
-	// installed later is found.
-	Mapper    meta.RESTMapper
+	// Mapper tells whether the HardwareProfile and LocalQueue kinds are
+	// served; it must ask discovery again on a miss (the manager's does),
+	// so that a CRD installed later is found.
+	Mapper meta.RESTMapper
+	// Namespace, when set, holds every GpuProfile's HardwareProfile.
 	Namespace string
-	// Resync is how often a profile is looked at again without a change
-	// of it: a later CRD install and hand edits are caught then.
+	// PerTenant publishes every GpuProfile in each tenant's namespaces
+	// too. GpuShapes are published in their tenants' namespaces either
+	// way.
+	PerTenant bool
+	// Resync is how often an owner is looked at again without a change
+	// of it: a later CRD install, hand edits and LocalQueues are caught
+	// then.
 	Resync time.Duration
 }
 
-// Setup adds the reconciler to the manager; direct is an uncached client.
-func Setup(mgr ctrl.Manager, direct client.Client, namespace string, resync time.Duration) error {
-	r := &Reconciler{Profiles: mgr.GetClient(), Direct: direct, Mapper: mgr.GetRESTMapper(), Namespace: namespace, Resync: resync}
-	// The spec (its generation: deletion bumps it too), not the status
-	// the catalog rewrites on every claim's allocation: nothing rendered
-	// comes from the status.
-	err := ctrl.NewControllerManagedBy(mgr).Named("hardwareprofile").
-		For(&gpuaas.GpuProfile{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(r)
-	if err != nil {
-		return fmt.Errorf("setting up the HardwareProfile controller: %w", err)
-	}
-	return nil
+// errNotOurs: a HardwareProfile of the name exists and is an admin's own.
+var errNotOurs = errors.New("not ours")
+
+// target is a namespace an owner is meant to be published in, and how
+// workloads are scheduled there.
+type target struct {
+	namespace string
+	sched     hardwareprofile.Scheduling
+	// global: the configured namespace, scheduled as the profile's own
+	// settings say.
+	global bool
 }
 
-// Reconcile writes one profile's HardwareProfile where the kind is served.
-func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	logger := klog.FromContext(ctx)
-	var p gpuaas.GpuProfile
-	if err := r.Profiles.Get(ctx, req.NamespacedName, &p); err != nil {
-		// A profile gone takes its HardwareProfile through the owner
-		// reference: nothing to do here.
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+// conflictRetry is how soon an owner whose status write conflicted is
+// looked at again.
+const conflictRetry = time.Second
+
+// owner is a GpuProfile or GpuShape as publishing sees it.
+type owner struct {
+	kind, name string
+	uid        types.UID
+	// annotation names the owner on its HardwareProfiles (the profile's
+	// or the shape's key), so one the owner reference was edited away
+	// from is still known as ours.
+	annotation string
+	// render is the owner's HardwareProfile in a target.
+	render func(target) (*unstructured.Unstructured, error)
+}
+
+// result is what publishing did: the namespaces it is published in, and
+// where it is not, why.
+type result struct {
+	published []string
+	problems  []string
+	// notServed: the HardwareProfile kind is not served; nothing was
+	// read or written.
+	notServed bool
+}
+
+// publish writes o's HardwareProfile in each target and deletes o's in
+// any other namespace. A target it cannot write (an admin's own object of
+// the name) is a problem, not an error; so are the problems the targets
+// came with.
+func (r *Reconciler) publish(ctx context.Context, o owner, targets []target, problems []string) (result, error) {
+	res := result{problems: problems}
+	served, err := r.served()
+	if err != nil || !served {
+		res.notServed = !served
+		return res, err
 	}
-	again := reconcile.Result{RequeueAfter: r.Resync}
-	served, err := kinds.Served(r.Mapper, hardwareprofile.GroupVersionKind.GroupKind(), hardwareprofile.GroupVersionKind.Version)
-	if err != nil {
-		return reconcile.Result{}, err
+	wanted := map[string]bool{}
+	for _, t := range targets {
+		// Wanted even where it does not render: what is published there
+		// stays until the owner's settings hold again.
+		wanted[t.namespace+"/"+hardwareprofile.Name(o.name)] = true
+		want, err := o.render(t)
+		if err != nil {
+			res.problems = append(res.problems, fmt.Sprintf("%s: %v", t.namespace, err))
+			continue
+		}
+		err = r.apply(ctx, o, want)
+		switch {
+		case errors.Is(err, errNotOurs):
+			res.problems = append(res.problems, fmt.Sprintf("%s: HardwareProfile %s exists and is not %s %s's (rename or delete it)", t.namespace, want.GetName(), o.kind, o.name))
+			continue
+		case err != nil:
+			return res, err
+		}
+		res.published = append(res.published, t.namespace)
 	}
-	if !served {
-		logger.V(2).Info("HardwareProfile is not served: the profile is not published to the dashboard", "gpuProfile", p.Name)
-		return again, nil
+	if err := r.prune(ctx, o, wanted); err != nil {
+		return res, err
 	}
-	want, err := hardwareprofile.Render(&p, r.Namespace)
-	if err != nil {
-		// The admin's settings do not hold: a retry renders the same, the
-		// profile's next change brings it back.
-		logger.Error(err, "Not publishing the GpuProfile as a HardwareProfile", "gpuProfile", p.Name)
-		return again, nil
-	}
-	if err := r.apply(ctx, &p, want); err != nil {
-		return reconcile.Result{}, err
-	}
-	return again, nil
+	slices.Sort(res.published)
+	res.published = slices.Compact(res.published)
+	return res, nil
+}
+
+func (r *Reconciler) served() (bool, error) {
+	gvk := hardwareprofile.GroupVersionKind
+	return kinds.Served(r.Mapper, gvk.GroupKind(), gvk.Version)
 }
 
 // apply creates want, or puts what the renderer owns back into the
-// HardwareProfile that exists: spec.identifiers and spec.scheduling, our
-// labels and annotations and the owner reference. Other spec fields, labels
-// and annotations (the dashboard's own) stay.
-func (r *Reconciler) apply(ctx context.Context, p *gpuaas.GpuProfile, want *unstructured.Unstructured) error {
+// HardwareProfile that exists: spec.identifiers, spec.scheduling and
+// spec.dra, our labels and annotations and the owner reference. Other spec
+// fields, labels and annotations (the dashboard's own) stay.
+func (r *Reconciler) apply(ctx context.Context, o owner, want *unstructured.Unstructured) error {
 	logger := klog.FromContext(ctx)
 	key := client.ObjectKeyFromObject(want)
 	have := &unstructured.Unstructured{}
@@ -109,20 +174,26 @@ func (r *Reconciler) apply(ctx context.Context, p *gpuaas.GpuProfile, want *unst
 	err := r.Direct.Get(ctx, key, have)
 	if apierrors.IsNotFound(err) {
 		if err := r.Direct.Create(ctx, want); err != nil {
-			return fmt.Errorf("creating HardwareProfile %s for GpuProfile %s: %w", key, p.Name, err)
+			return fmt.Errorf("creating HardwareProfile %s for %s %s: %w", key, o.kind, o.name, err)
 		}
-		logger.Info("Published GpuProfile as a HardwareProfile", "gpuProfile", p.Name, "hardwareProfile", key)
+		logger.Info("Published as a HardwareProfile", "owner", klog.KRef("", o.name), "kind", o.kind, "hardwareProfile", key)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("reading HardwareProfile %s: %w", key, err)
 	}
-	if !ours(have, p) {
-		return fmt.Errorf("HardwareProfile %s exists and is not GpuProfile %s's: rename or delete it", key, p.Name)
+	if !ours(have, o) {
+		return errNotOurs
 	}
 	updated := have.DeepCopy()
-	for _, field := range []string{"identifiers", "scheduling"} {
-		if err := unstructured.SetNestedField(updated.Object, want.Object["spec"].(map[string]any)[field], "spec", field); err != nil {
+	spec := want.Object["spec"].(map[string]any)
+	for _, field := range []string{"identifiers", "scheduling", "dra"} {
+		v, set := spec[field]
+		if !set {
+			unstructured.RemoveNestedField(updated.Object, "spec", field)
+			continue
+		}
+		if err := unstructured.SetNestedField(updated.Object, v, "spec", field); err != nil {
 			return fmt.Errorf("HardwareProfile %s: %w", key, err)
 		}
 	}
@@ -135,8 +206,129 @@ func (r *Reconciler) apply(ctx context.Context, p *gpuaas.GpuProfile, want *unst
 	if err := r.Direct.Update(ctx, updated); err != nil {
 		return fmt.Errorf("updating HardwareProfile %s: %w", key, err)
 	}
-	logger.Info("Put HardwareProfile back in line with its GpuProfile", "gpuProfile", p.Name, "hardwareProfile", key)
+	logger.Info("Put HardwareProfile back in line with its owner", "owner", klog.KRef("", o.name), "kind", o.kind, "hardwareProfile", key)
 	return nil
+}
+
+// prune deletes o's HardwareProfiles that are not wanted (by namespace and
+// name): a tenant that no longer has the namespace, a shape's tenant
+// removed, a Kueue-managed tenant's namespace whose LocalQueue is gone.
+// Only objects owned by o (its UID) go, never an admin's own.
+func (r *Reconciler) prune(ctx context.Context, o owner, wanted map[string]bool) error {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(hardwareprofile.GroupVersionKind.GroupVersion().WithKind(hardwareprofile.GroupVersionKind.Kind + "List"))
+	if err := r.Direct.List(ctx, list, client.MatchingLabels{deviceclass.ManagedByLabel: deviceclass.ManagedByValue}); err != nil {
+		return fmt.Errorf("listing HardwareProfiles: %w", err)
+	}
+	for i := range list.Items {
+		hp := &list.Items[i]
+		if wanted[hp.GetNamespace()+"/"+hp.GetName()] || !ownedBy(hp, o.uid) {
+			continue
+		}
+		uid := hp.GetUID()
+		err := r.Direct.Delete(ctx, hp, client.Preconditions{UID: &uid})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting HardwareProfile %s/%s: %w", hp.GetNamespace(), hp.GetName(), err)
+		}
+		klog.FromContext(ctx).Info("Deleted HardwareProfile no longer meant for its namespace", "owner", klog.KRef("", o.name), "kind", o.kind, "hardwareProfile", klog.KObj(hp))
+	}
+	return nil
+}
+
+// tenantTargets are the namespaces of the tenants entitled (all where
+// entitled is nil), each scheduled as its tenant is; a Kueue-managed
+// tenant's namespace without a LocalQueue of its ClusterQueue is a problem
+// instead: the dashboard would not offer a Queue profile there, and a Node
+// one would run outside the queue.
+func (r *Reconciler) tenantTargets(ctx context.Context, settings gpuaas.HardwareProfileSettings, entitled func(q *gpuaas.TenantQuota, namespace string) bool) ([]target, []string, error) {
+	var quotas gpuaas.TenantQuotaList
+	if err := r.Client.List(ctx, &quotas); err != nil {
+		return nil, nil, fmt.Errorf("listing TenantQuotas: %w", err)
+	}
+	var targets []target
+	var problems []string
+	for i := range quotas.Items {
+		q := &quotas.Items[i]
+		for _, ns := range q.Status.Namespaces {
+			if entitled != nil && !entitled(q, ns) {
+				continue
+			}
+			if q.Spec.Kueue == nil {
+				targets = append(targets, target{namespace: ns})
+				continue
+			}
+			queue, problem, err := r.localQueue(ctx, ns, q.Spec.Kueue.ClusterQueue, settings.LocalQueueName)
+			if err != nil {
+				return nil, nil, err
+			}
+			if problem != "" {
+				problems = append(problems, fmt.Sprintf("%s: tenant %s is Kueue-managed (ClusterQueue %s) and %s", ns, q.Name, q.Spec.Kueue.ClusterQueue, problem))
+				continue
+			}
+			targets = append(targets, target{namespace: ns, sched: hardwareprofile.Scheduling{LocalQueue: queue, PriorityClass: settings.PriorityClass}})
+		}
+	}
+	return targets, problems, nil
+}
+
+// localQueue is the LocalQueue of clusterQueue in namespace that workloads
+// of a Kueue-managed tenant are queued through: preferred where several
+// point at the ClusterQueue, else the first by name. A problem says why
+// there is none.
+func (r *Reconciler) localQueue(ctx context.Context, namespace, clusterQueue, preferred string) (string, string, error) {
+	gvk := kueue.API.WithKind("LocalQueue")
+	served, err := kinds.Served(r.Mapper, gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return "", "", err
+	}
+	if !served {
+		return "", "Kueue's LocalQueue kind is not served", nil
+	}
+	list := kueue.Object("LocalQueueList")
+	queues := &unstructured.UnstructuredList{Object: list.Object}
+	if err := r.Direct.List(ctx, queues, client.InNamespace(namespace)); err != nil {
+		return "", "", fmt.Errorf("listing LocalQueues in %s: %w", namespace, err)
+	}
+	var names []string
+	for _, lq := range queues.Items {
+		if cq, _, _ := unstructured.NestedString(lq.Object, "spec", "clusterQueue"); cq == clusterQueue {
+			names = append(names, lq.GetName())
+		}
+	}
+	if len(names) == 0 {
+		return "", "the namespace has no LocalQueue of it", nil
+	}
+	if slices.Contains(names, preferred) {
+		return preferred, "", nil
+	}
+	slices.Sort(names)
+	return names[0], "", nil
+}
+
+// published is the owner's HardwareProfilesPublished condition for res.
+func published(res result, generation int64) metav1.Condition {
+	c := metav1.Condition{Type: gpuaas.ConditionHardwareProfilesPublished, ObservedGeneration: generation,
+		Status: metav1.ConditionTrue, Reason: gpuaas.ReasonPublished}
+	switch {
+	case res.notServed:
+		c.Status, c.Reason = metav1.ConditionFalse, gpuaas.ReasonNotPublished
+		c.Message = "the HardwareProfile kind (" + hardwareprofile.GroupVersionKind.GroupVersion().String() + ") is not served: nothing is published"
+	case len(res.problems) > 0:
+		c.Status, c.Reason = metav1.ConditionFalse, gpuaas.ReasonNotPublished
+		c.Message = fmt.Sprintf("published in %d namespace(s); not in: %s", len(res.published), strings.Join(res.problems, "; "))
+	default:
+		c.Message = fmt.Sprintf("published in %d namespace(s)", len(res.published))
+	}
+	return c
+}
+
+// withGlobal puts the global namespace's target first unless a tenant's
+// target has that namespace (a tenant's scheduling wins there).
+func (r *Reconciler) withGlobal(targets []target, sched hardwareprofile.Scheduling) []target {
+	if r.Namespace == "" || slices.ContainsFunc(targets, func(t target) bool { return t.namespace == r.Namespace }) {
+		return targets
+	}
+	return append([]target{{namespace: r.Namespace, sched: sched, global: true}}, targets...)
 }
 
 func merged(have, want map[string]string) map[string]string {
@@ -148,16 +340,19 @@ func merged(have, want map[string]string) map[string]string {
 	return out
 }
 
-// ours tells whether a HardwareProfile is p's: owned by it, or (its owner
-// reference edited away, or p deleted and made again before the garbage
-// collector came by) labelled as ours and naming p; anything else is an
-// admin's own, never taken over.
-func ours(obj *unstructured.Unstructured, p *gpuaas.GpuProfile) bool {
-	for _, ref := range obj.GetOwnerReferences() {
-		if ref.UID == p.UID {
-			return true
-		}
-	}
-	return obj.GetLabels()[deviceclass.ManagedByLabel] == deviceclass.ManagedByValue &&
-		obj.GetAnnotations()[hardwareprofile.ProfileAnnotation] == p.Name
+func ownedBy(obj *unstructured.Unstructured, uid types.UID) bool {
+	return slices.ContainsFunc(obj.GetOwnerReferences(), func(ref metav1.OwnerReference) bool { return ref.UID == uid })
+}
+
+// ours tells whether a HardwareProfile is o's: owned by it, or (its owner
+// reference edited away, or o deleted and made again before the garbage
+// collector came by) labelled as ours and naming o; anything else is an
+// admin's own (or the other kind's of the same name), never taken over.
+func ours(obj *unstructured.Unstructured, o owner) bool {
+	return ownedBy(obj, o.uid) ||
+		obj.GetLabels()[deviceclass.ManagedByLabel] == deviceclass.ManagedByValue && obj.GetAnnotations()[o.annotation] == o.name
+}
+
+func settingsOf(s *gpuaas.HardwareProfileSettings) gpuaas.HardwareProfileSettings {
+	return ptr.Deref(s, gpuaas.HardwareProfileSettings{})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
@@ -42,12 +43,15 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 	}
 	w := &world{mapper: meta.NewDefaultRESTMapper(nil)}
 	w.mapper.Add(gpuaas.GroupVersion.WithKind(gpuaas.GpuProfileKind), meta.RESTScopeRoot)
+	w.mapper.Add(gpuaas.GroupVersion.WithKind(gpuaas.GpuShapeKind), meta.RESTScopeRoot)
+	w.mapper.Add(gpuaas.GroupVersion.WithKind("TenantQuota"), meta.RESTScopeRoot)
 	count := func(obj client.Object) {
 		if obj.GetObjectKind().GroupVersionKind() == hardwareprofile.GroupVersionKind {
 			w.requests++
 		}
 	}
 	w.client = fake.NewClientBuilder().WithScheme(s).WithRESTMapper(w.mapper).WithObjects(objs...).
+		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.GpuShape{}, &gpuaas.TenantQuota{}).
 		WithInterceptorFuncs(interceptor.Funcs{
 			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 				count(obj)
@@ -62,7 +66,7 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 				return c.Update(ctx, obj, opts...)
 			},
 		}).Build()
-	w.r = &Reconciler{Profiles: w.client, Direct: w.client, Mapper: w.mapper, Namespace: namespace, Resync: resync}
+	w.r = &Reconciler{Client: w.client, Direct: w.client, Mapper: w.mapper, Namespace: namespace, Resync: resync}
 	return w
 }
 
@@ -74,7 +78,7 @@ func (w *world) install() {
 
 func (w *world) reconcile(t *testing.T, profile string) reconcile.Result {
 	t.Helper()
-	res, err := w.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKey{Name: profile}})
+	res, err := ProfileReconciler{w.r}.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKey{Name: profile}})
 	if err != nil {
 		t.Fatalf("reconciling %s: %v", profile, err)
 	}
@@ -83,12 +87,7 @@ func (w *world) reconcile(t *testing.T, profile string) reconcile.Result {
 
 func (w *world) hardwareProfile(t *testing.T, name string) *unstructured.Unstructured {
 	t.Helper()
-	hp := &unstructured.Unstructured{}
-	hp.SetGroupVersionKind(hardwareprofile.GroupVersionKind)
-	if err := w.client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, hp); err != nil {
-		t.Fatalf("reading HardwareProfile %s: %v", name, err)
-	}
-	return hp
+	return w.hardwareProfileIn(t, namespace, name)
 }
 
 func sharedProfile() *gpuaas.GpuProfile {
@@ -183,9 +182,10 @@ func TestAnAdminsOwnHardwareProfileOfTheSameNameIsLeftAlone(t *testing.T) {
 	if err := w.client.Create(t.Context(), theirs); err != nil {
 		t.Fatal(err)
 	}
-	_, err := w.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKey{Name: "shared-4way"}})
-	if err == nil || !strings.Contains(err.Error(), "is not GpuProfile shared-4way's") {
-		t.Fatalf("reconcile: %v, want an error saying the HardwareProfile is not the profile's", err)
+	w.reconcile(t, "shared-4way")
+	c := w.profileCondition(t, "shared-4way")
+	if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "is not GpuProfile shared-4way's") {
+		t.Fatalf("condition %+v, want HardwareProfilesPublished False saying the HardwareProfile is not the profile's", c)
 	}
 	ids, _, _ := unstructured.NestedSlice(w.hardwareProfile(t, "shared-4way").Object, "spec", "identifiers")
 	if len(ids) != 0 {
