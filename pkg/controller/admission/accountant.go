@@ -39,6 +39,14 @@ type Accountant struct {
 	// pricingSlots bound the new request shapes the accountant's pricers
 	// evaluate at once (see SetPricingSlots).
 	pricingSlots *quota.PricingSlots
+	// recountBudget bounds the CEL cost of pricing the claims of one
+	// cohort sync (syncLocked); quota.MaxCELCostPerClaim, so that any
+	// claim admitted within its own budget can be priced in one sync.
+	recountBudget int64
+	// legacyRecount, set by a benchmark only, prices a recount's claims as
+	// before issue 55's fix, for its "before": under claimsMu, with no
+	// budget but the caller's deadline.
+	legacyRecount bool
 
 	// Locks. Four guard the books' running totals, each for a reason of
 	// its own; none is held across an API call, and they nest only in the
@@ -99,6 +107,10 @@ type Accountant struct {
 	// stalled every admission of every tenant behind it).
 	live map[string]liveNamespace
 
+	// beforePricing, when set (by tests), is called before a claim of the
+	// cache is priced: a test holds a pricing with it.
+	beforePricing func(ctx context.Context, claim *resourceapi.ResourceClaim)
+
 	// progress is how far the ResourceClaim cache has got; a book another
 	// replica settled further is not decided on before it gets there.
 	progress *claimProgress
@@ -153,7 +165,8 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		live:    map[string]liveNamespace{},
 		now:     time.Now,
 
-		pricingSlots: quota.DefaultPricingSlots(),
+		pricingSlots:  quota.DefaultPricingSlots(),
+		recountBudget: quota.MaxCELCostPerClaim,
 
 		progress: newClaimProgress(),
 	}
@@ -379,22 +392,67 @@ func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Na
 	return entry.ns, nil
 }
 
-// charge is chargeLocked for a caller that does not hold claimsMu.
+// charge is what a claim of the cache is charged now, from the cache of
+// charges when neither the claim nor the catalog changed since, else priced
+// outside claimsMu (see priceClaim).
 func (a *Accountant) charge(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
 	a.claimsMu.Lock()
-	defer a.claimsMu.Unlock()
-	return a.chargeLocked(ctx, cat, claim)
+	c, ok := a.cachedChargeLocked(cat, claim)
+	a.claimsMu.Unlock()
+	if ok {
+		return c
+	}
+	charged, complete := a.priceClaim(ctx, cat, claim)
+	if complete {
+		a.claimsMu.Lock()
+		a.rememberChargeLocked(cat, claim, charged)
+		a.claimsMu.Unlock()
+	}
+	return charged
 }
 
-// chargeLocked prices a claim, from the cache when neither the claim nor
-// the catalog changed since.
-func (a *Accountant) chargeLocked(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
-	if c, ok := a.charges[claim.UID]; ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
-		return c.charged
+// cachedChargeLocked is a claim's cached charge, if neither the claim nor
+// the catalog changed since it was priced (caller holds claimsMu).
+func (a *Accountant) cachedChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim) (quota.Charged, bool) {
+	c, ok := a.charges[claim.UID]
+	if ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
+		return c.charged, true
 	}
-	charged := cat.pricer.Cost(ctx, claim)
+	return quota.Charged{}, false
+}
+
+// rememberChargeLocked caches a claim's complete charge (caller holds
+// claimsMu).
+func (a *Accountant) rememberChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim, charged quota.Charged) {
 	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged}
-	return charged
+}
+
+// priceClaim prices a claim of the cache within its CEL budget
+// (quota.MaxCELCostPerClaim) and ctx's, which a recount's budget bounds
+// (recountBudget). It holds no lock: claimsMu is shared by every cohort's
+// decisions, and a tenant's claims of selectors near the API server's
+// limit, each admitted within its budget, took seconds to price again
+// after a catalog change, under claimsMu, while every other tenant's
+// admission waited (issue 55).
+//
+// complete is false when ctx ended (a recount's budget spent, the caller's
+// deadline) before the pricing did: the charge is then the worst case of
+// what was not worked out (a whole GPU per device, the largest node for
+// allocationMode All), and must not be remembered, or the claim would keep
+// a price someone else's deadline chose. A claim that spent its own budget
+// is complete: at its worst case too, but that is its price under this
+// catalog, and pricing it again would only spend another budget.
+func (a *Accountant) priceClaim(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) (_ quota.Charged, complete bool) {
+	cctx, stop := quota.WithCELBudget(ctx, quota.MaxCELCostPerClaim)
+	defer stop()
+	if a.legacyRecount {
+		cctx = ctx
+	}
+	if a.beforePricing != nil {
+		a.beforePricing(cctx, claim)
+	}
+	charged := cat.pricer.Cost(cctx, claim)
+	return charged, ctx.Err() == nil
 }
 
 // reserve is the book after admitting claim: the new reservation, minus
@@ -534,6 +592,9 @@ type namespaceUsage struct {
 	total                dimVals                            // of usage.Total(), for the running totals
 	claims               map[types.NamespacedName]types.UID // what was counted
 	versions             map[types.UID]string               // their resourceVersions, as counted
+	// provisional: some claim's pricing was cut short and counts at its
+	// worst case; recounted on next use.
+	provisional bool
 }
 
 // ClaimChanged is called by the claim informer for every event: the
@@ -554,31 +615,60 @@ func (a *Accountant) claimGen(namespace string) (int64, bool) {
 }
 
 // namespaceUsage is the namespace's sum, recounted when its claims or the
-// catalog changed. The cache is listed without claimsMu: a slow list must
-// not hold up the other cohorts' decisions.
-func (a *Accountant) namespaceUsage(ctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
+// catalog changed, or when its last count was provisional. Neither the
+// cache's list nor the pricing of claims whose charges are not cached holds
+// claimsMu: a slow list, or a tenant's claims slow to price, must not hold
+// up the other cohorts' decisions. A claim whose pricing ctx's budget cut
+// short counts at its worst case, and the count is provisional: the next
+// recount prices on from there (the charges that were complete are kept).
+func (a *Accountant) namespaceUsage(ctx, pctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
 	gen, tracking := a.claimGen(ns)
 	a.claimsMu.Lock()
 	nu := a.nsUsage[ns]
 	a.claimsMu.Unlock()
-	if tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
+	if tracking && nu != nil && !nu.provisional && nu.claimGen == gen && nu.catalogGen == cat.gen {
 		return nu, nil
 	}
 	var claims resourceapi.ResourceClaimList
 	if err := a.reader.List(ctx, &claims, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing ResourceClaims of namespace %s: %w", ns, err)
 	}
+	charges := make([]quota.Charged, len(claims.Items))
+	var unknown []int
 	a.claimsMu.Lock()
-	defer a.claimsMu.Unlock()
+	for i := range claims.Items {
+		var ok bool
+		if charges[i], ok = a.cachedChargeLocked(cat, &claims.Items[i]); !ok {
+			unknown = append(unknown, i)
+		}
+	}
+	a.claimsMu.Unlock()
 	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen,
 		claims:   make(map[types.NamespacedName]types.UID, len(claims.Items)),
 		versions: make(map[types.UID]string, len(claims.Items))}
+	complete := make([]bool, len(unknown))
+	if a.legacyRecount {
+		a.claimsMu.Lock()
+	}
+	for j, i := range unknown {
+		charges[i], complete[j] = a.priceClaim(pctx, cat, &claims.Items[i])
+		nu.provisional = nu.provisional || !complete[j]
+	}
+	if !a.legacyRecount {
+		a.claimsMu.Lock()
+	}
+	defer a.claimsMu.Unlock()
+	for j, i := range unknown {
+		if complete[j] {
+			a.rememberChargeLocked(cat, &claims.Items[i], charges[i])
+		}
+	}
 	var tally quota.Tally
 	for i := range claims.Items {
 		c := &claims.Items[i]
 		nu.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
 		nu.versions[c.UID] = c.ResourceVersion
-		if ch := a.chargeLocked(ctx, cat, c); !ch.Charge.IsZero() {
+		if ch := charges[i]; !ch.Charge.IsZero() {
 			tally.Add(ch.Charge, ch.Allocated)
 		}
 	}
