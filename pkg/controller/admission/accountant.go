@@ -2,7 +2,10 @@ package admission
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,7 +132,13 @@ const liveNamespaceTTL = 30 * time.Second
 // priceList is the catalog as the accountant prices claims: a snapshot of
 // the slices, classes and profiles.
 type priceList struct {
-	gen      int64
+	gen int64
+	// pools is what each pool of ours was built from (poolKey), and
+	// classes what the classes, profiles and shapes were (classesKey):
+	// an allocated claim's charge reads only its devices' pools and those,
+	// so it stays valid across generations that changed neither (issue 52).
+	pools    map[string]string
+	classes  string
 	pricer   *quota.Pricer
 	profiles map[string]*gpuaas.GpuProfile
 	migs     map[string]bool // MIG profile names published by nodes
@@ -148,6 +157,11 @@ type cachedCharge struct {
 	resourceVersion string
 	gen             int64
 	charged         quota.Charged
+	// pools and classes: for an allocated claim whose every device of ours
+	// was published, the keys of its devices' pools and of the classes it
+	// was priced with (priceList); nil pools: valid for gen only.
+	pools   map[string]string
+	classes string
 }
 
 // NewAccountant reads objects from reader (the manager's cache) and, for
@@ -241,6 +255,7 @@ func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
 	}
 	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
 	a.cat.pricer.WithShapes(shapesOf(shapes.Items)).WithSlots(a.pricingSlots)
+	a.cat.pools, a.cat.classes = poolKeys(slices.Items), classesKey(classes.Items, profiles.Items, shapes.Items, a.countShapes.Load())
 	return a.cat, nil
 }
 
@@ -415,16 +430,91 @@ func (a *Accountant) charge(ctx context.Context, cat *priceList, claim *resource
 // the catalog changed since it was priced (caller holds claimsMu).
 func (a *Accountant) cachedChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim) (quota.Charged, bool) {
 	c, ok := a.charges[claim.UID]
-	if ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
+	if !ok || c.resourceVersion != claim.ResourceVersion {
+		return quota.Charged{}, false
+	}
+	if c.gen == cat.gen {
 		return c.charged, true
 	}
-	return quota.Charged{}, false
+	if c.pools == nil || c.classes != cat.classes {
+		return quota.Charged{}, false
+	}
+	for pool, key := range c.pools {
+		if cat.pools[pool] != key {
+			return quota.Charged{}, false
+		}
+	}
+	c.gen = cat.gen // valid for this generation too: carried over
+	a.charges[claim.UID] = c
+	return c.charged, true
 }
 
 // rememberChargeLocked caches a claim's complete charge (caller holds
 // claimsMu).
 func (a *Accountant) rememberChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim, charged quota.Charged) {
-	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged}
+	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged,
+		pools: portablePools(cat, claim), classes: cat.classes}
+}
+
+// portablePools are the keys of the pools an allocated claim's devices of
+// ours are on, when every one of them is published (a missing device is
+// charged its request's worst case over every pool); nil otherwise.
+func portablePools(cat *priceList, claim *resourceapi.ResourceClaim) map[string]string {
+	if claim.Status.Allocation == nil || cat.pools == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != quota.DriverName {
+			continue
+		}
+		key, ok := cat.pools[r.Pool]
+		if !ok || cat.pricer.Inventory().Get(quota.DeviceID{Driver: r.Driver, Pool: r.Pool, Device: r.Device}) == nil {
+			return nil
+		}
+		out[r.Pool] = key
+	}
+	return out
+}
+
+// poolKeys is, per pool of our driver, the names and resourceVersions of
+// its slices: any change to a slice changes its key (a taint too, which
+// then only costs a re-pricing).
+func poolKeys(list []resourceapi.ResourceSlice) map[string]string {
+	parts := map[string][]string{}
+	for i := range list {
+		s := &list[i]
+		if s.Spec.Driver == quota.DriverName {
+			parts[s.Spec.Pool.Name] = append(parts[s.Spec.Pool.Name], s.Name+"@"+s.ResourceVersion)
+		}
+	}
+	out := make(map[string]string, len(parts))
+	for pool, p := range parts {
+		slices.Sort(p)
+		out[pool] = strings.Join(p, ",")
+	}
+	return out
+}
+
+// classesKey is what of the classes, profiles and shapes a price reads:
+// the classes' resourceVersions, the profiles' and shapes' generations,
+// labels, annotations and deletion (not their status, which the
+// reconcilers write after allocations).
+func classesKey(classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, countShapes bool) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "shapes=%v;", countShapes)
+	for i := range classes {
+		fmt.Fprintf(h, "c%q@%s;", classes[i].Name, classes[i].ResourceVersion)
+	}
+	for i := range profiles {
+		p := &profiles[i]
+		fmt.Fprintf(h, "p%q@%d%v%v%v;", p.Name, p.Generation, p.Labels, p.Annotations, p.DeletionTimestamp.IsZero())
+	}
+	for i := range shapes {
+		sh := &shapes[i]
+		fmt.Fprintf(h, "s%q@%d%v%v%v;", sh.Name, sh.Generation, sh.Labels, sh.Annotations, sh.DeletionTimestamp.IsZero())
+	}
+	return string(h.Sum(nil))
 }
 
 // priceClaim prices a claim of the cache within its CEL budget

@@ -3,14 +3,17 @@ package admission
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -100,5 +103,58 @@ func TestCohortRecountIsBoundedAndPricesOn(t *testing.T) {
 	}
 	if got, want := r.Usage.Total().Units, quota.NewUnits(3, 7); got.Cmp(want) != 0 {
 		t.Errorf("team-slow after a second sync: %s GPU units, want %s (the second prices on from the first)", got, want)
+	}
+}
+
+// Issue 52 build 2: a catalog change re-prices only what it can move. A
+// claim allocated on node-a is charged from node-a's devices and the
+// classes: an update of node-b's slice (a device added) must not price it
+// again, an update of node-a's must, and an unallocated claim, whose worst
+// case any node can move, is priced again on either.
+func TestAnotherPoolsUpdateKeepsAllocatedClaimPrices(t *testing.T) {
+	objs := append(world(t), ns("a", nil), teamQuota("team-a", "a", "4"),
+		allocatedTo(claim("a", "on-a", "h100", 1), "node-a", "gpu-0"), claim("a", "waiting", "mig-1g", 1))
+	acct, c := newAccountant(t, objs...)
+	var mu sync.Mutex
+	priced := map[string]int{}
+	acct.beforePricing = func(_ context.Context, claim *resourceapi.ResourceClaim) {
+		mu.Lock()
+		priced[claim.Name]++
+		mu.Unlock()
+	}
+	recount := func() map[string]int {
+		t.Helper()
+		mu.Lock()
+		clear(priced)
+		mu.Unlock()
+		if _, err := acct.Report(ctx(t), "team-a"); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(priced)
+	}
+	update := func(node string, d resourceapi.Device) {
+		t.Helper()
+		var s resourceapi.ResourceSlice
+		if err := c.Get(ctx(t), client.ObjectKey{Name: node + "-slice"}, &s); err != nil {
+			t.Fatal(err)
+		}
+		s.Spec.Devices = append(s.Spec.Devices, d)
+		if err := c.Update(ctx(t), &s); err != nil {
+			t.Fatal(err)
+		}
+		acct.InvalidateCatalog() // as CatalogHandler does: the devices changed
+	}
+	recount()
+	d := mig1g(7)
+	d.Name = "gpu-1-mig-1g-0"
+	update("node-b", d)
+	if got := recount(); got["on-a"] != 0 || got["waiting"] != 1 {
+		t.Errorf("after node-b's update, priced again: %v; want only the unallocated claim (the one on node-a kept its price)", got)
+	}
+	update("node-a", testworld.WholeGPU(4))
+	if got := recount(); got["on-a"] != 1 || got["waiting"] != 1 {
+		t.Errorf("after node-a's update, priced again: %v; want both", got)
 	}
 }
