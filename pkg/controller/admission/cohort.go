@@ -113,11 +113,21 @@ func (a *Accountant) cohortFor(ten *tenancy, t quota.Tenant) *cohortUsage {
 func (a *Accountant) syncLocked(ctx context.Context, cat *priceList, ten *tenancy, g *cohortUsage, key string) error {
 	_, tracking := a.claimGen("")
 	var dirty []string
-	if g.catalogGen != cat.gen || g.tenancyGen != ten.gen || !g.tracked || !tracking {
+	switch {
+	case g.catalogGen == 0 || g.tenancyGen != ten.gen || !g.tracked || !tracking:
 		g.reset(cat, ten, key, tracking)
 		a.takeDirty(g, ten) // before reading: a change from now on marks it again
 		dirty = slices.Collect(maps.Keys(g.owner))
-	} else {
+	case g.catalogGen != cat.gen:
+		// Only prices may have moved: every namespace is counted again
+		// (each replaces its own part of the sums), and the members, the
+		// limits and the reservations held stay as they are, as they read
+		// nothing of the catalog (issue 52). The claims' charges that the
+		// change did not move come from the cache.
+		g.catalogGen = cat.gen
+		a.takeDirty(g, ten)
+		dirty = slices.Collect(maps.Keys(g.owner))
+	default:
 		dirty = a.takeDirty(g, ten)
 	}
 	pctx, stop := quota.WithCELBudget(ctx, a.recountBudget)
