@@ -458,7 +458,11 @@ func (p *Pricer) devicesOf(ctx context.Context, d *Device, class string) map[str
 }
 
 // deviceProfiles are the GpuProfiles whose class selects d, worked out
-// once per device and pricer.
+// once per device and pricer. They are evaluated whatever is left of ctx's
+// deadline or CEL budget: the selectors are the profiles' (the platform's),
+// the answer is kept for every later claim, and one worked out under a
+// pricing cut short matched no profile, so every later claim given d was
+// charged none of its profiles' device limits (issue 55).
 func (p *Pricer) deviceProfiles(ctx context.Context, d *Device) []string {
 	p.mu.Lock()
 	known, ok := p.profilesOf[d.ID]
@@ -466,6 +470,7 @@ func (p *Pricer) deviceProfiles(ctx context.Context, d *Device) []string {
 	if ok {
 		return known
 	}
+	ctx = context.WithoutCancel(ctx)
 	var out []string
 	for _, name := range slices.Sorted(maps.Keys(p.profiles)) {
 		if p.classes[name] != nil && Matches(ctx, d, p.selectors(name, nil)) {

@@ -384,3 +384,20 @@ func TestInterruptedPricingIsNotRemembered(t *testing.T) {
 		t.Errorf("after an interrupted walk: %+v, want priced", u)
 	}
 }
+
+// Issue 55 route 5: an interrupted price is never remembered. The GpuProfiles
+// a device belongs to were worked out under the claim's context and kept
+// per device: a pricing cut short (its budget spent, its deadline) matched
+// no profile, and every later claim allocated that device was charged
+// none of its profiles' device limits.
+func TestDeviceProfilesAreNotRememberedFromAnInterruptedPricing(t *testing.T) {
+	p := testPricer()
+	c := allocated(claimSpec(exact("mig", "mig-any", 1)), result("mig", "node-b", "gpu-1-mig-1g.10gb"))
+	cut, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Cost(cut, c)
+	want := charge(NewUnits(1, 7), gi(10), map[string]int64{"mig-any": 1, "mig-1g": 1})
+	if got := p.Cost(context.Background(), c); !sameCharge(got.Charge, want) {
+		t.Fatalf("after a pricing cut short, Cost = %s, want %s (the device's profiles forgotten)", got.Charge, want)
+	}
+}

@@ -2,7 +2,10 @@ package admission
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +44,14 @@ type Accountant struct {
 	// pricingSlots bound the new request shapes the accountant's pricers
 	// evaluate at once (see SetPricingSlots).
 	pricingSlots *quota.PricingSlots
+	// recountBudget bounds the CEL cost of pricing the claims of one
+	// cohort sync (syncLocked); quota.MaxCELCostPerClaim, so that any
+	// claim admitted within its own budget can be priced in one sync.
+	recountBudget int64
+	// legacyRecount, set by a benchmark only, prices a recount's claims as
+	// before issue 55's fix, for its "before": under claimsMu, with no
+	// budget but the caller's deadline.
+	legacyRecount bool
 
 	// Locks. Four guard the books' running totals, each for a reason of
 	// its own; none is held across an API call, and they nest only in the
@@ -101,6 +112,10 @@ type Accountant struct {
 	// stalled every admission of every tenant behind it).
 	live map[string]liveNamespace
 
+	// beforePricing, when set (by tests), is called before a claim of the
+	// cache is priced: a test holds a pricing with it.
+	beforePricing func(ctx context.Context, claim *resourceapi.ResourceClaim)
+
 	// progress is how far the ResourceClaim cache has got; a book another
 	// replica settled further is not decided on before it gets there.
 	progress *claimProgress
@@ -119,7 +134,13 @@ const liveNamespaceTTL = 30 * time.Second
 // priceList is the catalog as the accountant prices claims: a snapshot of
 // the slices, classes and profiles.
 type priceList struct {
-	gen      int64
+	gen int64
+	// pools is what each pool of ours was built from (poolKey), and
+	// classes what the classes, profiles and shapes were (classesKey):
+	// an allocated claim's charge reads only its devices' pools and those,
+	// so it stays valid across generations that changed neither (issue 52).
+	pools    map[string]string
+	classes  string
 	pricer   *quota.Pricer
 	profiles map[string]*gpuaas.GpuProfile
 	migs     map[string]bool // MIG profile names published by nodes
@@ -184,6 +205,11 @@ type cachedCharge struct {
 	resourceVersion string
 	gen             int64
 	charged         quota.Charged
+	// pools and classes: for an allocated claim whose every device of ours
+	// was published, the keys of its devices' pools and of the classes it
+	// was priced with (priceList); nil pools: valid for gen only.
+	pools   map[string]string
+	classes string
 }
 
 // NewAccountant reads objects from reader (the manager's cache) and, for
@@ -201,7 +227,8 @@ func NewAccountant(reader, apiReader client.Reader, ledger *Ledger) *Accountant 
 		live:    map[string]liveNamespace{},
 		now:     time.Now,
 
-		pricingSlots: quota.DefaultPricingSlots(),
+		pricingSlots:  quota.DefaultPricingSlots(),
+		recountBudget: quota.MaxCELCostPerClaim,
 
 		progress: newClaimProgress(),
 	}
@@ -276,6 +303,7 @@ func (a *Accountant) catalogLocked(ctx context.Context) (*priceList, error) {
 	}
 	a.cat = newCatalog(gen, slices.Items, classes.Items, profiles.Items)
 	a.cat.pricer.WithShapes(shapesOf(shapes.Items)).WithSlots(a.pricingSlots)
+	a.cat.pools, a.cat.classes = poolKeys(slices.Items), classesKey(classes.Items, profiles.Items, shapes.Items, a.countShapes.Load())
 	return a.cat, nil
 }
 
@@ -431,22 +459,142 @@ func (a *Accountant) readLive(ctx context.Context, namespace string) (*corev1.Na
 	return entry.ns, nil
 }
 
-// charge is chargeLocked for a caller that does not hold claimsMu.
+// charge is what a claim of the cache is charged now, from the cache of
+// charges when neither the claim nor the catalog changed since, else priced
+// outside claimsMu (see priceClaim).
 func (a *Accountant) charge(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
 	a.claimsMu.Lock()
-	defer a.claimsMu.Unlock()
-	return a.chargeLocked(ctx, cat, claim)
+	c, ok := a.cachedChargeLocked(cat, claim)
+	a.claimsMu.Unlock()
+	if ok {
+		return c
+	}
+	charged, complete := a.priceClaim(ctx, cat, claim)
+	if complete {
+		a.claimsMu.Lock()
+		a.rememberChargeLocked(cat, claim, charged)
+		a.claimsMu.Unlock()
+	}
+	return charged
 }
 
-// chargeLocked prices a claim, from the cache when neither the claim nor
-// the catalog changed since.
-func (a *Accountant) chargeLocked(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) quota.Charged {
-	if c, ok := a.charges[claim.UID]; ok && c.resourceVersion == claim.ResourceVersion && c.gen == cat.gen {
-		return c.charged
+// cachedChargeLocked is a claim's cached charge, if neither the claim nor
+// the catalog changed since it was priced (caller holds claimsMu).
+func (a *Accountant) cachedChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim) (quota.Charged, bool) {
+	c, ok := a.charges[claim.UID]
+	if !ok || c.resourceVersion != claim.ResourceVersion {
+		return quota.Charged{}, false
 	}
-	charged := cat.pricer.Cost(ctx, claim)
-	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged}
-	return charged
+	if c.gen == cat.gen {
+		return c.charged, true
+	}
+	if c.pools == nil || c.classes != cat.classes {
+		return quota.Charged{}, false
+	}
+	for pool, key := range c.pools {
+		if cat.pools[pool] != key {
+			return quota.Charged{}, false
+		}
+	}
+	c.gen = cat.gen // valid for this generation too: carried over
+	a.charges[claim.UID] = c
+	return c.charged, true
+}
+
+// rememberChargeLocked caches a claim's complete charge (caller holds
+// claimsMu).
+func (a *Accountant) rememberChargeLocked(cat *priceList, claim *resourceapi.ResourceClaim, charged quota.Charged) {
+	a.charges[claim.UID] = cachedCharge{resourceVersion: claim.ResourceVersion, gen: cat.gen, charged: charged,
+		pools: portablePools(cat, claim), classes: cat.classes}
+}
+
+// portablePools are the keys of the pools an allocated claim's devices of
+// ours are on, when every one of them is published (a missing device is
+// charged its request's worst case over every pool); nil otherwise.
+func portablePools(cat *priceList, claim *resourceapi.ResourceClaim) map[string]string {
+	if claim.Status.Allocation == nil || cat.pools == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != quota.DriverName {
+			continue
+		}
+		key, ok := cat.pools[r.Pool]
+		if !ok || cat.pricer.Inventory().Get(quota.DeviceID{Driver: r.Driver, Pool: r.Pool, Device: r.Device}) == nil {
+			return nil
+		}
+		out[r.Pool] = key
+	}
+	return out
+}
+
+// poolKeys is, per pool of our driver, the names and resourceVersions of
+// its slices: any change to a slice changes its key (a taint too, which
+// then only costs a re-pricing).
+func poolKeys(list []resourceapi.ResourceSlice) map[string]string {
+	parts := map[string][]string{}
+	for i := range list {
+		s := &list[i]
+		if s.Spec.Driver == quota.DriverName {
+			parts[s.Spec.Pool.Name] = append(parts[s.Spec.Pool.Name], s.Name+"@"+s.ResourceVersion)
+		}
+	}
+	out := make(map[string]string, len(parts))
+	for pool, p := range parts {
+		slices.Sort(p)
+		out[pool] = strings.Join(p, ",")
+	}
+	return out
+}
+
+// classesKey is what of the classes, profiles and shapes a price reads:
+// the classes' resourceVersions, the profiles' and shapes' generations,
+// labels, annotations and deletion (not their status, which the
+// reconcilers write after allocations).
+func classesKey(classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, countShapes bool) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "shapes=%v;", countShapes)
+	for i := range classes {
+		fmt.Fprintf(h, "c%q@%s;", classes[i].Name, classes[i].ResourceVersion)
+	}
+	for i := range profiles {
+		p := &profiles[i]
+		fmt.Fprintf(h, "p%q@%d%v%v%v;", p.Name, p.Generation, p.Labels, p.Annotations, p.DeletionTimestamp.IsZero())
+	}
+	for i := range shapes {
+		sh := &shapes[i]
+		fmt.Fprintf(h, "s%q@%d%v%v%v;", sh.Name, sh.Generation, sh.Labels, sh.Annotations, sh.DeletionTimestamp.IsZero())
+	}
+	return string(h.Sum(nil))
+}
+
+// priceClaim prices a claim of the cache within its CEL budget
+// (quota.MaxCELCostPerClaim) and ctx's, which a recount's budget bounds
+// (recountBudget). It holds no lock: claimsMu is shared by every cohort's
+// decisions, and a tenant's claims of selectors near the API server's
+// limit, each admitted within its budget, took seconds to price again
+// after a catalog change, under claimsMu, while every other tenant's
+// admission waited (issue 55).
+//
+// complete is false when ctx ended (a recount's budget spent, the caller's
+// deadline) before the pricing did: the charge is then the worst case of
+// what was not worked out (a whole GPU per device, the largest node for
+// allocationMode All), and must not be remembered, or the claim would keep
+// a price someone else's deadline chose. A claim that spent its own budget
+// is complete: at its worst case too, but that is its price under this
+// catalog, and pricing it again would only spend another budget.
+func (a *Accountant) priceClaim(ctx context.Context, cat *priceList, claim *resourceapi.ResourceClaim) (_ quota.Charged, complete bool) {
+	cctx, stop := quota.WithCELBudget(ctx, quota.MaxCELCostPerClaim)
+	defer stop()
+	if a.legacyRecount {
+		cctx = ctx
+	}
+	if a.beforePricing != nil {
+		a.beforePricing(cctx, claim)
+	}
+	charged := cat.pricer.Cost(cctx, claim)
+	return charged, ctx.Err() == nil
 }
 
 // reserve is the book after admitting claim: the new reservation, minus
@@ -586,6 +734,9 @@ type namespaceUsage struct {
 	total                dimVals                            // of usage.Total(), for the running totals
 	claims               map[types.NamespacedName]types.UID // what was counted
 	versions             map[types.UID]string               // their resourceVersions, as counted
+	// provisional: some claim's pricing was cut short and counts at its
+	// worst case; recounted on next use.
+	provisional bool
 }
 
 // ClaimChanged is called by the claim informer for every event: the
@@ -606,31 +757,60 @@ func (a *Accountant) claimGen(namespace string) (int64, bool) {
 }
 
 // namespaceUsage is the namespace's sum, recounted when its claims or the
-// catalog changed. The cache is listed without claimsMu: a slow list must
-// not hold up the other cohorts' decisions.
-func (a *Accountant) namespaceUsage(ctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
+// catalog changed, or when its last count was provisional. Neither the
+// cache's list nor the pricing of claims whose charges are not cached holds
+// claimsMu: a slow list, or a tenant's claims slow to price, must not hold
+// up the other cohorts' decisions. A claim whose pricing ctx's budget cut
+// short counts at its worst case, and the count is provisional: the next
+// recount prices on from there (the charges that were complete are kept).
+func (a *Accountant) namespaceUsage(ctx, pctx context.Context, cat *priceList, ns string) (*namespaceUsage, error) {
 	gen, tracking := a.claimGen(ns)
 	a.claimsMu.Lock()
 	nu := a.nsUsage[ns]
 	a.claimsMu.Unlock()
-	if tracking && nu != nil && nu.claimGen == gen && nu.catalogGen == cat.gen {
+	if tracking && nu != nil && !nu.provisional && nu.claimGen == gen && nu.catalogGen == cat.gen {
 		return nu, nil
 	}
 	var claims resourceapi.ResourceClaimList
 	if err := a.reader.List(ctx, &claims, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing ResourceClaims of namespace %s: %w", ns, err)
 	}
+	charges := make([]quota.Charged, len(claims.Items))
+	var unknown []int
 	a.claimsMu.Lock()
-	defer a.claimsMu.Unlock()
+	for i := range claims.Items {
+		var ok bool
+		if charges[i], ok = a.cachedChargeLocked(cat, &claims.Items[i]); !ok {
+			unknown = append(unknown, i)
+		}
+	}
+	a.claimsMu.Unlock()
 	nu = &namespaceUsage{claimGen: gen, catalogGen: cat.gen,
 		claims:   make(map[types.NamespacedName]types.UID, len(claims.Items)),
 		versions: make(map[types.UID]string, len(claims.Items))}
+	complete := make([]bool, len(unknown))
+	if a.legacyRecount {
+		a.claimsMu.Lock()
+	}
+	for j, i := range unknown {
+		charges[i], complete[j] = a.priceClaim(pctx, cat, &claims.Items[i])
+		nu.provisional = nu.provisional || !complete[j]
+	}
+	if !a.legacyRecount {
+		a.claimsMu.Lock()
+	}
+	defer a.claimsMu.Unlock()
+	for j, i := range unknown {
+		if complete[j] {
+			a.rememberChargeLocked(cat, &claims.Items[i], charges[i])
+		}
+	}
 	var tally quota.Tally
 	for i := range claims.Items {
 		c := &claims.Items[i]
 		nu.claims[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
 		nu.versions[c.UID] = c.ResourceVersion
-		if ch := a.chargeLocked(ctx, cat, c); !ch.Charge.IsZero() {
+		if ch := charges[i]; !ch.Charge.IsZero() {
 			tally.Add(ch.Charge, ch.Allocated)
 		}
 	}

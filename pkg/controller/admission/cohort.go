@@ -103,23 +103,55 @@ func (a *Accountant) cohortFor(ten *tenancy, t quota.Tenant) *cohortUsage {
 // syncLocked brings g up to date with the cache (caller holds g.mu):
 // rebuilt when tenancy or catalog changed (or while no informer reports
 // claim changes), else recounted where claims changed.
+//
+// The claims whose charges are not cached are priced within one recount
+// budget (recountBudget) for the whole sync: g.mu is held by every decision
+// of the cohort, and one member's claims slow to price (each within its own
+// budget) must not hold its peers' admissions for seconds. What the budget
+// leaves unpriced counts at its worst case, and its namespace stays dirty:
+// the next sync prices on from where this one stopped.
 func (a *Accountant) syncLocked(ctx context.Context, cat *priceList, ten *tenancy, g *cohortUsage, key string) error {
 	_, tracking := a.claimGen("")
 	var dirty []string
-	if g.catalogGen != cat.gen || g.tenancyGen != ten.gen || !g.tracked || !tracking {
+	switch {
+	case g.catalogGen == 0 || g.tenancyGen != ten.gen || !g.tracked || !tracking:
 		g.reset(cat, ten, key, tracking)
 		a.takeDirty(g, ten) // before reading: a change from now on marks it again
 		dirty = slices.Collect(maps.Keys(g.owner))
-	} else {
+	case g.catalogGen != cat.gen:
+		// Only prices may have moved: every namespace is counted again
+		// (each replaces its own part of the sums), and the members, the
+		// limits and the reservations held stay as they are, as they read
+		// nothing of the catalog (issue 52). The claims' charges that the
+		// change did not move come from the cache.
+		g.catalogGen = cat.gen
+		a.takeDirty(g, ten)
+		dirty = slices.Collect(maps.Keys(g.owner))
+	default:
 		dirty = a.takeDirty(g, ten)
 	}
+	pctx, stop := quota.WithCELBudget(ctx, a.recountBudget)
+	defer stop()
+	if a.legacyRecount {
+		pctx = ctx
+	}
 	for _, ns := range dirty {
-		if err := a.countNamespaceLocked(ctx, cat, g, ns); err != nil {
+		if err := a.countNamespaceLocked(ctx, pctx, cat, g, ns); err != nil {
 			g.catalogGen = 0 // half counted: rebuilt by the next caller
 			return err
 		}
+		if g.counted[ns].provisional {
+			a.markDirty(ns)
+		}
 	}
 	return nil
+}
+
+// markDirty has the next sync of ns's cohort count it again.
+func (a *Accountant) markDirty(ns string) {
+	a.nsMu.Lock()
+	defer a.nsMu.Unlock()
+	a.nsDirty[ns] = struct{}{}
 }
 
 // reset empties g for the members of key under ten.
@@ -173,9 +205,9 @@ func (a *Accountant) takeDirty(g *cohortUsage, ten *tenancy) []string {
 }
 
 // countNamespaceLocked replaces what a namespace's claims add to the sums
-// (caller holds g.mu).
-func (a *Accountant) countNamespaceLocked(ctx context.Context, cat *priceList, g *cohortUsage, ns string) error {
-	nu, err := a.namespaceUsage(ctx, cat, ns)
+// (caller holds g.mu); its claims are priced under pctx.
+func (a *Accountant) countNamespaceLocked(ctx, pctx context.Context, cat *priceList, g *cohortUsage, ns string) error {
+	nu, err := a.namespaceUsage(ctx, pctx, cat, ns)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -53,7 +54,7 @@ func TestCohortRunningTotalMatchesASumFromScratch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for step := range 600 {
 		tn := tenants[rng.IntN(len(tenants))].name
-		switch op := rng.IntN(6); op {
+		switch op := rng.IntN(7); op {
 		case 0:
 			w.create(tn, fmt.Sprintf("c-%d", step), rng.IntN(2) == 0)
 		case 1:
@@ -66,11 +67,32 @@ func TestCohortRunningTotalMatchesASumFromScratch(t *testing.T) {
 			w.arrive(rng)
 		case 5:
 			clock = clock.Add(time.Duration(rng.IntN(8)) * time.Second) // reservations expire
+		case 6:
+			w.changeCatalog(step)
 		}
 		for _, tn := range tenants {
 			w.compare(step, tn.name)
 		}
 	}
+}
+
+// changeCatalog publishes another device on a node of its own (a price
+// may move: the largest node, the memory) and tells the accountant, as the
+// slice informer does; the running totals stay those of a sum from scratch.
+func (w *cohortWorld) changeCatalog(step int) {
+	var devs []resourceapi.Device
+	for i := range 1 + step%5 {
+		d := testworld.WholeGPU(i)
+		if step%2 == 0 { // an H200's memory: the worst case of an h100 claim moves
+			d.Capacity["memory"] = resourceapi.DeviceCapacity{Value: resource.MustParse("141Gi")}
+		}
+		devs = append(devs, d)
+	}
+	s := resourceSlice("node-grow", devs...)
+	w.rv++
+	s.ResourceVersion = fmt.Sprint(w.rv)
+	w.mem.Put(s)
+	w.acct.InvalidateCatalog()
 }
 
 type cohortWorld struct {
