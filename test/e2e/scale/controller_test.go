@@ -84,8 +84,13 @@ type controller struct {
 	metrics func(ctx context.Context, name, label string) (map[string]float64, error)
 }
 
-// buildController builds cmd/dra-controller of this tree.
+// buildController builds cmd/dra-controller of this tree, or returns
+// $DRA_CONTROLLER_BIN, a binary built beforehand (of this tree or, to see
+// a test fail before a fix, of another).
 func buildController(tb testing.TB, ctx context.Context) string {
+	if bin := os.Getenv("DRA_CONTROLLER_BIN"); bin != "" {
+		return bin
+	}
 	bin, err := framework.Build(ctx, tb.TempDir(), "cmd/dra-controller")
 	if err != nil {
 		tb.Fatal(err)
