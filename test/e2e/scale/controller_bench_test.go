@@ -48,7 +48,8 @@ const churnClass = "gpu.gpuaas.io"
 // go_memstats_heap_inuse_bytes) after the run.
 //
 // FLEET_BASELINE=<git ref> also runs the controller built from that ref
-// (git archive, go build) on the same fleet in the same run, first.
+// (git archive, go build) on the same fleet in the same run, first;
+// FLEET_BASELINE_BIN=<path> runs a binary built beforehand instead.
 //
 //	make bench-controller-fleet
 //	(= E2E_REQUIRED=1 go test ./test/e2e/scale -run '^$' -bench ControllerWhileSlicesChurn -benchtime 1x -timeout 3h -v)
@@ -56,7 +57,9 @@ func BenchmarkControllerWhileSlicesChurn(b *testing.B) {
 	ctx := framework.Context(b, 3*time.Hour)
 	type build struct{ name, bin string }
 	var builds []build
-	if ref := os.Getenv("FLEET_BASELINE"); ref != "" {
+	if bin := os.Getenv("FLEET_BASELINE_BIN"); bin != "" {
+		builds = append(builds, build{"before", bin})
+	} else if ref := os.Getenv("FLEET_BASELINE"); ref != "" {
 		builds = append(builds, build{"before", buildControllerAt(b, ctx, ref)})
 	}
 	builds = append(builds, build{"after", buildController(b, ctx)})
