@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint validate-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint validate-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -191,6 +191,13 @@ bench:
 ## device mode; prints the tables of BENCHMARKS.md "Scale". SCALE_NODES=100 for one size (~45 min for both)
 bench-scale: k8s-bins kwok
 	E2E_REQUIRED=1 $(GO) test ./test/e2e/scale -run '^$$' -bench Scale -benchtime 1x -timeout 3h -v
+
+## bench-controller-fleet: the dra-controller binary (the chart's flags, one replica) on 1,000 and 5,000 kwok
+## nodes of ours plus 5,000 slices of another driver while slices churn: dry-run admission p50/p99 through the
+## API server, RSS and heap (BENCHMARKS.md, issue 52). FLEET_NODES=1000 for one size; FLEET_BASELINE=<ref> adds
+## the controller of that commit, same run
+bench-controller-fleet: k8s-bins kwok
+	E2E_REQUIRED=1 $(GO) test ./test/e2e/scale -run '^$$' -bench ControllerWhileSlicesChurn -benchtime 1x -timeout 3h -v
 
 ## generate: deepcopy, CRD manifests (config/crd), the chart's catalog schema from api/gpuaas, and the generated docs
 generate:

@@ -46,6 +46,7 @@ func registerMetrics() {
 		for _, g := range tenantGauges {
 			ctrlmetrics.Registry.MustRegister(g)
 		}
+		ctrlmetrics.Registry.MustRegister(cachedSlicesCollector)
 		admission.RegisterMetrics()
 		webhook.RegisterMetrics()
 		webhookcert.RegisterMetrics()

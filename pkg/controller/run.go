@@ -99,6 +99,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
+	cachedSlicesCollector.use(mgr.GetCache())
 	if err := setup(ctx, mgr, direct, &opts, caBundle); err != nil {
 		return err
 	}

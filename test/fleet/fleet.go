@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 
 	"golang.org/x/sync/errgroup"
@@ -80,6 +81,9 @@ type node struct {
 	res  resourceslice.DriverResources
 	lib  nvdev.Interface
 	ctrl *resourceslice.Controller
+	// inv is what discovery found (nil for a replayed node), for
+	// SetFaults to taint.
+	inv *inventory.Inventory
 }
 
 // Start creates the nodes (or adopts them when they exist) and starts
@@ -137,7 +141,8 @@ func (f *Fleet) startNode(ctx context.Context, opts Options, name string) (*node
 	if err != nil {
 		return nil, fmt.Errorf("opening the mock NVML of node %s: %w", name, err)
 	}
-	n := &node{name: name, uid: obj.UID, lib: lib, res: resourcesOf(ctx, name, lib, opts.Config)}
+	n := &node{name: name, uid: obj.UID, lib: lib}
+	n.discover(ctx, opts.Config)
 	if err := n.startPublisher(ctx, f.client, f.driver); err != nil {
 		_ = lib.Shutdown()
 		return nil, err
@@ -174,13 +179,15 @@ func (n *node) startPublisher(ctx context.Context, client kubernetes.Interface, 
 	return nil
 }
 
-// resourcesOf is what the plugin publishes for a node: discovery over its
+// discover sets what the plugin publishes for the node: discovery over its
 // GPUs and configuration, cut into slices.
-func resourcesOf(ctx context.Context, name string, lib nvdev.Interface, cfg *configapi.NodeConfig) resourceslice.DriverResources {
+func (n *node) discover(ctx context.Context, cfg *configapi.NodeConfig) {
 	if cfg == nil {
 		cfg = &configapi.NodeConfig{}
 	}
-	return inventory.Resources(name, inventory.Discover(klog.FromContext(ctx), lib, cfg))
+	inv := inventory.Discover(klog.FromContext(ctx), n.lib, cfg)
+	n.inv = &inv
+	n.res = inventory.Resources(n.name, inv)
 }
 
 // replayResources is a captured slice set as node name publishes it: the
@@ -235,9 +242,38 @@ func (f *Fleet) Reconfigure(ctx context.Context, cfg *configapi.NodeConfig) {
 		if n.lib == nil {
 			continue
 		}
-		n.res = resourcesOf(ctx, n.name, n.lib, cfg)
+		n.discover(ctx, cfg)
 		n.ctrl.Update(&n.res)
 	}
+}
+
+// GPUs are the UUIDs of node i's GPUs (none on a replayed node).
+func (f *Fleet) GPUs(i int) []string {
+	n := f.nodes[i]
+	if n.inv == nil {
+		return nil
+	}
+	var out []string
+	for _, d := range n.inv.Devices {
+		if !slices.Contains(out, d.GPU.UUID) {
+			out = append(out, d.GPU.UUID)
+		}
+	}
+	return out
+}
+
+// SetFaults publishes node i's devices with faults as their taints from
+// now on (none: healthy again), as the plugin does when its health
+// monitor sees a fault or its end: the same slices, the devices of the
+// faulty GPU tainted. Not safe to call with Reconfigure or for one node
+// from two goroutines.
+func (f *Fleet) SetFaults(i int, faults []health.Fault) {
+	n := f.nodes[i]
+	if n.inv == nil {
+		return
+	}
+	n.res = inventory.Resources(n.name, n.inv.WithFaults(faults))
+	n.ctrl.Update(&n.res)
 }
 
 // Restart stops every node's publisher and starts a new one with the same
