@@ -1,4 +1,4 @@
-package plugin
+package shape_test
 
 import (
 	"context"
@@ -27,11 +27,12 @@ const (
 	replicaExpr  = `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "timeslice"`
 )
 
-// scheduler is the kube-scheduler's allocator over one node's slices, with
-// the claims allocated so far.
+// scheduler is the kube-scheduler's allocator over one node's slices (the
+// plugin's, as it publishes them), with the claims allocated so far.
 type scheduler struct {
 	t         *testing.T
 	published []*resourceapi.ResourceSlice
+	converted preparetest.SchedulerSlices
 	classes   preparetest.ClassLister
 	allocated []*resourceapi.ResourceClaim
 }
@@ -45,7 +46,7 @@ func (s *scheduler) allocate(name string, req resourceapi.ExactDeviceRequest) bo
 		}
 	}
 	alloc, err := structured.NewAllocator(s.t.Context(), preparetest.SchedulerFeatures, structured.AllocatedState{AllocatedDevices: taken},
-		s.classes, s.published, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+		s.classes, s.converted, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func (s *scheduler) allocate(name string, req resourceapi.ExactDeviceRequest) bo
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name)},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "r", Exactly: &req}}}},
 	}
-	res, err := alloc.Allocate(s.t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{claim})
+	res, err := alloc.Allocate(s.t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: preparetest.Node}}, []*resourceapi.ResourceClaim{claim})
 	if err != nil || len(res) == 0 {
 		s.t.Logf("%s: not allocated (%v)", name, err)
 		return false
@@ -77,9 +78,9 @@ var (
 )
 
 func newScheduler(t *testing.T, cfg *configapi.NodeConfig) *scheduler {
-	e := newTestEnvWith(t, "dgxh100", cfg)
-	published := preparetest.APISlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)))
-	return &scheduler{t: t, published: published, classes: preparetest.ClassLister{
+	e := preparetest.NewEnv(t, "dgxh100", cfg, "")
+	published := preparetest.APISlices(inventory.Resources(preparetest.Node, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)))
+	return &scheduler{t: t, published: published, converted: preparetest.ForScheduler(t, published), classes: preparetest.ClassLister{
 		"whole":   preparetest.CELClass("whole", wholeGPUExpr),
 		"mig-1g":  preparetest.CELClass("mig-1g", mig1gExpr),
 		"replica": preparetest.CELClass("replica", replicaExpr),
