@@ -5,7 +5,7 @@
 # plugin imports moved to the 0.38 release, and the go command reads that
 # copy (-modfile) over the same source tree. What the two library versions
 # differ in sits behind the k8s138 build tag, one small file per version
-# (pkg/plugin/prepare/preparetest/scheduler*.go). Usage:
+# (pkg/plugin/prepare/preparetest/libraries*.go). Usage:
 #   hack/plugin-next.sh [STAGING_VERSION]     (default v0.38.0-beta.0)
 # It builds cmd/dra-kubelet-plugin, checks that every k8s.io module the
 # binary links is at that version, and runs go test on every package of

@@ -12,7 +12,7 @@ import (
 // SchedulerSlices are ResourceSlices as the 0.38 allocator takes them: the
 // scheduler's slice tracker converts the API's slices once (interned
 // names) and hands the allocator the converted ones (issue 57; make
-// plugin-next builds this file, scheduler.go is the 0.37 one).
+// plugin-next builds this file, libraries.go is the 0.37 one).
 type SchedulerSlices = []*draapi.ResourceSlice
 
 // ForScheduler converts the slices as the scheduler's tracker does.
@@ -27,3 +27,9 @@ func ForScheduler(tb testing.TB, slices []*resourceapi.ResourceSlice) SchedulerS
 	}
 	return out
 }
+
+// PublisherValidatesNames: the 0.38 slice publisher validates names by
+// default (resourceslice.Options.ValidateQualifiedNames) and refuses,
+// without retrying, a pool whose attribute or capacity names carry the
+// driver's own domain.
+const PublisherValidatesNames = true

@@ -11,7 +11,7 @@ import (
 // SchedulerSlices are ResourceSlices as the scheduler's allocator
 // (structured.NewAllocator) takes them. On the 0.37 libraries that is the
 // API's own type: the allocator converts them itself. The 0.38 libraries
-// take the converted type (scheduler_k8s138.go, built with -tags k8s138 by
+// take the converted type (libraries_k8s138.go, built with -tags k8s138 by
 // make plugin-next); this file and that one are all that differs.
 type SchedulerSlices = []*resourceapi.ResourceSlice
 
@@ -20,3 +20,8 @@ type SchedulerSlices = []*resourceapi.ResourceSlice
 func ForScheduler(_ testing.TB, slices []*resourceapi.ResourceSlice) SchedulerSlices {
 	return slices
 }
+
+// PublisherValidatesNames: the 0.37 slice publisher (resourceslice) stores
+// a pool whose attribute names carry the driver's own domain; the API
+// server's validation is the only check.
+const PublisherValidatesNames = false
