@@ -20,6 +20,12 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
 )
 
+// These tests check shape.Placeable against the scheduler's allocator on
+// the plugin's own slices. They live here, on the controller's side, and
+// not in pkg/plugin: shape links pkg/quota, whose CEL pricing does not
+// build on the 0.38 libraries, and pkg/plugin's tests must (make
+// plugin-next, issue 57).
+
 // Classes of a whole-node lease and of the small devices it must keep off
 // its GPUs.
 const (
