@@ -108,7 +108,7 @@ func TestAllocatorShares(t *testing.T) {
 	}
 	for _, c := range s.claims {
 		r := c.Devices.Results[0]
-		if r.ShareID == nil || r.ConsumedCapacity["memory"].Cmp(share) != 0 {
+		if got := r.ConsumedCapacity["memory"]; r.ShareID == nil || got.Cmp(share) != 0 {
 			t.Errorf("share %s: share ID %v, consumed %v, want a share ID and memory %s", r.Device, r.ShareID, r.ConsumedCapacity, share.String())
 		}
 	}

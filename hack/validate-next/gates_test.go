@@ -76,7 +76,7 @@ func installColumn(t *testing.T, minor string) map[string]string {
 		}
 		// A gate's row: "`Name` (KEP)".
 		name := strings.Split(cells[1], "`")
-		if col < 0 || col >= len(cells) || len(name) != 3 || !strings.HasPrefix(strings.TrimSpace(name[2]), "(") {
+		if col < 0 || col >= len(cells) || len(name) != 3 || strings.HasPrefix(name[1], "-") || !strings.HasPrefix(strings.TrimSpace(name[2]), "(") {
 			continue
 		}
 		out[name[1]] = cells[col]
