@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint validate-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint validate-next plugin-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -84,6 +84,12 @@ validate-next:
 	rm -rf $(OUTPUT)/written-objects
 	$(GO) run ./hack/writtenobjects -out $(OUTPUT)/written-objects
 	cd hack/validate-next && GOTOOLCHAIN=$(VALIDATE_NEXT_TOOLCHAIN) WRITTEN_OBJECTS=$(OUTPUT)/written-objects $(GO) test -count=1 -v ./...
+
+## plugin-next: the kubelet plugin built and its packages' unit tests run on the next minor's (1.38) libraries
+## (hack/plugin-next.sh: a copy of go.mod in _output/plugin-next with the k8s.io modules at v0.38.0-beta.0,
+## read through -modfile, on Go 1.27 and -tags k8s138; the project's go.mod is not touched; not in `make test`)
+plugin-next:
+	hack/plugin-next.sh $(PLUGIN_NEXT_VERSION)
 
 ## k8s-next-check: whether the module proxy serves what the next minor's (1.38) control plane and kubelet need,
 ## each module it refuses named; when nothing is refused, those four built with the Go toolchain their go.mod

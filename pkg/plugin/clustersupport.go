@@ -54,8 +54,10 @@ func newClusterProbe(opts Options) *clusterProbe {
 }
 
 // ask probes; when the API server cannot be asked it falls back on the
-// last answer on disk, else on the least any supported version keeps (fail
-// closed: less offered, nothing offered twice).
+// last answer on disk, else on the least the API server's version keeps
+// whatever its gates (sliceprobe's Floor: from 1.38 counters and taints are
+// locked on), else on the least any supported version keeps (fail closed:
+// less offered, nothing offered twice).
 func (cp *clusterProbe) ask(ctx context.Context) sliceprobe.Support {
 	if cp.prober == nil {
 		cp.probed = true
@@ -72,7 +74,7 @@ func (cp *clusterProbe) ask(ctx context.Context) sliceprobe.Support {
 	cp.probed = false
 	last, lerr := cp.load()
 	if lerr != nil {
-		last = sliceprobe.Least
+		last = cp.prober.Floor()
 	}
 	klog.FromContext(ctx).Error(err, "Could not ask the API server what it keeps of the slices; publishing what the last answer allows until it answers",
 		"assumed", last.String(), "lastAnswer", lerr == nil)

@@ -11,6 +11,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -89,6 +91,23 @@ func TestClusterSupportFailsClosed(t *testing.T) {
 	restarted := newClusterProbe(Options{KubeClient: api.client(), NodeName: testNode, PluginDataDir: dir})
 	if got := restarted.ask(e.Ctx); got != answered {
 		t.Errorf("a restart that cannot ask assumed %+v, want the last answer %+v", got, answered)
+	}
+}
+
+// Issue 57: where the dry-run creates fail but discovery answers, a 1.38
+// API server is known to keep counters and taints (their gates are locked
+// on): dynamic MIG is published without an answer, consumable capacity
+// (which 1.38 can still turn off) is not assumed.
+func TestClusterSupportFailsClosedToWhat138CannotDrop(t *testing.T) {
+	e := newTestEnv(t, "dgxh100")
+	api := &apiServer{}
+	api.down.Store(true)
+	client := api.client()
+	client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.38.0"}
+	probe := newClusterProbe(Options{KubeClient: client, NodeName: testNode, PluginDataDir: t.TempDir()})
+	got := probe.ask(e.Ctx)
+	if got.Counters != sliceprobe.CountersInOwnSlices || !got.Taints || got.ConsumableCapacity {
+		t.Errorf("1.38, not answering: assumed %+v, want counters and taints kept, consumable capacity not", got)
 	}
 }
 

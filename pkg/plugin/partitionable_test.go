@@ -293,6 +293,7 @@ func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
 	published := preparetest.APISlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, preparetest.DynamicAll())))
 	classes := preparetest.ClassLister{"mig-3g": preparetest.CELClass("mig-3g", `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "mig" && `+
 		`device.attributes["gpu.gpuaas.io"].profile == "3g.40gb"`)}
+	forScheduler := preparetest.ForScheduler(t, published)
 	allocated := sets.New[structured.DeviceID]()
 	take := func(name string) {
 		allocated.Insert(structured.MakeDeviceID(configapi.DriverName, testNode, name))
@@ -300,7 +301,7 @@ func TestFirstFitTakesUpperHalvesBeforeLowerHalves(t *testing.T) {
 	next := func() string {
 		t.Helper()
 		alloc, err := structured.NewAllocator(t.Context(), preparetest.SchedulerFeatures, structured.AllocatedState{AllocatedDevices: allocated},
-			classes, published, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+			classes, forScheduler, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -56,6 +56,17 @@ func (p Prober) Probe(ctx context.Context) (Support, error) {
 	return s, nil
 }
 
+// Floor is what the API server cannot drop, by its version alone (Locked):
+// for a cluster whose dry-run creates fail (forbidden, a webhook down)
+// while its discovery answers. Least when not even that answers.
+func (p Prober) Floor() Support {
+	v, err := p.Client.Discovery().ServerVersion()
+	if err != nil {
+		return Least
+	}
+	return Locked(v.GitVersion)
+}
+
 const probeSet = "gpuaas-probe-counters"
 
 // counters tries the 1.35 layout (a device consuming a set defined in

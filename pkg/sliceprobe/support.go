@@ -5,7 +5,9 @@
 // device may be allocated more than once (consumable capacity). Fields
 // behind a disabled feature gate are dropped silently, so the plugin asks
 // the API server itself, with a server-side dry run of each shape it would
-// publish, rather than trusting a version number or the docs.
+// publish, rather than trusting a version number or the docs. Only where it
+// cannot ask does the version count: from 1.38 the gates of counter sets
+// and taints are locked on, so those are kept whatever the gates (Locked).
 package sliceprobe
 
 import (
@@ -53,6 +55,28 @@ var Full = Support{Counters: CountersInOwnSlices, Taints: true, TaintEffectNone:
 // Least is what the oldest supported Kubernetes keeps with its default
 // gates: the plugin's answer while it cannot ask (fail closed).
 var Least = Support{Counters: CountersDropped, MaxTaints: 0}
+
+// lockedFrom is the first minor whose API server cannot drop what Locked
+// says: Kubernetes 1.38 made DRAPartitionableDevices and DRADeviceTaints
+// GA and locked them on (DRADeviceTaintRules too); DRAConsumableCapacity
+// went GA there but can still be turned off (issue 57).
+const lockedFrom = 38
+
+// Locked is what the API server of gitVersion keeps whatever its gates:
+// from 1.38, counter sets in slices of their own, device taints with
+// effect None and 16 taints a device (the locked gates), but not
+// necessarily devices allocated to several claims. For an older or
+// unreadable version it is Least. An answer the plugin may publish by when
+// it cannot ask: a field it cannot drop is never dropped silently.
+func Locked(gitVersion string) Support {
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(gitVersion, "v"), "%d.%d", &major, &minor); err != nil || major != 1 || minor < lockedFrom {
+		return Least
+	}
+	l := Full
+	l.ConsumableCapacity = false
+	return l
+}
 
 // Gap is a feature the cluster lacks and what the plugin does without it.
 type Gap struct {

@@ -60,11 +60,12 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 					state.AllocatedDevices.Insert(structured.MakeDeviceID(configapi.DriverName, testNode, fmt.Sprintf("gpu-%d", i)))
 				}
 			}
+			forScheduler := preparetest.ForScheduler(b, slices)
 			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}
 			claims := []*resourceapi.ResourceClaim{preparetest.OneDeviceClaim(c.class)}
 			cache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: true})
 			for b.Loop() {
-				alloc, err := structured.NewAllocator(b.Context(), preparetest.SchedulerFeatures, state, benchClasses, slices, cache)
+				alloc, err := structured.NewAllocator(b.Context(), preparetest.SchedulerFeatures, state, benchClasses, forScheduler, cache)
 				if err != nil {
 					b.Fatal(err)
 				}

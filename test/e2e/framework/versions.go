@@ -44,7 +44,8 @@ func VersionBinDir(version string) (string, error) {
 	return filepath.Join(root, "_output", "k8s", version), nil
 }
 
-// suiteVersion fills opts from SuiteVersionEnv and SuiteGatesEnv.
+// suiteVersion fills opts from SuiteVersionEnv and SuiteGatesEnv. It
+// refuses gates the version has removed (CheckGates).
 func suiteVersion(opts *Options) error {
 	version, gates := os.Getenv(SuiteVersionEnv), SuiteGates()
 	if version != "" {
@@ -66,7 +67,7 @@ func suiteVersion(opts *Options) error {
 		}
 		opts.FeatureGates, opts.RuntimeConfig = doc.FeatureGates, doc.RuntimeConfig
 	}
-	return nil
+	return CheckGates(version, opts.FeatureGates)
 }
 
 // DocSettings are what docs/install.md tells a version's admins to set.
@@ -125,8 +126,63 @@ func InstallDocGates(repoRoot, version string) (DocSettings, error) {
 			}
 		}
 	}
-	if col < 0 || len(gates) == 0 {
+	if col < 0 {
 		return DocSettings{}, errors.New("docs/install.md has no gate table column " + minor)
 	}
-	return DocSettings{FeatureGates: strings.Join(gates, ","), RuntimeConfig: strings.Join(apis, ",")}, nil
+	doc := DocSettings{FeatureGates: strings.Join(gates, ","), RuntimeConfig: strings.Join(apis, ",")}
+	if err := CheckGates(version, doc.FeatureGates); err != nil {
+		return DocSettings{}, fmt.Errorf("docs/install.md's column %s: %w", minor, err)
+	}
+	return doc, nil
+}
+
+// RemovedGates are feature gates by the minor that removed them: a
+// component of that minor or newer given one does not start ("unrecognized
+// feature gate"). 1.38 removed DynamicResourceAllocation (GA and locked on
+// since 1.35).
+var RemovedGates = map[string][]string{
+	"1.38": {"DynamicResourceAllocation"},
+}
+
+// CheckGates refuses a --feature-gates value (name=value,...) that names a
+// gate version (v1.38.0; empty: the default version, which has none
+// removed) no longer has.
+func CheckGates(version, gates string) error {
+	if version == "" || gates == "" {
+		return nil
+	}
+	minor, err := minorOf(version)
+	if err != nil {
+		return err
+	}
+	for _, kv := range strings.Split(gates, ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		for removedIn, names := range RemovedGates {
+			if slices.Contains(names, name) && minor >= mustMinor(removedIn) {
+				return fmt.Errorf("feature gate %s was removed in Kubernetes %s: a %s component refuses it", name, removedIn, version)
+			}
+		}
+	}
+	return nil
+}
+
+// minorOf is the minor number of v1.MINOR[.PATCH][-pre].
+func minorOf(version string) (int, error) {
+	parts := strings.Split(strings.TrimPrefix(version, "v"), ".")
+	if len(parts) < 2 || parts[0] != "1" {
+		return 0, fmt.Errorf("version %q is not v1.MINOR[.PATCH]", version)
+	}
+	var n int
+	if _, err := fmt.Sscanf(parts[1], "%d", &n); err != nil {
+		return 0, fmt.Errorf("version %q: minor %q: %w", version, parts[1], err)
+	}
+	return n, nil
+}
+
+func mustMinor(v string) int {
+	n, err := minorOf(v)
+	if err != nil {
+		panic(err)
+	}
+	return n
 }

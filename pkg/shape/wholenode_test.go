@@ -1,4 +1,4 @@
-package plugin
+package shape_test
 
 import (
 	"context"
@@ -14,10 +14,17 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	configapi "github.com/gpuaas/gpu-dra-driver/api/gpu/v1alpha1"
+	_ "github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock" // the mock: backends
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/inventory"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	"github.com/gpuaas/gpu-dra-driver/pkg/shape"
 )
+
+// These tests check shape.Placeable against the scheduler's allocator on
+// the plugin's own slices. They live here, on the controller's side, and
+// not in pkg/plugin: shape links pkg/quota, whose CEL pricing does not
+// build on the 0.38 libraries, and pkg/plugin's tests must (make
+// plugin-next, issue 57).
 
 // Classes of a whole-node lease and of the small devices it must keep off
 // its GPUs.
@@ -27,11 +34,12 @@ const (
 	replicaExpr  = `device.driver == "gpu.gpuaas.io" && device.attributes["gpu.gpuaas.io"].type == "timeslice"`
 )
 
-// scheduler is the kube-scheduler's allocator over one node's slices, with
-// the claims allocated so far.
+// scheduler is the kube-scheduler's allocator over one node's slices (the
+// plugin's, as it publishes them), with the claims allocated so far.
 type scheduler struct {
 	t         *testing.T
 	published []*resourceapi.ResourceSlice
+	converted preparetest.SchedulerSlices
 	classes   preparetest.ClassLister
 	allocated []*resourceapi.ResourceClaim
 }
@@ -45,7 +53,7 @@ func (s *scheduler) allocate(name string, req resourceapi.ExactDeviceRequest) bo
 		}
 	}
 	alloc, err := structured.NewAllocator(s.t.Context(), preparetest.SchedulerFeatures, structured.AllocatedState{AllocatedDevices: taken},
-		s.classes, s.published, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+		s.classes, s.converted, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -53,7 +61,7 @@ func (s *scheduler) allocate(name string, req resourceapi.ExactDeviceRequest) bo
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name)},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "r", Exactly: &req}}}},
 	}
-	res, err := alloc.Allocate(s.t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{claim})
+	res, err := alloc.Allocate(s.t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: preparetest.Node}}, []*resourceapi.ResourceClaim{claim})
 	if err != nil || len(res) == 0 {
 		s.t.Logf("%s: not allocated (%v)", name, err)
 		return false
@@ -77,9 +85,9 @@ var (
 )
 
 func newScheduler(t *testing.T, cfg *configapi.NodeConfig) *scheduler {
-	e := newTestEnvWith(t, "dgxh100", cfg)
-	published := preparetest.APISlices(inventory.Resources(testNode, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)))
-	return &scheduler{t: t, published: published, classes: preparetest.ClassLister{
+	e := preparetest.NewEnv(t, "dgxh100", cfg, "")
+	published := preparetest.APISlices(inventory.Resources(preparetest.Node, inventory.Discover(ktesting.NewLogger(t, ktesting.NewConfig()), e.Lib, cfg)))
+	return &scheduler{t: t, published: published, converted: preparetest.ForScheduler(t, published), classes: preparetest.ClassLister{
 		"whole":   preparetest.CELClass("whole", wholeGPUExpr),
 		"mig-1g":  preparetest.CELClass("mig-1g", mig1gExpr),
 		"replica": preparetest.CELClass("replica", replicaExpr),
