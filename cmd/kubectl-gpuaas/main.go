@@ -124,7 +124,9 @@ func write(out io.Writer, usages []gpuaas.TenantUsage, asCSV bool) error {
 	}
 	for i, s := range statements {
 		if i > 0 {
-			fmt.Fprintln(out)
+			if _, err := fmt.Fprintln(out); err != nil {
+				return err
+			}
 		}
 		if err := statement.WriteText(out, s); err != nil {
 			return err

@@ -162,7 +162,7 @@ func hardwareProfileTable(items []unstructured.Unstructured) string {
 	})
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAMESPACE\tNAME\tDISPLAY NAME\tSCHEDULING\tASKS")
+	_, _ = fmt.Fprintln(w, "NAMESPACE\tNAME\tDISPLAY NAME\tSCHEDULING\tASKS")
 	for _, hp := range items {
 		sched, _, _ := unstructured.NestedString(hp.Object, "spec", "scheduling", "type")
 		if queue, ok, _ := unstructured.NestedString(hp.Object, "spec", "scheduling", "kueue", "localQueueName"); ok {
@@ -182,7 +182,7 @@ func hardwareProfileTable(items []unstructured.Unstructured) string {
 		if hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "true" {
 			name += " (disabled)"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", hp.GetNamespace(), hp.GetName(), name, sched, strings.Join(asks, ", "))
+		_, _ = fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", hp.GetNamespace(), hp.GetName(), name, sched, strings.Join(asks, ", "))
 	}
 	_ = w.Flush()
 	return b.String()

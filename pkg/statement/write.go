@@ -30,15 +30,18 @@ const Unit = "GPU-unit-hour"
 // WriteText prints the statement for a person: one line per profile (or
 // shape), GPU model and price, and the total.
 func WriteText(w io.Writer, s Statement) error {
-	fmt.Fprintf(w, "Statement of tenant %s for %s (%s to %s UTC), as of %s\n", s.Tenant, s.Period,
-		s.Start.Format(time.DateOnly), s.End.Add(-time.Second).Format(time.DateOnly), s.AsOf.Format(time.RFC3339))
+	if _, err := fmt.Fprintf(w, "Statement of tenant %s for %s (%s to %s UTC), as of %s\n", s.Tenant, s.Period,
+		s.Start.Format(time.DateOnly), s.End.Add(-time.Second).Format(time.DateOnly), s.AsOf.Format(time.RFC3339)); err != nil {
+		return err
+	}
+	// The tabwriter buffers until Flush, which returns the writer's error.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "KIND\tNAME\tGPU MODEL\tPRICE/UNIT-HOUR\tGPU-UNIT-HOURS\tCOST\tRECORDS\tOPEN\n")
+	_, _ = fmt.Fprintf(tw, "KIND\tNAME\tGPU MODEL\tPRICE/UNIT-HOUR\tGPU-UNIT-HOURS\tCOST\tRECORDS\tOPEN\n")
 	for _, l := range s.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", l.Kind, l.Name, orDash(l.GpuModel), priceString(l.Price),
+		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", l.Kind, l.Name, orDash(l.GpuModel), priceString(l.Price),
 			hours(l.UnitSeconds), money(l.Cost), l.Records, l.Open)
 	}
-	fmt.Fprintf(tw, "TOTAL\t\t\t\t%s\t%s %s\t\t\n", hours(s.UnitSeconds), money(s.Cost), s.Currency)
+	_, _ = fmt.Fprintf(tw, "TOTAL\t\t\t\t%s\t%s %s\t\t\n", hours(s.UnitSeconds), money(s.Cost), s.Currency)
 	return tw.Flush()
 }
 

@@ -271,12 +271,12 @@ type useRestart struct {
 
 func newUseRestart(t *testing.T, ctx context.Context, n *realNode) *useRestart {
 	t.Helper()
-	r := &useRestart{ns: cp.CreateNamespace(t, "real-use-restart"), tenant: uniqueName("real-use-restart"),
+	r := &useRestart{ns: cp.CreateNamespace(t, "real-use-restart"), tenant: uniqueName("real-use-restart"), //nolint:contextcheck // the test helpers clean up after the test, past its context
 		lease: gpuaas.UseLeasePrefix + n.Name}
 	q := quotaFor(r.tenant, []string{r.ns}, gpuaas.QuotaLimits{})
 	q.Spec.IdlePolicy = &gpuaas.IdlePolicy{ThresholdPercent: 5, Duration: metav1.Duration{Duration: 2 * time.Minute}, Action: gpuaas.IdleActionEvict}
-	createObject(t, q)
-	waitForQuotaNamespace(t, r.tenant, r.ns)
+	createObject(t, q)                       //nolint:contextcheck // the test helpers clean up after the test, past its context
+	waitForQuotaNamespace(t, r.tenant, r.ns) //nolint:contextcheck // the test helpers clean up after the test, past its context
 	tmpl := templateFor("idle", r.ns, "timeslice.gpuaas.io")
 	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Selectors = celSelectors(onLongGPU)
 	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(r.ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {

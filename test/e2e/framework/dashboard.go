@@ -37,8 +37,11 @@ func DashboardJob(namespace, name, image string, hp *unstructured.Unstructured) 
 		}
 		name, _ := m["identifier"].(string)
 		q, err := resource.ParseQuantity(fmt.Sprint(m["defaultCount"]))
-		if err != nil || name == "" {
-			return nil, fmt.Errorf("HardwareProfile %s: identifier %v: want an identifier and a defaultCount quantity (%v)", hp.GetName(), m, err)
+		if err != nil {
+			return nil, fmt.Errorf("HardwareProfile %s: identifier %v: its defaultCount is no quantity: %w", hp.GetName(), m, err)
+		}
+		if name == "" {
+			return nil, fmt.Errorf("HardwareProfile %s: identifier %v has no identifier", hp.GetName(), m)
 		}
 		resources[v1.ResourceName(name)] = q
 	}

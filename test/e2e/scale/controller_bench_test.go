@@ -67,8 +67,8 @@ func BenchmarkControllerWhileSlicesChurn(b *testing.B) {
 	tenants := envInt(b, "FLEET_TENANTS", 4)
 	for _, n := range envInts(b, "FLEET_NODES", []int{1000, 5000}) {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			f := startFleet(b, fleet.Options{Client: scaleClient(), Nodes: n, Prefix: fmt.Sprintf("churn%d", n), Config: decodeConfig(b, wholeConfig)})
-			b.Cleanup(func() {
+			f := startFleet(b, fleet.Options{Client: scaleClient(), Nodes: n, Prefix: fmt.Sprintf("churn%d", n), Config: decodeConfig(b, wholeConfig)}) //nolint:contextcheck // the test helpers clean up after the test, past its context
+			b.Cleanup(func() {                                                                                                                          //nolint:contextcheck // the test helpers clean up after the test, past its context
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 				defer cancel()
 				_ = f.Delete(ctx)
@@ -190,7 +190,7 @@ func churnTenants(b *testing.B, ctx context.Context, n, claims int) []string {
 	c := gpuaasClient(b)
 	var nss []string
 	for t := range n {
-		ns := cp.CreateNamespace(b, fmt.Sprintf("churn-tenant-%d", t))
+		ns := cp.CreateNamespace(b, fmt.Sprintf("churn-tenant-%d", t)) //nolint:contextcheck // the test helpers clean up after the test, past its context
 		nss = append(nss, ns)
 		q := &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: ns}, Spec: gpuaas.TenantQuotaSpec{
 			Namespaces: []string{ns}, Cohort: fmt.Sprintf("churn-cohort-%d", t%2),
@@ -199,7 +199,7 @@ func churnTenants(b *testing.B, ctx context.Context, n, claims int) []string {
 		if err := c.Create(ctx, q); err != nil {
 			b.Fatalf("creating TenantQuota %s: %v", q.Name, err)
 		}
-		b.Cleanup(func() { _ = c.Delete(context.Background(), q) })
+		b.Cleanup(func() { _ = c.Delete(context.Background(), q) }) //nolint:contextcheck // the test helpers clean up after the test, past its context
 	}
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for _, ns := range nss {

@@ -220,7 +220,7 @@ func createOtherSlices(tb testing.TB, ctx context.Context, prefix string, n, dev
 	if err != nil {
 		tb.Fatalf("creating %d slices of %s: %v", n, otherDriver, err)
 	}
-	tb.Cleanup(func() {
+	tb.Cleanup(func() { //nolint:contextcheck // the test helpers clean up after the test, past its context
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		_ = parallelDo(len(names), func(i int) error {
