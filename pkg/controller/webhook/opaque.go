@@ -40,28 +40,52 @@ func withinClassCaps(ctx context.Context, classes client.Reader, path *field.Pat
 		return nil, nil
 	}
 	var errs field.ErrorList
-	for i, c := range spec.Config {
-		if c.Opaque == nil || c.Opaque.Driver != gpuapi.DriverName {
-			continue
-		}
-		cfg, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
-		asked := gpuapi.MPSConfigOf(cfg)
-		if err != nil || asked == nil {
-			continue
-		}
-		kind := cfg.GetObjectKind().GroupVersionKind().Kind
-		for _, name := range classNames(spec.Requests, c.Requests) {
-			caps, err := classMPSCaps(ctx, classes, name, kind)
+	for _, m := range mpsConfigsAsked(spec.Config) {
+		for _, name := range classNames(spec.Requests, m.config.Requests) {
+			caps, err := classMPSCaps(ctx, classes, name, m.kind)
 			if err != nil {
 				return nil, err
 			}
-			if err := asked.WithinCaps(caps, fmt.Sprintf("the config of DeviceClass %q", name)); err != nil {
-				errs = append(errs, field.Invalid(path.Index(i).Child("opaque", "parameters"), string(c.Opaque.Parameters.Raw), err.Error()))
+			if err := m.asked.WithinCaps(caps, fmt.Sprintf("the config of DeviceClass %q", name)); err != nil {
+				errs = append(errs, m.invalid(path, err))
 				break
 			}
 		}
 	}
 	return errs, nil
+}
+
+// mpsConfigAsked is one of a claim's configs for our driver that asks for
+// MPS limits: its index in spec.config, its kind and the limits asked.
+type mpsConfigAsked struct {
+	index  int
+	config resourceapi.DeviceClaimConfiguration
+	kind   string
+	asked  *gpuapi.MpsConfig
+}
+
+// mpsConfigsAsked are the configs for our driver that ask for MPS limits;
+// those that do not decode were refused by validateOpaque already.
+func mpsConfigsAsked(configs []resourceapi.DeviceClaimConfiguration) []mpsConfigAsked {
+	var out []mpsConfigAsked
+	for i, c := range configs {
+		if c.Opaque == nil || c.Opaque.Driver != gpuapi.DriverName {
+			continue
+		}
+		cfg, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
+		if err != nil {
+			continue
+		}
+		if asked := gpuapi.MPSConfigOf(cfg); asked != nil {
+			out = append(out, mpsConfigAsked{index: i, config: c, kind: cfg.GetObjectKind().GroupVersionKind().Kind, asked: asked})
+		}
+	}
+	return out
+}
+
+// invalid is the field error for limits above a cap.
+func (m mpsConfigAsked) invalid(path *field.Path, err error) *field.Error {
+	return field.Invalid(path.Index(m.index).Child("opaque", "parameters"), string(m.config.Opaque.Parameters.Raw), err.Error())
 }
 
 // classNames are the DeviceClasses of the requests a config targets

@@ -45,16 +45,8 @@ func withinShareCaps(ctx context.Context, cands Candidates, path *field.Path, sp
 		return nil, nil
 	}
 	var errs field.ErrorList
-	for i, c := range spec.Config {
-		if c.Opaque == nil || c.Opaque.Driver != gpuapi.DriverName {
-			continue
-		}
-		cfg, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
-		asked := gpuapi.MPSConfigOf(cfg)
-		if err != nil || asked == nil {
-			continue
-		}
-		for _, r := range targetedRequests(spec.Requests, c.Requests) {
+	for _, m := range mpsConfigsAsked(spec.Config) {
+		for _, r := range targetedRequests(spec.Requests, m.config.Requests) {
 			found, err := cands.Candidates(ctx, r.class, r.selectors, r.capacity)
 			if err != nil {
 				return nil, fmt.Errorf("listing the devices request %q can get: %w", r.name, err)
@@ -63,8 +55,8 @@ func withinShareCaps(ctx context.Context, cands Candidates, path *field.Path, sp
 			if !ok {
 				continue
 			}
-			if err := asked.WithinCaps(caps, source); err != nil {
-				errs = append(errs, field.Invalid(path.Index(i).Child("opaque", "parameters"), string(c.Opaque.Parameters.Raw), err.Error()))
+			if err := m.asked.WithinCaps(caps, source); err != nil {
+				errs = append(errs, m.invalid(path, err))
 				break
 			}
 		}
