@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -25,8 +24,9 @@ const policyFile = "deployments/helm/gpuaas-dra/templates/controller-policy.yaml
 // them (template actions in the expression's text are blanked).
 func validation(t *testing.T, suffix string) cel.Program {
 	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	raw, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", policyFile))
+	// go test runs in the package's directory (runtime.Caller's path is
+	// module-relative under -trimpath, as make builds).
+	raw, err := os.ReadFile(filepath.Join("..", "..", policyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
