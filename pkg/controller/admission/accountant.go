@@ -553,18 +553,18 @@ func poolKeys(list []resourceapi.ResourceSlice) map[string]string {
 // labels, annotations and deletion (not their status, which the
 // reconcilers write after allocations).
 func classesKey(classes []resourceapi.DeviceClass, profiles []gpuaas.GpuProfile, shapes []gpuaas.GpuShape, countShapes bool) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "shapes=%v;", countShapes)
+	h := sha256.New() // a hash's Write never fails
+	_, _ = fmt.Fprintf(h, "shapes=%v;", countShapes)
 	for i := range classes {
-		fmt.Fprintf(h, "c%q@%s;", classes[i].Name, classes[i].ResourceVersion)
+		_, _ = fmt.Fprintf(h, "c%q@%s;", classes[i].Name, classes[i].ResourceVersion)
 	}
 	for i := range profiles {
 		p := &profiles[i]
-		fmt.Fprintf(h, "p%q@%d%v%v%v;", p.Name, p.Generation, p.Labels, p.Annotations, p.DeletionTimestamp.IsZero())
+		_, _ = fmt.Fprintf(h, "p%q@%d%v%v%v;", p.Name, p.Generation, p.Labels, p.Annotations, p.DeletionTimestamp.IsZero())
 	}
 	for i := range shapes {
 		sh := &shapes[i]
-		fmt.Fprintf(h, "s%q@%d%v%v%v;", sh.Name, sh.Generation, sh.Labels, sh.Annotations, sh.DeletionTimestamp.IsZero())
+		_, _ = fmt.Fprintf(h, "s%q@%d%v%v%v;", sh.Name, sh.Generation, sh.Labels, sh.Annotations, sh.DeletionTimestamp.IsZero())
 	}
 	return string(h.Sum(nil))
 }
