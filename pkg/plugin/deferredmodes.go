@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"slices"
+	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -17,6 +18,11 @@ import (
 // deferredModes are the busy GPUs whose configured mode waits for their
 // last claim (device.PinModes), and what applying it needs.
 type deferredModes struct {
+	// mu guards pending. It is taken before the Driver's mu, and alone
+	// when nothing is pending: every unprepare asks, and the Driver's mu
+	// is held for as long as the start's first publish waits for its
+	// informer (a second), past which the kubelet's call was cut off.
+	mu      sync.Mutex
 	nvml    nvdev.Interface
 	config  *configapi.NodeConfig // the node configuration, unpinned
 	pending []device.PinnedMode
@@ -33,9 +39,17 @@ type deferredModes struct {
 // so a claim prepared on the old name meanwhile is not given the GPU
 // twice; it is reported as stranded at its next prepare.
 func (d *Driver) applyDeferredModes(ctx context.Context) {
+	if d.deferred == nil {
+		return
+	}
+	d.deferred.mu.Lock()
+	defer d.deferred.mu.Unlock()
+	if len(d.deferred.pending) == 0 {
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.deferred == nil || len(d.deferred.pending) == 0 || d.store == nil {
+	if d.store == nil {
 		return
 	}
 	logger := klog.FromContext(ctx)
