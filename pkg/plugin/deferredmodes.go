@@ -91,7 +91,7 @@ func (d *Driver) applyDeferredModes(ctx context.Context) {
 		return
 	}
 	d.deferred.pending = slices.DeleteFunc(d.deferred.pending, func(p device.PinnedMode) bool { return slices.Contains(applied, p) })
-	d.metrics.SetModeChangesDeferred(d.deferred.pending)
+	d.metrics.SetModeChangesDeferred(device.ConfiguredModes(d.deferred.config, gpus), d.deferred.pending)
 	if d.pub == nil {
 		return
 	}

@@ -218,7 +218,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	sharing := device.NewSharing(device.SharingOptions{DriverRoot: opts.DriverRoot, MPSDir: device.MPSDir(opts.PluginDataDir), NVML: opts.NVML,
 		MPSLauncher: opts.MPSLauncher, MPSShm: opts.MPSShm})
 	events := telemetry.NewNodeEvents(ctx, opts.Events, opts.KubeClient, opts.NodeName)
-	reportPinned(events, opts.Metrics, pinned)
+	reportPinned(events, opts.Metrics, device.ConfiguredModes(cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), opts.NVML.GPUs()), pinned)
 	d.deferred = &deferredModes{nvml: opts.NVML, config: cmp.Or(opts.NodeConfig, &configapi.NodeConfig{}), pending: pinned,
 		memoryLimits: memoryLimitsOf(opts.CDI).Enforced}
 	d.inv = withMemoryLimits(ctx, d.inv, opts.CDI, events, opts.Metrics)
@@ -504,13 +504,13 @@ func (d *Driver) reportStranded(claim *resourceapi.ResourceClaim, err error) {
 // configuration (device.PinModes): a Node event and the metric per GPU, so
 // that a configuration change left unapplied is seen where it was made,
 // not found at some later restart.
-func reportPinned(events telemetry.NodeEvents, metrics *telemetry.Metrics, pinned []device.PinnedMode) {
+func reportPinned(events telemetry.NodeEvents, metrics *telemetry.Metrics, configured map[string]string, pinned []device.PinnedMode) {
 	for _, p := range pinned {
 		events.Warn(telemetry.ReasonModeChangeDeferred, "PublishResources",
 			"GPU %d (%s) keeps its mode %q while claims hold it; the node configuration's %q applies when its last claim is unprepared",
 			p.Index, p.UUID, modeOrWhole(p.Mode), modeOrWhole(p.Configured))
 	}
-	metrics.SetModeChangesDeferred(pinned)
+	metrics.SetModeChangesDeferred(configured, pinned)
 }
 
 func modeOrWhole(m string) string {

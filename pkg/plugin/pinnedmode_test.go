@@ -51,6 +51,15 @@ func TestBusyGPUsModeChangeIsReported(t *testing.T) {
 	if got := testutil.ToFloat64(e.Metrics.ModeChangesDeferred.WithLabelValues(uuid, "timeSlicing/2")); got != 1 {
 		t.Errorf("gpuaas_dra_plugin_gpu_mode_change_deferred{gpu=%s} = %v, want 1", uuid, got)
 	}
+	// Every other GPU has its series at 0: a dashboard shows "none
+	// deferred" as a value (TestRealNodePrometheus evaluates its panel).
+	if n, want := testutil.CollectAndCount(e.Metrics.ModeChangesDeferred), len(e.Lib.GPUs()); n != want {
+		t.Errorf("%d gpuaas_dra_plugin_gpu_mode_change_deferred series, want one per GPU (%d)", n, want)
+	}
+	other := e.Lib.GPUs()[0].UUID
+	if got := testutil.ToFloat64(e.Metrics.ModeChangesDeferred.WithLabelValues(other, "whole")); got != 0 {
+		t.Errorf("gpuaas_dra_plugin_gpu_mode_change_deferred{gpu=%s} (not busy, whole) = %v, want 0", other, got)
+	}
 
 	results, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: claim.UID,
 		NamespacedName: types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}}})
@@ -62,8 +71,11 @@ func TestBusyGPUsModeChangeIsReported(t *testing.T) {
 		t.Errorf("GPU 1 idle: devices gpu-1 %v, gpu-1-ts-0 %v, gpu-1-ts-1 %v; want its two replicas, not the whole GPU",
 			whole, devices["gpu-1-ts-0"] != nil, devices["gpu-1-ts-1"] != nil)
 	}
-	if n := testutil.CollectAndCount(e.Metrics.ModeChangesDeferred); n != 0 {
-		t.Errorf("%d deferred mode changes left after GPU 1's last claim, want 0", n)
+	if got := testutil.ToFloat64(e.Metrics.ModeChangesDeferred.WithLabelValues(uuid, "timeSlicing/2")); got != 0 {
+		t.Errorf("gpuaas_dra_plugin_gpu_mode_change_deferred{gpu=%s} = %v after its last claim, want 0", uuid, got)
+	}
+	if n, want := testutil.CollectAndCount(e.Metrics.ModeChangesDeferred), len(e.Lib.GPUs()); n != want {
+		t.Errorf("%d gpuaas_dra_plugin_gpu_mode_change_deferred series after GPU 1's last claim, want one per GPU (%d)", n, want)
 	}
 	if !e.Events.Saw("Normal", telemetry.ReasonModeChangeApplied) {
 		t.Errorf("no Normal %s event: %q", telemetry.ReasonModeChangeApplied, e.Events.Events)

@@ -70,6 +70,16 @@ func PinModes(logger klog.Logger, cfg *configapi.NodeConfig, gpus []nvdev.GPU, r
 	return out, kept
 }
 
+// ConfiguredModes is each GPU's mode in the node configuration (by UUID),
+// named as PinnedMode.Configured names it ("" whole).
+func ConfiguredModes(cfg *configapi.NodeConfig, gpus []nvdev.GPU) map[string]string {
+	out := make(map[string]string, len(gpus))
+	for _, g := range gpus {
+		out[g.UUID] = configuredMode(cfg.ModeFor(g.Index, g.UUID))
+	}
+	return out
+}
+
 // configuredMode names a configured mode as modeName records it.
 func configuredMode(m configapi.GpuMode) string {
 	switch {
