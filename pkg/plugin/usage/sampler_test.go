@@ -201,6 +201,29 @@ func TestRestartStartsUnknown(t *testing.T) {
 	}
 }
 
+// A plugin that tracks its claims within the second it started (its use
+// Lease's acquireTime, in microseconds) reports an idleness no older than
+// its first sample: the condition's lastTransitionTime (whole seconds) is
+// rounded up, not down to before the process existed, which the
+// controller refuses for as long as the claim stays idle (issue 56: a
+// restarted plugin's idle claim never evicted).
+func TestIdleSinceNotBeforeTrackingBegan(t *testing.T) {
+	lib := &fakeNVML{devices: map[string]nvml.Device{"GPU-0": gpu(0, 0)}}
+	h := newHarness(t, lib, t.TempDir(), nil)
+	began := h.t0.Add(900 * time.Millisecond)
+	h.s.Track(record("c1", "notebook", "GPU-0", checkpoint.Device{Device: "gpu-0"}), began)
+	for d := 900 * time.Millisecond; d <= 60*time.Second; d += 10 * time.Second {
+		h.at(d)
+	}
+	c := wantCondition(t, h.s, "c1", "gpu-0", metav1.ConditionTrue, gpuaasv1.ReasonIdleBelowThreshold)
+	if c.Since.Before(began) {
+		t.Errorf("idle since %s, before the sampler began tracking the claim at %s", c.Since.Format(time.RFC3339Nano), began.Format(time.RFC3339Nano))
+	}
+	if c.Since.Truncate(time.Second) != c.Since {
+		t.Errorf("idle since %s: not whole seconds, as a condition's lastTransitionTime holds it", c.Since.Format(time.RFC3339Nano))
+	}
+}
+
 // Use NVML cannot tell is unknown, never 0: not idle, no utilization
 // series, use_known 0.
 func TestUnknownIsNeverZero(t *testing.T) {

@@ -117,8 +117,21 @@ func (j *judge) transition(next Condition, end time.Time) bool {
 	}
 	next.Since = end.Truncate(time.Second)
 	if next.Status == metav1.ConditionTrue {
-		next.Since = j.start.Truncate(time.Second)
+		next.Since = ceilSecond(j.start)
 	}
 	j.cond = next
 	return true
+}
+
+// ceilSecond rounds t up to the second a condition's lastTransitionTime
+// holds. An idleness is vouched for from its first sample on, never
+// before: the controller acts on it only if this process's use Lease was
+// acquired no later (its acquireTime, microseconds), and a plugin that
+// tracked its claims within the second it started would otherwise report
+// an idleness older than itself, refused for as long as it lasts.
+func ceilSecond(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); r.Before(t) {
+		return r.Add(time.Second)
+	}
+	return t
 }
