@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -86,14 +85,11 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 	kinds.checkUnknown(t, ctx)
 	// Started now, so that it is idle for less than its policy's duration
 	// when the plugin restarts.
-	// Off unless E2E_USE_RESTART is set: its first runs (2026-12-02) saw no
-	// eviction of the idle pod after the plugin's restart within 12 minutes
-	// (issue 56's note); it stays in the suite once that is understood.
-	var restart *useRestart
-	if os.Getenv("E2E_USE_RESTART") != "" {
-		restart = newUseRestart(t, ctx, n)
-		restart.restartPlugin(t, ctx)
-	}
+	// Its first runs found a defect: a new process that tracked its claims
+	// within the second it started wrote an idleness older than its use
+	// Lease, refused for as long as it lasted (usage.ceilSecond).
+	restart := newUseRestart(t, ctx, n)
+	restart.restartPlugin(t, ctx)
 
 	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := cp.Client.CoreV1().Pods(ns).Get(ctx, notebook.Name, metav1.GetOptions{})
@@ -108,12 +104,10 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 	delete(want, "notebook")
 	got = waitForClaimUse(t, ctx, ns, want)
 	t.Logf("after the evictions the plugin measured, per pod: %v", got)
-	if restart != nil {
-		restart.checkActedOnNewIdleness(t, ctx)
-	}
+	restart.checkActedOnNewIdleness(t, ctx)
 
 	// By now the claim of unknown use has been held past the policy's
-	// duration (under the new process as well, with E2E_USE_RESTART).
+	// duration (under the new process as well).
 	for _, p := range append([]*v1.Pod{trainer}, kinds.pods...) {
 		got, err := cp.Client.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
 		if err != nil || got.UID != p.UID || got.DeletionTimestamp != nil || got.Status.Phase != v1.PodRunning {
