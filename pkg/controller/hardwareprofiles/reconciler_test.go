@@ -33,6 +33,9 @@ type world struct {
 	client   client.Client
 	mapper   *meta.DefaultRESTMapper
 	requests int
+	// listed is how many HardwareProfiles Lists returned, writes how
+	// many were created, updated or deleted.
+	listed, writes int
 }
 
 func newWorld(t *testing.T, objs ...client.Object) *world {
@@ -50,6 +53,11 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			w.requests++
 		}
 	}
+	write := func(obj client.Object) {
+		if obj.GetObjectKind().GroupVersionKind() == hardwareprofile.GroupVersionKind {
+			w.writes++
+		}
+	}
 	w.client = fake.NewClientBuilder().WithScheme(s).WithRESTMapper(w.mapper).WithObjects(objs...).
 		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.GpuShape{}, &gpuaas.TenantQuota{}).
 		WithInterceptorFuncs(interceptor.Funcs{
@@ -59,11 +67,24 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			},
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				count(obj)
+				write(obj)
 				return c.Create(ctx, obj, opts...)
 			},
 			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 				count(obj)
+				write(obj)
 				return c.Update(ctx, obj, opts...)
+			},
+			Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+				write(obj)
+				return c.Delete(ctx, obj, opts...)
+			},
+			List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+				err := c.List(ctx, list, opts...)
+				if l, ok := list.(*unstructured.UnstructuredList); ok && l.GetKind() == hardwareprofile.GroupVersionKind.Kind+"List" {
+					w.listed += len(l.Items)
+				}
+				return err
 			},
 		}).Build()
 	w.r = &Reconciler{Client: w.client, Direct: w.client, Mapper: w.mapper, Namespace: namespace, Resync: resync}
