@@ -239,6 +239,7 @@ func TestAKueueManagedTenantWithoutItsLocalQueueGetsNoneUntilItHasOne(t *testing
 	if err := w.client.Create(t.Context(), localQueue("team-b", "gpus", "cq-b")); err != nil {
 		t.Fatal(err)
 	}
+	w.now = w.now.Add(queuesFresh) // the namespace's LocalQueues are listed again
 	w.reconcileShape(t, "gpu-slot")
 	if got := scheduling(t, w.hardwareProfileIn(t, "team-b", slotHP)); got["type"] != "Queue" {
 		t.Errorf("scheduling %v, want Queue once the LocalQueue exists", got)

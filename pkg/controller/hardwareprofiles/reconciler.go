@@ -28,7 +28,9 @@
 // kind is not served, and it reads and writes HardwareProfiles (and reads
 // Kueue's LocalQueues) through an uncached client, so no informer waits on
 // a kind that may never come. Without an informer a hand edit, and a
-// LocalQueue made or removed, are taken in on the owner's next resync.
+// LocalQueue made or removed, are taken in on the owner's next resync (a
+// namespace's LocalQueues, once listed, serve every owner's pass for
+// queuesFresh).
 package hardwareprofiles
 
 import (
@@ -83,6 +85,9 @@ type Reconciler struct {
 	// of it: a later CRD install, hand edits and LocalQueues are caught
 	// then.
 	Resync time.Duration
+
+	// queues: LocalQueues as listed lately, shared by every owner's pass.
+	queues queueMemo
 }
 
 // takenError: a HardwareProfile of the name exists and is not the
@@ -326,15 +331,14 @@ func (r *Reconciler) localQueue(ctx context.Context, namespace, clusterQueue, pr
 	if !served {
 		return "", "Kueue's LocalQueue kind is not served", nil
 	}
-	list := kueue.Object("LocalQueueList")
-	queues := &unstructured.UnstructuredList{Object: list.Object}
-	if err := r.Direct.List(ctx, queues, client.InNamespace(namespace)); err != nil {
-		return "", "", fmt.Errorf("listing LocalQueues in %s: %w", namespace, err)
+	queues, err := r.queuesIn(ctx, namespace)
+	if err != nil {
+		return "", "", err
 	}
 	var names []string
-	for _, lq := range queues.Items {
-		if cq, _, _ := unstructured.NestedString(lq.Object, "spec", "clusterQueue"); cq == clusterQueue {
-			names = append(names, lq.GetName())
+	for name, cq := range queues {
+		if cq == clusterQueue {
+			names = append(names, name)
 		}
 	}
 	if len(names) == 0 {

@@ -34,8 +34,11 @@ type world struct {
 	mapper   *meta.DefaultRESTMapper
 	requests int
 	// listed is how many HardwareProfiles Lists returned, writes how
-	// many were created, updated or deleted.
-	listed, writes int
+	// many were created, updated or deleted, queueLists how many Lists of
+	// LocalQueues were made.
+	listed, writes, queueLists int
+	// now is the reconciler's clock.
+	now time.Time
 }
 
 func newWorld(t *testing.T, objs ...client.Object) *world {
@@ -81,13 +84,19 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			},
 			List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 				err := c.List(ctx, list, opts...)
-				if l, ok := list.(*unstructured.UnstructuredList); ok && l.GetKind() == hardwareprofile.GroupVersionKind.Kind+"List" {
+				l, ok := list.(*unstructured.UnstructuredList)
+				switch {
+				case ok && l.GetKind() == hardwareprofile.GroupVersionKind.Kind+"List":
 					w.listed += len(l.Items)
+				case ok && l.GetKind() == "LocalQueueList":
+					w.queueLists++
 				}
 				return err
 			},
 		}).Build()
 	w.r = &Reconciler{Client: w.client, Direct: w.client, Mapper: w.mapper, Namespace: namespace, Resync: resync}
+	w.now = time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	w.r.queues.now = func() time.Time { return w.now }
 	return w
 }
 
