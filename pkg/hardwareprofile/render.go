@@ -42,6 +42,12 @@ const (
 	ProfileAnnotation     = gpuaas.ProfileLabel
 )
 
+// OwnerLabel on a HardwareProfile is its owner's UID (a GpuProfile's or a
+// GpuShape's): what the controller lists its own by, so that a pass reads
+// none of the other owners' (hundreds of tenants' namespaces, many
+// profiles each).
+const OwnerLabel = "gpuaas.io/owner-uid"
+
 // Identifier resource types of the HardwareProfile API.
 const (
 	ResourceTypeCPU         = "CPU"
@@ -134,7 +140,7 @@ func RenderShape(s *gpuaas.GpuShape, namespace string, sched Scheduling) (*unstr
 	if err != nil {
 		return nil, fmt.Errorf("GpuShape %s: %w", s.Name, err)
 	}
-	hp := object(namespace, Name(s.Name), ShapeAnnotations(s), metav1.OwnerReference{
+	hp := object(namespace, ShapeName(s.Name), ShapeAnnotations(s), metav1.OwnerReference{
 		APIVersion: gpuaas.GroupVersion.String(), Kind: gpuaas.GpuShapeKind, Name: s.Name, UID: s.UID,
 		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(false),
 	})
@@ -166,7 +172,7 @@ func object(namespace, name string, annotations map[string]string, owner metav1.
 	hp.SetGroupVersionKind(GroupVersionKind)
 	hp.SetNamespace(namespace)
 	hp.SetName(name)
-	hp.SetLabels(map[string]string{deviceclass.ManagedByLabel: deviceclass.ManagedByValue})
+	hp.SetLabels(map[string]string{deviceclass.ManagedByLabel: deviceclass.ManagedByValue, OwnerLabel: string(owner.UID)})
 	hp.SetAnnotations(annotations)
 	hp.SetOwnerReferences([]metav1.OwnerReference{owner})
 	return hp
@@ -220,6 +226,18 @@ func Name(profile string) string {
 	base := notLabelChars.ReplaceAllString(strings.ToLower(profile), "-")
 	base = base[:min(len(base), validation.DNS1123LabelMaxLength-len(suffix))]
 	return strings.Trim(base, "-") + suffix
+}
+
+// ShapePrefix begins the name of every GpuShape's HardwareProfile.
+const ShapePrefix = "shape-"
+
+// ShapeName is the HardwareProfile's name for shape name: Name of it with
+// ShapePrefix, so that a GpuShape and a GpuProfile of one name, both
+// published in a tenant's namespace, do not meet there. Only a profile
+// named with the prefix itself still meets the shape's; the controller
+// then publishes the one that is there first and says so on the other.
+func ShapeName(shape string) string {
+	return Name(ShapePrefix + shape)
 }
 
 func (s Scheduling) render() map[string]any {

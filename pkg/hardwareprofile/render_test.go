@@ -45,7 +45,7 @@ func TestRenderDefaultsAndAccelerator(t *testing.T) {
 	if got, want := hp.GetAnnotations(), wantAnnotations; !reflect.DeepEqual(got, want) {
 		t.Errorf("annotations:\n got %v\nwant %v", got, want)
 	}
-	if got, want := hp.GetLabels(), map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller"}; !reflect.DeepEqual(got, want) {
+	if got, want := hp.GetLabels(), map[string]string{"app.kubernetes.io/managed-by": "gpuaas-dra-controller", OwnerLabel: "uid-1"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("labels:\n got %v\nwant %v", got, want)
 	}
 	refs := hp.GetOwnerReferences()
@@ -207,8 +207,8 @@ func TestRenderShapeNamesItsTemplate(t *testing.T) {
 	if got := hp.Object["spec"]; !reflect.DeepEqual(got, wantSpec) {
 		t.Errorf("spec:\n got %v\nwant %v", got, wantSpec)
 	}
-	if hp.GetNamespace() != "team-a" || hp.GetName() != "gpu-slot" {
-		t.Errorf("rendered %s/%s, want team-a/gpu-slot", hp.GetNamespace(), hp.GetName())
+	if hp.GetNamespace() != "team-a" || hp.GetName() != "shape-gpu-slot" {
+		t.Errorf("rendered %s/%s, want team-a/shape-gpu-slot", hp.GetNamespace(), hp.GetName())
 	}
 	wantAnnotations := map[string]string{
 		DisplayNameAnnotation: "One H100 and its NIC", DescriptionAnnotation: "A GPU with the NIC on its PCIe root",

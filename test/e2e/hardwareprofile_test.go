@@ -157,7 +157,7 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	installHardwareProfileCRD(t, ctx)
 
 	hps := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns)
-	published := waitForHardwareProfile(t, ctx, ns, p.Name, "published", func(hp *unstructured.Unstructured) bool { return true })
+	published := waitForHardwareProfile(t, ctx, ns, hardwareprofile.Name(p.Name), "published", func(hp *unstructured.Unstructured) bool { return true })
 	live := &gpuaas.GpuProfile{}
 	if err := ctrlClient.Get(ctx, client.ObjectKey{Name: p.Name}, live); err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	if _, err := hps.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitForHardwareProfile(t, ctx, ns, p.Name, "put back", func(hp *unstructured.Unstructured) bool {
+	waitForHardwareProfile(t, ctx, ns, hardwareprofile.Name(p.Name), "put back", func(hp *unstructured.Unstructured) bool {
 		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "false" && reflect.DeepEqual(hp.Object["spec"], want.Object["spec"])
 	})
 	waitForProfile(t, p.Name, "saying where it is published", func(p *gpuaas.GpuProfile) bool {
@@ -193,7 +193,7 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	if err := ctrlClient.Update(ctx, live); err != nil {
 		t.Fatal(err)
 	}
-	waitForHardwareProfile(t, ctx, ns, p.Name, "disabled", func(hp *unstructured.Unstructured) bool {
+	waitForHardwareProfile(t, ctx, ns, hardwareprofile.Name(p.Name), "disabled", func(hp *unstructured.Unstructured) bool {
 		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "true"
 	})
 
@@ -209,21 +209,22 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 	}
 }
 
-// waitForHardwareProfile waits until the HardwareProfile of profile (a
-// GpuProfile or GpuShape) in ns exists and meets cond.
-func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, profile, what string, cond func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
+// waitForHardwareProfile waits until the HardwareProfile name (a
+// GpuProfile's hardwareprofile.Name, a GpuShape's ShapeName) in ns exists
+// and meets cond.
+func waitForHardwareProfile(t *testing.T, ctx context.Context, ns, name, what string, cond func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
 	t.Helper()
 	var hp *unstructured.Unstructured
 	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		var err error
-		hp, err = cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Get(ctx, hardwareprofile.Name(profile), metav1.GetOptions{})
+		hp, err = cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
 		return cond(hp), nil
 	})
 	if err != nil {
-		t.Fatalf("HardwareProfile of %s in %s not %s: %v; last %v", profile, ns, what, err, hp)
+		t.Fatalf("HardwareProfile %s/%s not %s: %v; last %v", ns, name, what, err, hp)
 	}
 	return hp
 }
@@ -239,10 +240,10 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 	ctx := framework.Context(t, 3*time.Minute)
 	installHardwareProfileCRD(t, ctx)
 	startControllerWith(t, func(o *controller.Options) { o.HardwareProfilesPerTenant = true })
-	// The profile is published per tenant too: the shape has a name of
-	// its own (one name for both meets in the tenant's namespace, and the
-	// first there keeps it).
+	// The profile is published per tenant too, beside the shape's
+	// (shape-<name>).
 	name := uniqueName("hwp-slot")
+	hpName := hardwareprofile.ShapeName(name)
 	part := name + "-gpu"
 	createObject(t, profile(part, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU}))
 	waitForProfileReady(t, part)
@@ -255,7 +256,7 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 	createObject(t, shape)
 
 	for _, ns := range []string{ns1, ns2} {
-		hp := waitForHardwareProfile(t, ctx, ns, name, "published", func(*unstructured.Unstructured) bool { return true })
+		hp := waitForHardwareProfile(t, ctx, ns, hpName, "published", func(*unstructured.Unstructured) bool { return true })
 		if tmpl, _, _ := unstructured.NestedString(hp.Object, "spec", "dra", "resourceClaimTemplateName"); tmpl != name {
 			t.Errorf("%s: spec.dra.resourceClaimTemplateName %q, want the shape's template %s", ns, tmpl, name)
 		}
@@ -275,7 +276,7 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 	})
 
 	hps := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns1)
-	edited, err := hps.Get(ctx, name, metav1.GetOptions{})
+	edited, err := hps.Get(ctx, hpName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,28 +286,28 @@ func TestControllerPublishesShapeHardwareProfiles(t *testing.T) {
 	if _, err := hps.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitForHardwareProfile(t, ctx, ns1, name, "put back", func(hp *unstructured.Unstructured) bool {
+	waitForHardwareProfile(t, ctx, ns1, hpName, "put back", func(hp *unstructured.Unstructured) bool {
 		tmpl, _, _ := unstructured.NestedString(hp.Object, "spec", "dra", "resourceClaimTemplateName")
 		return tmpl == name
 	})
 
 	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) { q.Spec.Namespaces = []string{ns1} })
 	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns2).Get(ctx, name, metav1.GetOptions{})
+		_, err := cp.Dynamic.Resource(hardwareProfileGVR).Namespace(ns2).Get(ctx, hpName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		t.Fatalf("HardwareProfile %s/%s still there after the tenant dropped the namespace: %v", ns2, name, err)
+		t.Fatalf("HardwareProfile %s/%s still there after the tenant dropped the namespace: %v", ns2, hpName, err)
 	}
 
 	if err := ctrlClient.Delete(ctx, shape); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, err := hps.Get(ctx, name, metav1.GetOptions{})
+		_, err := hps.Get(ctx, hpName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		t.Fatalf("HardwareProfile %s/%s still there after its GpuShape was deleted: %v", ns1, name, err)
+		t.Fatalf("HardwareProfile %s/%s still there after its GpuShape was deleted: %v", ns1, hpName, err)
 	}
 }

@@ -35,6 +35,7 @@ func (r ProfileReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	}
 	settings := settingsOf(p.Spec.HardwareProfile)
 	o := owner{kind: gpuaas.GpuProfileKind, name: p.Name, uid: p.UID, annotation: hardwareprofile.ProfileAnnotation,
+		hpName: hardwareprofile.Name(p.Name),
 		render: func(t target) (*unstructured.Unstructured, error) {
 			if t.global {
 				return hardwareprofile.Render(&p, t.namespace)
@@ -76,6 +77,7 @@ func (r ShapeReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	}
 	settings := settingsOf(s.Spec.HardwareProfile)
 	o := owner{kind: gpuaas.GpuShapeKind, name: s.Name, uid: s.UID, annotation: hardwareprofile.ShapeAnnotation,
+		hpName: hardwareprofile.ShapeName(s.Name),
 		render: func(t target) (*unstructured.Unstructured, error) {
 			return hardwareprofile.RenderShape(&s, t.namespace, t.sched)
 		}}

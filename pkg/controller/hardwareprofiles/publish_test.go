@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -29,6 +28,9 @@ func tenant(name, clusterQueue string, namespaces ...string) *gpuaas.TenantQuota
 	q.Status.Namespaces = namespaces
 	return q
 }
+
+// slotHP is slotShape's HardwareProfile's name (hardwareprofile.ShapeName).
+const slotHP = "shape-gpu-slot"
 
 // slotShape is a shape entitled to tenants whose template the shapes
 // reconciler has written in templates.
@@ -138,7 +140,7 @@ func TestShapeIsPublishedInItsTenantsNamespacesNamingItsTemplate(t *testing.T) {
 	w.withKueue(t, localQueue("team-b", "gpus", "cq-b"), localQueue("team-b", "other", "cq-x"))
 	w.reconcileShape(t, "gpu-slot")
 
-	a := w.hardwareProfileIn(t, "team-a", "gpu-slot")
+	a := w.hardwareProfileIn(t, "team-a", slotHP)
 	if got := templateName(a); got != "gpu-slot" {
 		t.Errorf("team-a: spec.dra.resourceClaimTemplateName %q, want the shape's template gpu-slot", got)
 	}
@@ -151,13 +153,13 @@ func TestShapeIsPublishedInItsTenantsNamespacesNamingItsTemplate(t *testing.T) {
 	if got := a.GetAnnotations()[hardwareprofile.DisplayNameAnnotation]; got != "One H100 and its NIC" {
 		t.Errorf("display name %q, want the shape's", got)
 	}
-	b := w.hardwareProfileIn(t, "team-b", "gpu-slot")
+	b := w.hardwareProfileIn(t, "team-b", slotHP)
 	want := map[string]any{"type": "Queue", "kueue": map[string]any{"localQueueName": "gpus"}}
 	if got := scheduling(t, b); !equalJSON(got, want) {
 		t.Errorf("team-b (Kueue, ClusterQueue cq-b): scheduling %v, want %v (its LocalQueue of cq-b)", got, want)
 	}
-	w.absent(t, "team-c", "gpu-slot", "the shape does not name team-c")
-	w.absent(t, namespace, "gpu-slot", "no template in the global namespace")
+	w.absent(t, "team-c", slotHP, "the shape does not name team-c")
+	w.absent(t, namespace, slotHP, "no template in the global namespace")
 
 	s := w.shape(t, "gpu-slot")
 	if !slices.Equal(s.Status.HardwareProfileNamespaces, []string{"team-a", "team-b"}) {
@@ -175,8 +177,8 @@ func TestShapeOnlyWhereItsTemplateIs(t *testing.T) {
 	w := newWorld(t, slotShape([]string{"team-a"}, "team-a"), tenant("team-a", "", "team-a", "team-a-dev"))
 	w.install()
 	w.reconcileShape(t, "gpu-slot")
-	w.hardwareProfileIn(t, "team-a", "gpu-slot")
-	w.absent(t, "team-a-dev", "gpu-slot", "no template there")
+	w.hardwareProfileIn(t, "team-a", slotHP)
+	w.absent(t, "team-a-dev", slotHP, "no template there")
 }
 
 // TestShapeHandEditsArePutBackAndATenantRemovedTakesItsProfile: a hand
@@ -187,7 +189,7 @@ func TestShapeHandEditsArePutBackAndATenantRemovedTakesItsProfile(t *testing.T) 
 	w := newWorld(t, slotShape([]string{"team-a", "team-b"}, "team-a", "team-b"), tenant("team-a", "", "team-a"), tenant("team-b", "", "team-b"))
 	w.install()
 	w.reconcileShape(t, "gpu-slot")
-	hp := w.hardwareProfileIn(t, "team-a", "gpu-slot")
+	hp := w.hardwareProfileIn(t, "team-a", slotHP)
 	want := hp.DeepCopy()
 	if err := unstructured.SetNestedField(hp.Object, "someone-elses", "spec", "dra", "resourceClaimTemplateName"); err != nil {
 		t.Fatal(err)
@@ -199,7 +201,7 @@ func TestShapeHandEditsArePutBackAndATenantRemovedTakesItsProfile(t *testing.T) 
 		t.Fatal(err)
 	}
 	w.reconcileShape(t, "gpu-slot")
-	got := w.hardwareProfileIn(t, "team-a", "gpu-slot")
+	got := w.hardwareProfileIn(t, "team-a", slotHP)
 	if !equalJSON(got.Object["spec"], want.Object["spec"]) {
 		t.Errorf("spec %v, want %v put back", got.Object["spec"], want.Object["spec"])
 	}
@@ -210,8 +212,8 @@ func TestShapeHandEditsArePutBackAndATenantRemovedTakesItsProfile(t *testing.T) 
 		t.Fatal(err)
 	}
 	w.reconcileShape(t, "gpu-slot")
-	w.absent(t, "team-a", "gpu-slot", "team-a was removed from the shape")
-	w.hardwareProfileIn(t, "team-b", "gpu-slot")
+	w.absent(t, "team-a", slotHP, "team-a was removed from the shape")
+	w.hardwareProfileIn(t, "team-b", slotHP)
 	if got := w.shape(t, "gpu-slot").Status.HardwareProfileNamespaces; !slices.Equal(got, []string{"team-b"}) {
 		t.Errorf("status.hardwareProfileNamespaces %v, want [team-b]", got)
 	}
@@ -227,7 +229,7 @@ func TestAKueueManagedTenantWithoutItsLocalQueueGetsNoneUntilItHasOne(t *testing
 	w.install()
 	w.withKueue(t, localQueue("team-b", "elsewhere", "cq-other"))
 	w.reconcileShape(t, "gpu-slot")
-	w.absent(t, "team-b", "gpu-slot", "no LocalQueue of cq-b in team-b")
+	w.absent(t, "team-b", slotHP, "no LocalQueue of cq-b in team-b")
 	c := meta.FindStatusCondition(w.shape(t, "gpu-slot").Status.Conditions, gpuaas.ConditionHardwareProfilesPublished)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != gpuaas.ReasonNotPublished ||
 		!strings.Contains(c.Message, "team-b: tenant team-b is Kueue-managed (ClusterQueue cq-b) and the namespace has no LocalQueue of it") {
@@ -237,8 +239,9 @@ func TestAKueueManagedTenantWithoutItsLocalQueueGetsNoneUntilItHasOne(t *testing
 	if err := w.client.Create(t.Context(), localQueue("team-b", "gpus", "cq-b")); err != nil {
 		t.Fatal(err)
 	}
+	w.now = w.now.Add(queuesFresh) // the namespace's LocalQueues are listed again
 	w.reconcileShape(t, "gpu-slot")
-	if got := scheduling(t, w.hardwareProfileIn(t, "team-b", "gpu-slot")); got["type"] != "Queue" {
+	if got := scheduling(t, w.hardwareProfileIn(t, "team-b", slotHP)); got["type"] != "Queue" {
 		t.Errorf("scheduling %v, want Queue once the LocalQueue exists", got)
 	}
 	if c := meta.FindStatusCondition(w.shape(t, "gpu-slot").Status.Conditions, gpuaas.ConditionHardwareProfilesPublished); c == nil || c.Status != metav1.ConditionTrue {
@@ -298,28 +301,6 @@ func TestProfilesPerTenantAreScheduledAsTheTenantIs(t *testing.T) {
 	w.reconcile(t, "shared-4way")
 	w.absent(t, "team-b-dev", "shared-4way", "no longer the tenant's namespace")
 	w.hardwareProfileIn(t, "team-b", "shared-4way")
-}
-
-// TestAProfileAndAShapeOfOneNameDoNotTakeEachOthersProfile: where a
-// profile's HardwareProfile already has the name, the shape's is not
-// published there (and the profile's is left alone); the shape's condition
-// says so.
-func TestAProfileAndAShapeOfOneNameDoNotTakeEachOthersProfile(t *testing.T) {
-	p := sharedProfile()
-	p.Name, p.UID = "gpu-slot", types.UID("uid-profile-gpu-slot")
-	w := newWorld(t, p, slotShape([]string{"team-a"}, "team-a"), tenant("team-a", "", "team-a"))
-	w.r.PerTenant = true
-	w.install()
-	w.reconcile(t, "gpu-slot")
-	w.reconcileShape(t, "gpu-slot")
-	hp := w.hardwareProfileIn(t, "team-a", "gpu-slot")
-	if refs := hp.GetOwnerReferences(); len(refs) != 1 || refs[0].Kind != gpuaas.GpuProfileKind {
-		t.Errorf("owner references %+v, want the profile's still", refs)
-	}
-	c := meta.FindStatusCondition(w.shape(t, "gpu-slot").Status.Conditions, gpuaas.ConditionHardwareProfilesPublished)
-	if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "is not GpuShape gpu-slot's") {
-		t.Errorf("condition %+v, want NotPublished saying team-a's HardwareProfile is not the shape's", c)
-	}
 }
 
 // TestNotServedIsSaidOnTheStatus: without the CRD nothing is read or

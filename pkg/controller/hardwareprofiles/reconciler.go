@@ -15,7 +15,10 @@
 //
 // Every HardwareProfile is owned by its GpuProfile or GpuShape, so the
 // garbage collector removes it with its owner; one in a namespace it is no
-// longer meant for (a tenant gone, a LocalQueue gone) is deleted. Where it
+// longer meant for (a tenant gone, a LocalQueue gone) is deleted. A
+// shape's is named hardwareprofile.ShapeName, apart from a profile's of
+// the same name. Each carries its owner's UID (hardwareprofile.OwnerLabel),
+// so a pass lists its owner's own, not every owner's in the cluster. Where it
 // was published is written to the owner's status.hardwareProfileNamespaces
 // and its HardwareProfilesPublished condition.
 //
@@ -25,10 +28,13 @@
 // kind is not served, and it reads and writes HardwareProfiles (and reads
 // Kueue's LocalQueues) through an uncached client, so no informer waits on
 // a kind that may never come. Without an informer a hand edit, and a
-// LocalQueue made or removed, are taken in on the owner's next resync.
+// LocalQueue made or removed, are taken in on the owner's next resync (a
+// namespace's LocalQueues, once listed, serve every owner's pass for
+// queuesFresh).
 package hardwareprofiles
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +48,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -77,10 +85,19 @@ type Reconciler struct {
 	// of it: a later CRD install, hand edits and LocalQueues are caught
 	// then.
 	Resync time.Duration
+
+	// queues: LocalQueues as listed lately, shared by every owner's pass.
+	queues queueMemo
 }
 
-// errNotOurs: a HardwareProfile of the name exists and is an admin's own.
-var errNotOurs = errors.New("not ours")
+// takenError: a HardwareProfile of the name exists and is not the
+// owner's: an admin's own, or another owner's whose name meets it (a
+// GpuProfile named as a GpuShape's HardwareProfile is, or two profile
+// names that Name makes one). holder names that owner, empty for an
+// admin's own.
+type takenError struct{ holder string }
+
+func (e *takenError) Error() string { return "taken by " + cmp.Or(e.holder, "an object not ours") }
 
 // target is a namespace an owner is meant to be published in, and how
 // workloads are scheduled there.
@@ -100,6 +117,8 @@ const conflictRetry = time.Second
 type owner struct {
 	kind, name string
 	uid        types.UID
+	// hpName is the name of its HardwareProfile in every namespace.
+	hpName string
 	// annotation names the owner on its HardwareProfiles (the profile's
 	// or the shape's key), so one the owner reference was edited away
 	// from is still known as ours.
@@ -133,16 +152,17 @@ func (r *Reconciler) publish(ctx context.Context, o owner, targets []target, pro
 	for _, t := range targets {
 		// Wanted even where it does not render: what is published there
 		// stays until the owner's settings hold again.
-		wanted[t.namespace+"/"+hardwareprofile.Name(o.name)] = true
+		wanted[t.namespace+"/"+o.hpName] = true
 		want, err := o.render(t)
 		if err != nil {
 			res.problems = append(res.problems, fmt.Sprintf("%s: %v", t.namespace, err))
 			continue
 		}
+		var taken *takenError
 		err = r.apply(ctx, o, want)
 		switch {
-		case errors.Is(err, errNotOurs):
-			res.problems = append(res.problems, fmt.Sprintf("%s: HardwareProfile %s exists and is not %s %s's (rename or delete it)", t.namespace, want.GetName(), o.kind, o.name))
+		case errors.As(err, &taken):
+			res.problems = append(res.problems, takenProblem(t.namespace, want.GetName(), o, taken.holder))
 			continue
 		case err != nil:
 			return res, err
@@ -183,7 +203,7 @@ func (r *Reconciler) apply(ctx context.Context, o owner, want *unstructured.Unst
 		return fmt.Errorf("reading HardwareProfile %s: %w", key, err)
 	}
 	if !ours(have, o) {
-		return errNotOurs
+		return &takenError{holder: holderOf(have)}
 	}
 	updated := have.DeepCopy()
 	spec := want.Object["spec"].(map[string]any)
@@ -212,16 +232,16 @@ func (r *Reconciler) apply(ctx context.Context, o owner, want *unstructured.Unst
 
 // prune deletes o's HardwareProfiles that are not wanted (by namespace and
 // name): a tenant that no longer has the namespace, a shape's tenant
-// removed, a Kueue-managed tenant's namespace whose LocalQueue is gone.
-// Only objects owned by o (its UID) go, never an admin's own.
+// removed, a Kueue-managed tenant's namespace whose LocalQueue is gone, a
+// name o no longer publishes under (a shape's before ShapeName). Only
+// objects owned by o (its UID) go, never an admin's own.
 func (r *Reconciler) prune(ctx context.Context, o owner, wanted map[string]bool) error {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(hardwareprofile.GroupVersionKind.GroupVersion().WithKind(hardwareprofile.GroupVersionKind.Kind + "List"))
-	if err := r.Direct.List(ctx, list, client.MatchingLabels{deviceclass.ManagedByLabel: deviceclass.ManagedByValue}); err != nil {
-		return fmt.Errorf("listing HardwareProfiles: %w", err)
+	candidates, err := r.candidates(ctx, o.uid)
+	if err != nil {
+		return err
 	}
-	for i := range list.Items {
-		hp := &list.Items[i]
+	for i := range candidates {
+		hp := &candidates[i]
 		if wanted[hp.GetNamespace()+"/"+hp.GetName()] || !ownedBy(hp, o.uid) {
 			continue
 		}
@@ -233,6 +253,33 @@ func (r *Reconciler) prune(ctx context.Context, o owner, wanted map[string]bool)
 		klog.FromContext(ctx).Info("Deleted HardwareProfile no longer meant for its namespace", "owner", klog.KRef("", o.name), "kind", o.kind, "hardwareProfile", klog.KObj(hp))
 	}
 	return nil
+}
+
+// candidates are the HardwareProfiles prune looks at: those labelled as
+// uid's, and ours without the owner label, which only objects written
+// before the label existed have (or one whose label was edited away). A
+// pass so reads the owner's own, not every owner's in the cluster; after
+// an upgrade each owner's first pass labels its wanted ones (apply) and
+// deletes the rest, so the second list is soon empty.
+func (r *Reconciler) candidates(ctx context.Context, uid types.UID) ([]unstructured.Unstructured, error) {
+	unlabelled, err := labels.NewRequirement(hardwareprofile.OwnerLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("selecting HardwareProfiles without %s: %w", hardwareprofile.OwnerLabel, err)
+	}
+	managed := labels.SelectorFromSet(labels.Set{deviceclass.ManagedByLabel: deviceclass.ManagedByValue})
+	var out []unstructured.Unstructured
+	for _, sel := range []labels.Selector{
+		labels.SelectorFromSet(labels.Set{deviceclass.ManagedByLabel: deviceclass.ManagedByValue, hardwareprofile.OwnerLabel: string(uid)}),
+		managed.Add(*unlabelled),
+	} {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(hardwareprofile.GroupVersionKind.GroupVersion().WithKind(hardwareprofile.GroupVersionKind.Kind + "List"))
+		if err := r.Direct.List(ctx, list, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			return nil, fmt.Errorf("listing HardwareProfiles %s: %w", sel, err)
+		}
+		out = append(out, list.Items...)
+	}
+	return out, nil
 }
 
 // tenantTargets are the namespaces of the tenants entitled (all where
@@ -284,15 +331,14 @@ func (r *Reconciler) localQueue(ctx context.Context, namespace, clusterQueue, pr
 	if !served {
 		return "", "Kueue's LocalQueue kind is not served", nil
 	}
-	list := kueue.Object("LocalQueueList")
-	queues := &unstructured.UnstructuredList{Object: list.Object}
-	if err := r.Direct.List(ctx, queues, client.InNamespace(namespace)); err != nil {
-		return "", "", fmt.Errorf("listing LocalQueues in %s: %w", namespace, err)
+	queues, err := r.queuesIn(ctx, namespace)
+	if err != nil {
+		return "", "", err
 	}
 	var names []string
-	for _, lq := range queues.Items {
-		if cq, _, _ := unstructured.NestedString(lq.Object, "spec", "clusterQueue"); cq == clusterQueue {
-			names = append(names, lq.GetName())
+	for name, cq := range queues {
+		if cq == clusterQueue {
+			names = append(names, name)
 		}
 	}
 	if len(names) == 0 {
@@ -351,6 +397,32 @@ func ownedBy(obj *unstructured.Unstructured, uid types.UID) bool {
 func ours(obj *unstructured.Unstructured, o owner) bool {
 	return ownedBy(obj, o.uid) ||
 		obj.GetLabels()[deviceclass.ManagedByLabel] == deviceclass.ManagedByValue && obj.GetAnnotations()[o.annotation] == o.name
+}
+
+// holderOf names the owner of a HardwareProfile that is not ours to
+// write: the GpuProfile or GpuShape its annotation names where it is one
+// of the controller's, empty for an admin's own.
+func holderOf(obj *unstructured.Unstructured) string {
+	if obj.GetLabels()[deviceclass.ManagedByLabel] != deviceclass.ManagedByValue {
+		return ""
+	}
+	if name := obj.GetAnnotations()[hardwareprofile.ShapeAnnotation]; name != "" {
+		return gpuaas.GpuShapeKind + " " + name
+	}
+	if name := obj.GetAnnotations()[hardwareprofile.ProfileAnnotation]; name != "" {
+		return gpuaas.GpuProfileKind + " " + name
+	}
+	return ""
+}
+
+// takenProblem says why o is not published in namespace: the
+// HardwareProfile of its name there is holder's (rename one of the two),
+// or an admin's own (holder empty: rename or delete it).
+func takenProblem(namespace, name string, o owner, holder string) string {
+	if holder == "" {
+		return fmt.Sprintf("%s: HardwareProfile %s exists and is not %s %s's (rename or delete it)", namespace, name, o.kind, o.name)
+	}
+	return fmt.Sprintf("%s: HardwareProfile %s exists and is not %s %s's: it is %s's (rename one of them)", namespace, name, o.kind, o.name, holder)
 }
 
 func settingsOf(s *gpuaas.HardwareProfileSettings) gpuaas.HardwareProfileSettings {

@@ -33,6 +33,12 @@ type world struct {
 	client   client.Client
 	mapper   *meta.DefaultRESTMapper
 	requests int
+	// listed is how many HardwareProfiles Lists returned, writes how
+	// many were created, updated or deleted, queueLists how many Lists of
+	// LocalQueues were made.
+	listed, writes, queueLists int
+	// now is the reconciler's clock.
+	now time.Time
 }
 
 func newWorld(t *testing.T, objs ...client.Object) *world {
@@ -50,6 +56,11 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			w.requests++
 		}
 	}
+	write := func(obj client.Object) {
+		if obj.GetObjectKind().GroupVersionKind() == hardwareprofile.GroupVersionKind {
+			w.writes++
+		}
+	}
 	w.client = fake.NewClientBuilder().WithScheme(s).WithRESTMapper(w.mapper).WithObjects(objs...).
 		WithStatusSubresource(&gpuaas.GpuProfile{}, &gpuaas.GpuShape{}, &gpuaas.TenantQuota{}).
 		WithInterceptorFuncs(interceptor.Funcs{
@@ -59,14 +70,33 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			},
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				count(obj)
+				write(obj)
 				return c.Create(ctx, obj, opts...)
 			},
 			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 				count(obj)
+				write(obj)
 				return c.Update(ctx, obj, opts...)
+			},
+			Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+				write(obj)
+				return c.Delete(ctx, obj, opts...)
+			},
+			List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+				err := c.List(ctx, list, opts...)
+				l, ok := list.(*unstructured.UnstructuredList)
+				switch {
+				case ok && l.GetKind() == hardwareprofile.GroupVersionKind.Kind+"List":
+					w.listed += len(l.Items)
+				case ok && l.GetKind() == "LocalQueueList":
+					w.queueLists++
+				}
+				return err
 			},
 		}).Build()
 	w.r = &Reconciler{Client: w.client, Direct: w.client, Mapper: w.mapper, Namespace: namespace, Resync: resync}
+	w.now = time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	w.r.queues.now = func() time.Time { return w.now }
 	return w
 }
 
