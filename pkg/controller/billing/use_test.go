@@ -125,8 +125,8 @@ func TestUseExactAcrossLeaderChange(t *testing.T) {
 	old := newRecorder(api, clk)
 	reconcileOK(t, old)
 	clk.advance(30 * time.Second)
-	reconcileOK(t, old)                     // checkpoint at t0+30
-	clk.advance(40 * time.Second)           // killed at t0+45, no leader until t0+90
+	reconcileOK(t, old)           // checkpoint at t0+30
+	clk.advance(40 * time.Second) // killed at t0+45, no leader until t0+90
 	setUse(t, api, "train", "whole-1", metav1.ConditionTrue, at(40*time.Second))
 	clk.advance(20 * time.Second)
 	next := newRecorder(api, clk)
