@@ -23,13 +23,13 @@ import (
 type retiredUsage struct{ unitSeconds, cost, idle *big.Rat }
 
 // expired: u's period ended more than months months before now's began.
-// The current and the previous month never are.
+// The current and the previous month never are (months >= 1).
 func expired(u *gpuaas.TenantUsage, months int, now time.Time) bool {
 	if months <= 0 {
 		return false
 	}
 	_, current, _ := Period(now)
-	return u.Spec.Start.Time.Before(current.AddDate(0, -max(months, 1), 0))
+	return u.Spec.Start.Time.Before(current.AddDate(0, -months, 0))
 }
 
 // retire deletes the TenantUsages past RetentionMonths: closed periods
