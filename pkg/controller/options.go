@@ -129,6 +129,11 @@ type Options struct {
 	// and GpuShapes and of the cost metrics (docs/platform.md, "Billing").
 	BillingCurrency string
 
+	// BillingRetentionMonths: the leader deletes a tenant's TenantUsage
+	// once its month ended more than this many months before the current
+	// one (never the current or the previous month's); 0 keeps them all.
+	BillingRetentionMonths int
+
 	// Resync is how often quota status is refreshed, and the open billing
 	// records' lastSeen written, without any change; default 30s.
 	Resync time.Duration
@@ -154,6 +159,9 @@ func (o *Options) Validate() error {
 	}
 	if len(o.KueueClaimCreators) == 0 {
 		o.KueueClaimCreators = slices.Clone(DefaultKueueClaimCreators)
+	}
+	if o.BillingRetentionMonths < 0 {
+		return fmt.Errorf("--billing-retention-months %d must not be negative (0 keeps every month)", o.BillingRetentionMonths)
 	}
 	if o.KubeAPIQPS < 0 || o.KubeAPIBurst < 0 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must not be negative", o.KubeAPIQPS, o.KubeAPIBurst)

@@ -24,3 +24,19 @@ func TestHardwareProfileNamespaceMustBeANamespaceName(t *testing.T) {
 		}
 	}
 }
+
+// TestBillingRetentionMonthsMustNotBeNegative: 0 (keep every month) and a
+// count of months are accepted, a negative count is refused naming the
+// flag.
+func TestBillingRetentionMonthsMustNotBeNegative(t *testing.T) {
+	for _, months := range []int{0, 1, 13} {
+		o := &Options{BillingRetentionMonths: months, Webhook: WebhookOptions{URL: "https://127.0.0.1:9443"}}
+		if err := o.Validate(); err != nil {
+			t.Errorf("--billing-retention-months %d: %v", months, err)
+		}
+	}
+	o := &Options{BillingRetentionMonths: -1, Webhook: WebhookOptions{URL: "https://127.0.0.1:9443"}}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--billing-retention-months") {
+		t.Errorf("--billing-retention-months -1: %v, want refused naming the flag", err)
+	}
+}

@@ -240,7 +240,8 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if err := setupReconcilers(mgr, acct, conditions, opts); err != nil {
 		return err
 	}
-	_, err = billing.Setup(mgr, acct, billing.Options{Currency: opts.BillingCurrency, Resync: cmp.Or(opts.Resync, defaultResync), Shapes: refuser != nil})
+	_, err = billing.Setup(mgr, acct, billing.Options{Currency: opts.BillingCurrency, Resync: cmp.Or(opts.Resync, defaultResync), Shapes: refuser != nil,
+		RetentionMonths: opts.BillingRetentionMonths})
 	if err != nil {
 		return err
 	}

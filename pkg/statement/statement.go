@@ -29,6 +29,10 @@ type Line struct {
 	Price resource.Quantity
 	// UnitSeconds and Cost, exact.
 	UnitSeconds, Cost *big.Rat
+	// Used, Idle and UnknownUse split UnitSeconds by the devices' use as
+	// their plugins reported it (unknown: not reported, or not observed);
+	// IdleCost is what Idle cost.
+	Used, Idle, UnknownUse, IdleCost *big.Rat
 	// Records closed and still open.
 	Records, Open int64
 	// Uncertain: closed records whose end fell while no leader ran.
@@ -45,6 +49,8 @@ type Statement struct {
 	Lines       []Line
 	UnitSeconds *big.Rat
 	Cost        *big.Rat
+	// Used, Idle, UnknownUse and IdleCost: the lines' sums.
+	Used, Idle, UnknownUse, IdleCost *big.Rat
 }
 
 // Closed says whether the period is over at now.
@@ -54,7 +60,7 @@ func (s *Statement) Closed(now time.Time) bool { return !now.Before(s.End) }
 func FromUsage(u *gpuaas.TenantUsage) Statement {
 	s := Statement{Tenant: u.Spec.Tenant, Period: u.Spec.Period, Currency: u.Status.Currency,
 		Start: u.Spec.Start.UTC(), End: u.Spec.End.UTC(), AsOf: u.Spec.Start.UTC(),
-		UnitSeconds: new(big.Rat), Cost: new(big.Rat)}
+		UnitSeconds: new(big.Rat), Cost: new(big.Rat), Used: new(big.Rat), Idle: new(big.Rat), UnknownUse: new(big.Rat), IdleCost: new(big.Rat)}
 	type key struct{ name, kind, model, price string }
 	lines := map[key]*Line{}
 	line := func(profile, shape, model string, price resource.Quantity) *Line {
@@ -64,7 +70,8 @@ func FromUsage(u *gpuaas.TenantUsage) Statement {
 		}
 		l, ok := lines[k]
 		if !ok {
-			l = &Line{Name: k.name, Kind: k.kind, GpuModel: model, Price: price, UnitSeconds: new(big.Rat), Cost: new(big.Rat)}
+			l = &Line{Name: k.name, Kind: k.kind, GpuModel: model, Price: price, UnitSeconds: new(big.Rat), Cost: new(big.Rat),
+				Used: new(big.Rat), Idle: new(big.Rat), UnknownUse: new(big.Rat), IdleCost: new(big.Rat)}
 			lines[k] = l
 		}
 		return l
@@ -72,6 +79,8 @@ func FromUsage(u *gpuaas.TenantUsage) Statement {
 	for _, t := range u.Status.Totals {
 		l := line(t.Profile, t.Shape, t.GpuModel, t.Price)
 		l.UnitSeconds.Add(l.UnitSeconds, ratOf(t.UnitSeconds))
+		l.Used.Add(l.Used, ratOf(t.UsedUnitSeconds))
+		l.Idle.Add(l.Idle, ratOf(t.IdleUnitSeconds))
 		l.Records += t.Records
 		l.Uncertain += t.UncertainRecords
 	}
@@ -83,6 +92,8 @@ func FromUsage(u *gpuaas.TenantUsage) Statement {
 	for _, rec := range u.Status.Open {
 		l := line(rec.Profile, rec.Shape, rec.GpuModel, rec.Price)
 		l.UnitSeconds.Add(l.UnitSeconds, ratOf(rec.UnitSeconds))
+		l.Used.Add(l.Used, ratOf(rec.UsedUnitSeconds))
+		l.Idle.Add(l.Idle, ratOf(rec.IdleUnitSeconds))
 		l.Open++
 		if rec.LastSeen.After(s.AsOf) {
 			s.AsOf = rec.LastSeen.UTC()
@@ -92,8 +103,16 @@ func FromUsage(u *gpuaas.TenantUsage) Statement {
 		// Cost from the line's unit-seconds, as the records' totals are,
 		// not a sum of rounded costs.
 		l.Cost = costOf(l.UnitSeconds, l.Price)
+		// Unknown is the rest: records written before uses were
+		// recorded have none, and read as unknown, never as used.
+		l.UnknownUse.Sub(l.UnitSeconds, l.Used).Sub(l.UnknownUse, l.Idle)
+		l.IdleCost = costOf(l.Idle, l.Price)
 		s.UnitSeconds.Add(s.UnitSeconds, l.UnitSeconds)
 		s.Cost.Add(s.Cost, l.Cost)
+		s.Used.Add(s.Used, l.Used)
+		s.Idle.Add(s.Idle, l.Idle)
+		s.UnknownUse.Add(s.UnknownUse, l.UnknownUse)
+		s.IdleCost.Add(s.IdleCost, l.IdleCost)
 		s.Lines = append(s.Lines, *l)
 	}
 	slices.SortFunc(s.Lines, func(a, b Line) int {

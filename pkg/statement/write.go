@@ -19,6 +19,9 @@ var Columns = []string{
 	"BilledCost", "EffectiveCost", "ListCost", "BillingCurrency",
 	"ConsumedQuantity", "ConsumedUnit", "PricingQuantity", "PricingUnit", "ListUnitPrice",
 	"ResourceId", "ResourceName", "ResourceType", "ServiceName", "SubAccountId", "SubAccountName", "Tags",
+	// Custom columns (FOCUS has none for use): ConsumedQuantity split by
+	// the devices' use, in GPU-unit-hours, and what the idle part cost.
+	"x_UsedQuantity", "x_IdleQuantity", "x_UnknownUseQuantity", "x_IdleCost",
 }
 
 // ServiceName is the FOCUS ServiceName of every row.
@@ -36,12 +39,13 @@ func WriteText(w io.Writer, s Statement) error {
 	}
 	// The tabwriter buffers until Flush, which returns the writer's error.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	_, _ = fmt.Fprintf(tw, "KIND\tNAME\tGPU MODEL\tPRICE/UNIT-HOUR\tGPU-UNIT-HOURS\tCOST\tRECORDS\tOPEN\n")
+	_, _ = fmt.Fprintf(tw, "KIND\tNAME\tGPU MODEL\tPRICE/UNIT-HOUR\tGPU-UNIT-HOURS\tUSED\tIDLE\tUNKNOWN USE\tCOST\tIDLE COST\tRECORDS\tOPEN\n")
 	for _, l := range s.Lines {
-		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", l.Kind, l.Name, orDash(l.GpuModel), priceString(l.Price),
-			hours(l.UnitSeconds), money(l.Cost), l.Records, l.Open)
+		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", l.Kind, l.Name, orDash(l.GpuModel), priceString(l.Price),
+			hours(l.UnitSeconds), hours(l.Used), hours(l.Idle), hours(l.UnknownUse), money(l.Cost), money(l.IdleCost), l.Records, l.Open)
 	}
-	_, _ = fmt.Fprintf(tw, "TOTAL\t\t\t\t%s\t%s %s\t\t\n", hours(s.UnitSeconds), money(s.Cost), s.Currency)
+	_, _ = fmt.Fprintf(tw, "TOTAL\t\t\t\t%s\t%s\t%s\t%s\t%s %s\t%s %s\t\t\n", hours(s.UnitSeconds), hours(s.Used), hours(s.Idle),
+		hours(s.UnknownUse), money(s.Cost), s.Currency, money(s.IdleCost), s.Currency)
 	return tw.Flush()
 }
 
@@ -75,6 +79,7 @@ func WriteCSV(w io.Writer, statements ...Statement) error {
 				cost, cost, cost, s.Currency,
 				qty, Unit, qty, Unit, priceString(l.Price),
 				resourceID(s.Tenant, l), l.Name, l.Kind, ServiceName, s.Tenant, s.Tenant, string(tags),
+				hours(l.Used), hours(l.Idle), hours(l.UnknownUse), money(l.IdleCost),
 			}
 			if err := cw.Write(row); err != nil {
 				return fmt.Errorf("writing a CSV row: %w", err)

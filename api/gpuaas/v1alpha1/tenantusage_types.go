@@ -67,6 +67,17 @@ type TenantUsageStatus struct {
 	// Cost is the period's cost so far, the same way, to six decimals.
 	// +optional
 	Cost string `json:"cost,omitempty"`
+	// UsedUnitSeconds, IdleUnitSeconds and UnknownUseUnitSeconds split
+	// unitSeconds by the device's use, the same way: in use, idle (the
+	// plugin's Idle condition True: held, billed, unused) and unknown (no
+	// condition, Unknown, or not observed). Unknown is the rest:
+	// unitSeconds - used - idle.
+	// +optional
+	UsedUnitSeconds string `json:"usedUnitSeconds,omitempty"`
+	// +optional
+	IdleUnitSeconds string `json:"idleUnitSeconds,omitempty"`
+	// +optional
+	UnknownUseUnitSeconds string `json:"unknownUseUnitSeconds,omitempty"`
 	// OpenRecords counts open.
 	// +optional
 	OpenRecords int32 `json:"openRecords,omitempty"`
@@ -138,6 +149,24 @@ type UsageRecord struct {
 	// UnitSeconds is units times the seconds of [start, end) (of
 	// [start, lastSeen) while open), exact.
 	UnitSeconds string `json:"unitSeconds"`
+	// UsedUnitSeconds and IdleUnitSeconds are the part of unitSeconds the
+	// device's Idle condition (written by the node's plugin) said False (in
+	// use) and True (idle); UnknownUseUnitSeconds is the rest: no
+	// condition, Unknown, or a stretch no leader observed. Exact.
+	// +optional
+	UsedUnitSeconds string `json:"usedUnitSeconds,omitempty"`
+	// +optional
+	IdleUnitSeconds string `json:"idleUnitSeconds,omitempty"`
+	// +optional
+	UnknownUseUnitSeconds string `json:"unknownUseUnitSeconds,omitempty"`
+	// Use is the device's use as last accounted (Used, Idle or Unknown),
+	// since UseSince: the state a new leader goes on from. Open records
+	// only.
+	// +kubebuilder:validation:Enum=Used;Idle;Unknown
+	// +optional
+	Use DeviceUse `json:"use,omitempty"`
+	// +optional
+	UseSince *metav1.Time `json:"useSince,omitempty"`
 	// Price is the price per GPU-unit-hour that applied; zero when the
 	// profile (or shape) has none.
 	// +optional
@@ -145,6 +174,16 @@ type UsageRecord struct {
 	// Cost is unitSeconds / 3600 * price, to six decimals.
 	Cost string `json:"cost"`
 }
+
+// DeviceUse is what a record accounts a device's time as.
+type DeviceUse string
+
+// The uses of a device (docs/platform.md, "Billing").
+const (
+	DeviceUsed       DeviceUse = "Used"
+	DeviceIdle       DeviceUse = "Idle"
+	DeviceUseUnknown DeviceUse = "Unknown"
+)
 
 // UsageTotal is the closed records of one profile (or shape), GPU model,
 // node and price, rolled up.
@@ -166,7 +205,14 @@ type UsageTotal struct {
 	// +optional
 	UncertainRecords int64  `json:"uncertainRecords,omitempty"`
 	UnitSeconds      string `json:"unitSeconds"`
-	Cost             string `json:"cost"`
+	// Used, idle and unknown-use unit-seconds of the records, as theirs.
+	// +optional
+	UsedUnitSeconds string `json:"usedUnitSeconds,omitempty"`
+	// +optional
+	IdleUnitSeconds string `json:"idleUnitSeconds,omitempty"`
+	// +optional
+	UnknownUseUnitSeconds string `json:"unknownUseUnitSeconds,omitempty"`
+	Cost                  string `json:"cost"`
 }
 
 // TenantUsageList is a list of TenantUsage.

@@ -992,6 +992,10 @@ func (in *UsageRecord) DeepCopyInto(out *UsageRecord) {
 		in, out := &in.UncertainUntil, &out.UncertainUntil
 		*out = (*in).DeepCopy()
 	}
+	if in.UseSince != nil {
+		in, out := &in.UseSince, &out.UseSince
+		*out = (*in).DeepCopy()
+	}
 	out.Price = in.Price.DeepCopy()
 }
 

@@ -13,6 +13,12 @@
 // leader ran is closed at its lastSeen, endUncertain, never billed past
 // what was observed. Writes that fail are kept in memory and retried.
 //
-// The gpu-unit-seconds and cost counters are derived from the same
-// records (metrics.go).
+// Each record also splits its time by the device's use, from the Idle
+// condition the node's plugin writes into the claim's status: used, idle
+// and unknown, at the condition's lastTransitionTime; the record carries
+// the use it last counted, so a new leader goes on from it (use.go).
+//
+// The gpu-unit-seconds, cost and idle counters are derived from the same
+// records (metrics.go). TenantUsages past the retention are deleted, their
+// usage kept in the counters (retention.go).
 package billing

@@ -3,12 +3,7 @@ package billing
 import (
 	"math/big"
 
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
-	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
 // idleHeld is what a tenant holds idle now: GPU units on devices whose
@@ -17,18 +12,6 @@ import (
 // prices. Integrated over time by Prometheus, it is the idle cost: held,
 // billed and unused.
 type idleHeld struct{ units, costPerHour *big.Rat }
-
-// deviceIdle: the claim's status says the device is Idle=True.
-func deviceIdle(claim *resourceapi.ResourceClaim, d quota.DeviceID) bool {
-	for i := range claim.Status.Devices {
-		s := &claim.Status.Devices[i]
-		if s.Driver == d.Driver && s.Pool == d.Pool && s.Device == d.Device {
-			c := meta.FindStatusCondition(s.Conditions, gpuaas.DeviceConditionIdle)
-			return c != nil && c.Status == metav1.ConditionTrue
-		}
-	}
-	return false
-}
 
 func addIdle(into map[string]idleHeld, rec *gpuaas.UsageRecord) {
 	h, ok := into[rec.Tenant]

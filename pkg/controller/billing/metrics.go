@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"maps"
 	"math/big"
 	"sync"
 
@@ -18,6 +19,13 @@ var (
 	costDesc = prometheus.NewDesc("gpuaas_tenant_cost_total",
 		"Cost per tenant, profile (or shape) and GPU model at the prices that applied, from the TenantUsage records.",
 		[]string{"tenant", "profile", "gpu_model", "currency"}, nil)
+
+	idleUnitSecondsDesc = prometheus.NewDesc("gpuaas_tenant_idle_unit_seconds_total",
+		"GPU-unit-seconds per tenant, profile (or shape) and GPU model held on devices whose plugin reported them Idle (held, billed, unused), from the TenantUsage records up to their last observation.",
+		[]string{"tenant", "profile", "gpu_model"}, nil)
+	retiredDesc = prometheus.NewDesc("gpuaas_billing_usages_deleted_total",
+		"TenantUsages the leader deleted past --billing-retention-months, per tenant, since this process started (their usage stays in the counters above).",
+		[]string{"tenant"}, nil)
 
 	budgetAmountDesc = prometheus.NewDesc("gpuaas_tenant_budget_amount",
 		"The TenantQuota's budget per billing period (a UTC month), in the billing currency.",
@@ -57,6 +65,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unitSecondsDesc
 	ch <- usageDesc
 	ch <- costDesc
+	ch <- idleUnitSecondsDesc
+	ch <- retiredDesc
 	ch <- budgetAmountDesc
 	ch <- budgetSpentDesc
 	ch <- budgetRatioDesc
@@ -78,6 +88,14 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(usageDesc, prometheus.CounterValue, f, k.tenant, k.profile, k.model)
 		money, _ := cost[k].Float64()
 		ch <- prometheus.MustNewConstMetric(costDesc, prometheus.CounterValue, money, k.tenant, k.profile, k.model, currency)
+	}
+	idle, deleted := c.r.idleTotals()
+	for k, us := range idle {
+		f, _ := us.Float64()
+		ch <- prometheus.MustNewConstMetric(idleUnitSecondsDesc, prometheus.CounterValue, f, k.tenant, k.profile, k.model)
+	}
+	for tenant, n := range deleted {
+		ch <- prometheus.MustNewConstMetric(retiredDesc, prometheus.CounterValue, float64(n), tenant)
 	}
 	for tenant, b := range c.r.budgetMetrics() {
 		amount, _ := b.amount.Float64()
@@ -110,10 +128,7 @@ func (r *Recorder) Totals() (perTenant map[string]*big.Rat, usage, cost map[cost
 	}
 	now := r.now()
 	add := func(tenant, profile, shape, model string, us, c *big.Rat) {
-		if shape != "" {
-			profile = shape
-		}
-		k := costKey{tenant, profile, model}
+		k := keyOf(tenant, profile, shape, model)
 		for _, m := range []struct {
 			into map[costKey]*big.Rat
 			v    *big.Rat
@@ -128,6 +143,9 @@ func (r *Recorder) Totals() (perTenant map[string]*big.Rat, usage, cost map[cost
 		}
 		perTenant[tenant].Add(perTenant[tenant], us)
 	}
+	for k, ret := range r.retired {
+		add(k.tenant, k.profile, "", k.model, ret.unitSeconds, ret.cost)
+	}
 	for _, u := range r.usages {
 		for _, t := range u.Status.Totals {
 			us := ratOf(t.UnitSeconds)
@@ -139,4 +157,44 @@ func (r *Recorder) Totals() (perTenant map[string]*big.Rat, usage, cost map[cost
 		}
 	}
 	return perTenant, usage, cost, r.Currency
+}
+
+// keyOf is the metrics' key of a record or total: the shape's name when
+// priced by a shape, else the profile's.
+func keyOf(tenant, profile, shape, model string) costKey {
+	if shape != "" {
+		profile = shape
+	}
+	return costKey{tenant, profile, model}
+}
+
+// idleTotals are the records' idle unit-seconds per tenant, profile (or
+// shape) and GPU model up to their lastSeen (accounted idle time never
+// goes back, so the counter never goes down), and the TenantUsages
+// deleted per tenant.
+func (r *Recorder) idleTotals() (map[costKey]*big.Rat, map[string]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	idle := map[costKey]*big.Rat{}
+	if !r.loaded {
+		return idle, nil
+	}
+	add := func(k costKey, us *big.Rat) {
+		if idle[k] == nil {
+			idle[k] = new(big.Rat)
+		}
+		idle[k].Add(idle[k], us)
+	}
+	for k, ret := range r.retired {
+		add(k, ret.idle)
+	}
+	for _, u := range r.usages {
+		for _, t := range u.Status.Totals {
+			add(keyOf(u.Spec.Tenant, t.Profile, t.Shape, t.GpuModel), ratOf(t.IdleUnitSeconds))
+		}
+		for _, rec := range u.Status.Open {
+			add(keyOf(u.Spec.Tenant, rec.Profile, rec.Shape, rec.GpuModel), ratOf(rec.IdleUnitSeconds))
+		}
+	}
+	return idle, maps.Clone(r.deleted)
 }

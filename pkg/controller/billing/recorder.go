@@ -49,6 +49,10 @@ type Recorder struct {
 	Shapes bool
 	// Events raises the budgets' threshold events (nil: none).
 	Events events.EventRecorder
+	// RetentionMonths: a TenantUsage is deleted once its month ended more
+	// than this many months before the current one began (never the
+	// current or the previous month); 0 keeps them all (retention.go).
+	RetentionMonths int
 
 	mu     sync.Mutex
 	loaded bool
@@ -66,10 +70,25 @@ type Recorder struct {
 	// claims held on devices the plugin reports Idle=True at the last
 	// reconcile (idle.go).
 	idle map[string]idleHeld
+	// retired are the deleted TenantUsages' totals, still counted, and
+	// deleted how many per tenant (retention.go).
+	retired map[costKey]retiredUsage
+	deleted map[string]int64
 }
 
-// observation is one device a claim holds now, as it would be recorded.
-type observation struct{ rec gpuaas.UsageRecord }
+// observation is one device a claim holds now, as it would be recorded,
+// and its use as the claim's status says (use.go).
+type observation struct {
+	rec   gpuaas.UsageRecord
+	use   gpuaas.DeviceUse
+	since time.Time
+}
+
+// useNow is the observation's use, watched when this leader saw the
+// record up to its lastSeen.
+func (o observation) useNow(watched bool) *useObs {
+	return &useObs{use: o.use, since: o.since, watched: watched}
+}
 
 // Reconcile brings the records up to date with the claims.
 func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
@@ -87,7 +106,9 @@ func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	// The budgets are judged on the records as this leader knows them,
 	// written or still to be.
 	budgetErr := r.syncBudgets(ctx, now)
-	if err := errors.Join(r.flush(ctx), budgetErr); err != nil {
+	err = errors.Join(r.flush(ctx), budgetErr)
+	// After the flush: only what is written is deleted.
+	if err := errors.Join(err, r.retire(ctx, now)); err != nil {
 		// Kept in memory: the next try writes what is new since too.
 		return reconcile.Result{}, err
 	}
@@ -144,9 +165,11 @@ func (r *Recorder) observe(ctx context.Context, now time.Time) (map[string]obser
 			idle[tenant] = idleHeld{units: new(big.Rat), costPerHour: new(big.Rat)}
 		}
 		for _, h := range held {
+			use, since := deviceUse(claim, h.Device)
 			rec := recordOf(claim, tenant, h, prices, now)
-			out[recordKey(&rec)] = observation{rec: rec}
-			if deviceIdle(claim, h.Device) {
+			rec.Use, rec.UseSince = use, ptrTime(now)
+			out[recordKey(&rec)] = observation{rec: rec, use: use, since: since}
+			if use == gpuaas.DeviceIdle {
 				addIdle(idle, &rec)
 			}
 		}
@@ -235,25 +258,22 @@ func (r *Recorder) apply(ctx context.Context, observed map[string]observation, n
 			obs, held := observed[key]
 			switch {
 			case !held && r.seen[key]:
-				r.closeAcrossPeriods(u, i, now, nil)
+				r.closeAcrossPeriods(u, i, now, nil, nil)
 				delete(r.seen, key)
 			case !held:
 				// It went while no leader ran: billed up to what was
 				// observed, the window said.
 				logger.V(1).Info("Closing a record at its last observation: the allocation went while no leader ran",
 					"tenantUsage", name, "claim", rec.Namespace+"/"+rec.Claim, "device", rec.Device, "lastSeen", rec.LastSeen.Time)
-				r.closeAcrossPeriods(u, i, rec.LastSeen.Time, &now)
+				r.closeAcrossPeriods(u, i, rec.LastSeen.Time, &now, nil)
 			case !sameTerms(rec, &obs.rec):
-				r.closeAcrossPeriods(u, i, now, nil)
+				r.closeAcrossPeriods(u, i, now, nil, obs.useNow(r.seen[key]))
 				continue // reopened below, at the new terms
 			case !now.Before(u.Spec.End.Time):
-				end := u.Spec.End.Time
-				r.closeAcrossPeriods(u, i, end, nil)
-				next := obs.rec
-				next.Start, next.LastSeen = metav1.NewTime(end), metav1.NewTime(end)
-				r.openRecord(next)
+				r.rollOver(u, i, obs, now)
 				continue
 			default:
+				accountUse(rec, *obs.useNow(r.seen[key]), now)
 				rec.LastSeen = metav1.NewTime(now)
 				rec.Pods = obs.rec.Pods
 				r.seen[key] = true
@@ -282,13 +302,37 @@ func (r *Recorder) apply(ctx context.Context, observed map[string]observation, n
 	}
 }
 
+// rollOver closes the open record at index i of u at the end of its
+// period (its month) and opens its successor there, accounted up to now
+// (or up to its own period's end: advanceOpen, the next reconcile).
+func (r *Recorder) rollOver(u *gpuaas.TenantUsage, i int, obs observation, now time.Time) {
+	end := u.Spec.End.Time
+	use := obs.useNow(r.seen[recordKey(&u.Status.Open[i])])
+	last := r.closeAcrossPeriods(u, i, end, nil, use)
+	next := obs.rec
+	next.Start, next.LastSeen = metav1.NewTime(end), metav1.NewTime(end)
+	next.Use, next.UseSince = last.Use, ptrTime(end)
+	_, _, nextEnd := Period(end)
+	accountUse(&next, *use, earlier(now, nextEnd))
+	r.openRecord(next)
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // advanceOpen brings lastSeen of the records opened at a past period's
-// start (month rollover) up to now.
+// start (month rollover) up to now, or their period's end (closed at the
+// next reconcile), their use going on as last accounted.
 func (r *Recorder) advanceOpen(now time.Time) {
 	for _, u := range r.usages {
 		for i := range u.Status.Open {
-			if r.seen[recordKey(&u.Status.Open[i])] && u.Status.Open[i].LastSeen.Before(ptrTime(now)) {
-				u.Status.Open[i].LastSeen = metav1.NewTime(now)
+			rec := &u.Status.Open[i]
+			if r.seen[recordKey(rec)] && rec.LastSeen.Before(ptrTime(now)) {
+				accountUse(rec, going(rec), earlier(now, u.Spec.End.Time))
 			}
 		}
 	}
@@ -319,22 +363,25 @@ func (r *Recorder) openRecord(rec gpuaas.UsageRecord) {
 	r.dirty[u.Name] = true
 }
 
-// closeAcrossPeriods closes an open record at end; the part of it past its
-// period's end goes to the next period's TenantUsage, closed there.
-func (r *Recorder) closeAcrossPeriods(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *time.Time) {
+// closeAcrossPeriods closes an open record at end, its use as obs says
+// (nil: as last accounted); the part of it past its period's end goes to
+// the next period's TenantUsage, closed there. It returns the last part
+// closed.
+func (r *Recorder) closeAcrossPeriods(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *time.Time, obs *useObs) gpuaas.UsageRecord {
 	rec := u.Status.Open[i]
 	r.dirty[u.Name] = true
 	periodEnd := u.Spec.End.Time
 	if !end.After(periodEnd) {
-		closeRecord(u, i, end, uncertainUntil)
-		return
+		return closeRecord(u, i, end, uncertainUntil, obs)
 	}
-	closeRecord(u, i, periodEnd, nil)
+	closed := closeRecord(u, i, periodEnd, nil, obs)
 	rest := rec
 	rest.Start, rest.LastSeen, rest.End = metav1.NewTime(periodEnd), metav1.NewTime(periodEnd), nil
+	rest.UsedUnitSeconds, rest.IdleUnitSeconds = "", ""
+	rest.Use, rest.UseSince = closed.Use, ptrTime(periodEnd)
 	r.openRecord(rest)
 	next := r.usageOf(rec.Tenant, periodEnd)
-	r.closeAcrossPeriods(next, len(next.Status.Open)-1, end, uncertainUntil)
+	return r.closeAcrossPeriods(next, len(next.Status.Open)-1, end, uncertainUntil, obs)
 }
 
 func (r *Recorder) usageOf(tenant string, at time.Time) *gpuaas.TenantUsage {

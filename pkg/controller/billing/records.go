@@ -85,15 +85,23 @@ func settle(rec *gpuaas.UsageRecord) {
 	us := unitSecondsBetween(rec.Units, rec.Start.Time, to)
 	rec.UnitSeconds = us.RatString()
 	rec.Cost = money(costOf(us, rec.Price))
+	settleUse(rec)
 }
 
-// closeRecord ends the open record at index i of u at end and rolls it up.
-func closeRecord(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *time.Time) {
+// closeRecord ends the open record at index i of u at end and rolls it up:
+// its use up to end as obs says (nil: as last accounted). It returns the
+// closed record.
+func closeRecord(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *time.Time, obs *useObs) gpuaas.UsageRecord {
 	rec := u.Status.Open[i]
 	u.Status.Open = slices.Delete(u.Status.Open, i, i+1)
 	if end.Before(rec.Start.Time) {
 		end = rec.Start.Time
 	}
+	if obs == nil {
+		o := going(&rec)
+		obs = &o
+	}
+	accountUse(&rec, *obs, end)
 	rec.End = ptrTime(end)
 	rec.LastSeen = metav1.NewTime(end)
 	if uncertainUntil != nil {
@@ -101,11 +109,14 @@ func closeRecord(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *ti
 		rec.UncertainUntil = ptrTime(*uncertainUntil)
 	}
 	settle(&rec)
+	closed := rec
+	rec.Use, rec.UseSince = "", nil // the state of an open record only
 	u.Status.Recent = append(u.Status.Recent, rec)
 	if over := len(u.Status.Recent) - maxRecent; over > 0 {
 		u.Status.Recent = slices.Delete(u.Status.Recent, 0, over)
 	}
 	addToTotals(u, &rec)
+	return closed
 }
 
 func ptrTime(t time.Time) *metav1.Time { m := metav1.NewTime(t); return &m }
@@ -133,6 +144,9 @@ func addToTotals(u *gpuaas.TenantUsage, rec *gpuaas.UsageRecord) {
 	}
 	us := new(big.Rat).Add(ratOf(t.UnitSeconds), ratOf(rec.UnitSeconds))
 	t.UnitSeconds = us.RatString()
+	t.UsedUnitSeconds = new(big.Rat).Add(ratOf(t.UsedUnitSeconds), ratOf(rec.UsedUnitSeconds)).RatString()
+	t.IdleUnitSeconds = new(big.Rat).Add(ratOf(t.IdleUnitSeconds), ratOf(rec.IdleUnitSeconds)).RatString()
+	t.UnknownUseUnitSeconds = unknownOf(t.UnitSeconds, t.UsedUnitSeconds, t.IdleUnitSeconds)
 	// Cost from the entry's unit-seconds, not a sum of rounded costs.
 	t.Cost = money(costOf(us, t.Price))
 }
@@ -147,19 +161,26 @@ func findTotal(totals []gpuaas.UsageTotal, rec *gpuaas.UsageRecord, node string)
 // summarize writes the period's totals: the closed records and the open
 // ones up to their lastSeen.
 func summarize(u *gpuaas.TenantUsage) {
-	us, cost := new(big.Rat), new(big.Rat)
+	us, cost, used, idle := new(big.Rat), new(big.Rat), new(big.Rat), new(big.Rat)
 	for _, t := range u.Status.Totals {
 		us.Add(us, ratOf(t.UnitSeconds))
 		cost.Add(cost, costOf(ratOf(t.UnitSeconds), t.Price))
+		used.Add(used, ratOf(t.UsedUnitSeconds))
+		idle.Add(idle, ratOf(t.IdleUnitSeconds))
 	}
 	for i := range u.Status.Open {
-		settle(&u.Status.Open[i])
-		rus := ratOf(u.Status.Open[i].UnitSeconds)
+		rec := &u.Status.Open[i]
+		settle(rec)
+		rus := ratOf(rec.UnitSeconds)
 		us.Add(us, rus)
-		cost.Add(cost, costOf(rus, u.Status.Open[i].Price))
+		cost.Add(cost, costOf(rus, rec.Price))
+		used.Add(used, ratOf(rec.UsedUnitSeconds))
+		idle.Add(idle, ratOf(rec.IdleUnitSeconds))
 	}
 	u.Status.UnitSeconds = us.RatString()
 	u.Status.Cost = money(cost)
+	u.Status.UsedUnitSeconds, u.Status.IdleUnitSeconds = used.RatString(), idle.RatString()
+	u.Status.UnknownUseUnitSeconds = unknownOf(u.Status.UnitSeconds, u.Status.UsedUnitSeconds, u.Status.IdleUnitSeconds)
 	u.Status.OpenRecords = int32(len(u.Status.Open)) //nolint:gosec // bounded by the tenant's allocations
 }
 

@@ -25,6 +25,9 @@ type Options struct {
 	Resync time.Duration
 	// Shapes: the GpuShape CRD is served, so shapes can be priced.
 	Shapes bool
+	// RetentionMonths is how many months past its end a TenantUsage is
+	// kept (--billing-retention-months); 0 keeps them all.
+	RetentionMonths int
 }
 
 // everything is the one request: every event brings all records up to date.
@@ -35,7 +38,7 @@ var everything = reconcile.Request{NamespacedName: types.NamespacedName{Name: "b
 func Setup(mgr ctrl.Manager, meter Meter, opts Options) (*Recorder, error) {
 	r := &Recorder{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Meter: meter,
 		Currency: opts.Currency, Resync: opts.Resync, Now: time.Now, Shapes: opts.Shapes,
-		Events: mgr.GetEventRecorder("gpuaas-dra-controller")}
+		RetentionMonths: opts.RetentionMonths, Events: mgr.GetEventRecorder("gpuaas-dra-controller")}
 	RegisterMetrics(r)
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{everything}

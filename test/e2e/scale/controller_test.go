@@ -114,7 +114,7 @@ func startChartController(tb testing.TB, ctx context.Context, bin string) *contr
 	p, err := cp.StartController(ctx, bin,
 		"--leader-elect", "--leader-elect-id=gpuaas-dra-controller", "--leader-elect-namespace=default",
 		"--quota-ledger-namespace=default", "--metrics-addr="+addr, "--metrics-secure=false",
-		"--quota-backstop=true", "--reclaim-unallocated-after=10m", "--idle-policy=true", "--billing-currency=USD")
+		"--quota-backstop=true", "--reclaim-unallocated-after=10m", "--idle-policy=true", "--billing-currency=USD", "--billing-retention-months=13")
 	if err != nil {
 		tb.Fatal(err)
 	}
