@@ -65,11 +65,20 @@ func readNodeConfig(path string) (map[string]any, error) {
 // otherwise the plugin's in-process mock is --nvml itself.
 // The chart merges nodeConfig into its defaults key by key, so a file
 // without gpus offers every GPU whole, as the plugin does with that file.
+// The controller publishes HardwareProfiles per tenant, as the simulated
+// node's does (startController): the queueing scenario's dashboard step
+// installs their CRD.
 func withMachine(values, nvml string, nodeConfig map[string]any) (string, error) {
 	var v map[string]any
 	if err := yaml.Unmarshal([]byte(values), &v); err != nil {
 		return "", fmt.Errorf("reading the chart values: %w", err)
 	}
+	ctrl, _ := v["controller"].(map[string]any)
+	if ctrl == nil {
+		ctrl = map[string]any{}
+		v["controller"] = ctrl
+	}
+	ctrl["hardwareProfilesPerTenant"] = true
 	kp, _ := v["kubeletPlugin"].(map[string]any)
 	if kp == nil {
 		kp = map[string]any{}

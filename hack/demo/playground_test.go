@@ -201,6 +201,11 @@ func TestChartValuesHonourMachine(t *testing.T) {
 	if kp.NVMLBackend != "mock:dgxa100" || kp.KubeletDir != "/k" || values.Controller["replicas"] == nil {
 		t.Errorf("values %s: want nvmlBackend mock:dgxa100 and the rest kept", out)
 	}
+	// The dashboard step waits for the catalog's HardwareProfiles in the
+	// tenant's namespace: without this, make demo failed there.
+	if values.Controller["hardwareProfilesPerTenant"] != true {
+		t.Errorf("values %s: want controller.hardwareProfilesPerTenant true, as the simulated node's controller runs", out)
+	}
 	gpus, _ := kp.NodeConfig["gpus"].([]any)
 	if len(gpus) != 1 || !strings.Contains(out, "dynamic") || strings.Contains(out, "timeSlicing") || kp.NodeConfig["kind"] != nil {
 		t.Errorf("nodeConfig %v: want the file's (without apiVersion and kind)", kp.NodeConfig)
