@@ -31,6 +31,19 @@ type deferredModes struct {
 	memoryLimits bool
 }
 
+// applyDeferredModesHeld applies the deferred modes under the maintenance
+// hold (they are discovered through NVML), taken before the Driver's lock
+// as a claim's is. While a release waits they wait for a later unprepare.
+func (d *Driver) applyDeferredModesHeld(ctx context.Context) {
+	release, err := d.maint.Hold(ctx)
+	if err != nil {
+		klog.FromContext(ctx).V(4).Info("Deferred mode changes wait for a later unprepare", "reason", err.Error())
+		return
+	}
+	defer release()
+	d.applyDeferredModes(ctx)
+}
+
 // applyDeferredModes gives each pinned GPU that no prepared claim holds
 // any more its configured mode: its devices discovered anew, handed to
 // the State in place of the old ones and published, the metric and a

@@ -422,15 +422,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return nil, err
 	}
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	defer d.maint.Hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
-		// State adds the claim to the logger itself.
-		var devices []kubeletplugin.Device
-		err := d.maint.Refusal()
-		if err == nil {
-			devices, err = d.state.Prepare(ctx, claim)
-		}
+		devices, err := d.prepareClaim(ctx, claim)
 		if err != nil {
 			logger.Error(err, "Preparing claim failed")
 			d.reportStranded(claim, err)
@@ -445,18 +439,43 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	return results, nil
 }
 
+// prepareClaim prepares one claim under the maintenance hold, taken for
+// this claim alone: a release waits for it, not for the rest of the
+// kubelet's call, whose claims it refuses meanwhile.
+func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	release, err := d.maint.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := d.maint.Refusal(); err != nil {
+		return nil, err
+	}
+	// State adds the claim to the logger itself.
+	return d.state.Prepare(ctx, claim)
+}
+
+// unprepareClaim unprepares one claim under the maintenance hold, taken
+// for this claim alone (prepareClaim). While released, teardowns that need
+// no NVML go on; the others fail saying the GPUs are released.
+func (d *Driver) unprepareClaim(ctx context.Context, uid types.UID) error {
+	release, err := d.maint.Hold(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return d.state.Unprepare(ctx, uid)
+}
+
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	if err := d.waitChecked(ctx); err != nil {
 		return nil, err
 	}
 	results := make(map[types.UID]error, len(claims))
-	// While released, teardowns that need no NVML go on; the others fail
-	// saying the GPUs are released.
-	defer d.maint.Hold()()
 	for _, claim := range claims {
 		logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
-		err := d.state.Unprepare(klog.NewContext(ctx, logger), claim.UID)
+		err := d.unprepareClaim(klog.NewContext(ctx, logger), claim.UID)
 		if err != nil {
 			logger.Error(err, "Unpreparing claim failed")
 			err = fmt.Errorf("unpreparing claim %s: %w", claim.NamespacedName, err)
@@ -466,7 +485,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		results[claim.UID] = err
 	}
-	d.applyDeferredModes(ctx)
+	d.applyDeferredModesHeld(ctx)
 	return results, nil
 }
 

@@ -1,12 +1,14 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/health"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
+	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare"
 	"github.com/gpuaas/gpu-dra-driver/pkg/plugin/prepare/preparetest"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -51,9 +54,19 @@ type maintEnv struct {
 	// upgradeState, when set, stands in for the node's GPU Operator
 	// upgrade-state label (followedUpgradeState).
 	upgradeState func() string
+	// releaseWait bounds a release's wait for the claims in flight; zero:
+	// 100 ms, for the tests of a call that never ends.
+	releaseWait time.Duration
 }
 
 func newMaintEnv(t *testing.T) *maintEnv {
+	t.Helper()
+	return newMaintEnvWith(t, func(*maintEnv) {})
+}
+
+// newMaintEnvWith is newMaintEnv with setup run before the plugin starts
+// (the env's wrapCDI, releaseWait).
+func newMaintEnvWith(t *testing.T, setup func(*maintEnv)) *maintEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := newTestEnvIn(t, "dgxh100", everyMode(), dir)
@@ -67,6 +80,7 @@ func newMaintEnv(t *testing.T) *maintEnv {
 	m := &maintEnv{testEnv: e, root: cditest.NewDriverRoot(t, startDriver), restarts: make(chan error, 10)}
 	m.opts = nvdev.Options{Backend: "mock:dgxh100", MockSeed: testNode, MockStateDir: dir, DriverRoot: m.root.Root}
 	m.session = m.open(t)
+	setup(m)
 	m.start(t)
 	return m
 }
@@ -97,7 +111,7 @@ func (m *maintEnv) start(t *testing.T) {
 	m.dir = filepath.Join(t.TempDir(), "maintenance")
 	m.driver.startMaintenance(m.Ctx, Options{NVML: m.session, Health: monitor, Maintenance: maintenance.Options{
 		Session: m.session, Files: m.cdiHandler, Dir: m.dir,
-		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true, ReleaseWait: 100 * time.Millisecond,
+		DriverRoot: m.root.Root, Interval: 10 * time.Millisecond, RunHealth: true, ReleaseWait: cmp.Or(m.releaseWait, 100*time.Millisecond),
 		Restart:      func(err error) { m.restarts <- err },
 		UpgradeState: m.readUpgradeState,
 	}}, telemetry.NewNodeEvents(context.Background(), m.Events, nil, testNode))
@@ -388,9 +402,12 @@ func TestMaintenanceRequestsAreAnswered(t *testing.T) {
 // and the kubelet's calls are not held behind it.
 func TestReleaseBehindAHungCallFailsTheReleaseNotTheNode(t *testing.T) {
 	m := newMaintEnv(t)
-	hung := m.driver.maint.Hold() // a call that never returns
+	hung, err := m.driver.maint.Hold(m.Ctx) // a claim whose prepare never returns
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer hung()
-	err := m.driver.maint.Release(m.Ctx, "a GPU reset")
+	err = m.driver.maint.Release(m.Ctx, "a GPU reset")
 	if err == nil || !strings.Contains(err.Error(), "not released: prepares or unprepares still in flight after") {
 		t.Fatalf("release behind a hung call: err = %v", err)
 	}
@@ -399,5 +416,136 @@ func TestReleaseBehindAHungCallFailsTheReleaseNotTheNode(t *testing.T) {
 	}
 	if err := m.prepare(t, "after", "gpu-4"); err != nil {
 		t.Errorf("prepare after the failed release: %v", err)
+	}
+}
+
+// Issue 53: the maintenance hold was taken once per kubelet call, for all
+// of its claims: a release asked for while a call prepared its first
+// claim waited for the whole call, and the call went on preparing its
+// other claims on GPUs the node was asked to let go of. The hold is per
+// claim: the release waits for the claim in progress only, and the claims
+// after it are refused as the GPUs being (or by then) released, which the
+// kubelet retries.
+func TestReleaseWaitsForTheClaimInProgressNotTheCall(t *testing.T) {
+	hook := &heldCDI{uid: "first", entered: make(chan struct{}), open: make(chan struct{})}
+	m := newMaintEnvWith(t, func(m *maintEnv) {
+		m.releaseWait = time.Minute // a failure, not a wait, if the release waits for the call
+		m.wrapCDI = func(w prepare.CDIWriter) prepare.CDIWriter { hook.CDIWriter = w; return hook }
+	})
+	claims := []*resourceapi.ResourceClaim{
+		preparetest.NewClaim("first").Device("r", "gpu-3").Build(),
+		preparetest.NewClaim("second").Device("r", "gpu-4").Build(),
+		preparetest.NewClaim("third").Device("r", "gpu-5").Build(),
+	}
+	prepared := make(chan map[types.UID]kubeletplugin.PrepareResult, 1)
+	go func() {
+		res, err := m.driver.PrepareResourceClaims(m.Ctx, claims)
+		if err != nil {
+			t.Error(err)
+		}
+		prepared <- res
+	}()
+	select {
+	case <-hook.entered:
+	case res := <-prepared:
+		t.Fatalf("the first claim never reached its spec: %v", res["first"].Err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- m.driver.maint.Release(m.Ctx, "a driver upgrade") }()
+	m.awaitReleaseAsked(t)
+	close(hook.open)
+	res := <-prepared
+	if err := <-released; err != nil {
+		t.Fatalf("release while a call prepared its first claim: %v", err)
+	}
+	if err := res["first"].Err; err != nil || !m.RecordExists("first") {
+		t.Errorf("the claim in progress when the release was asked for: err = %v, recorded %v", err, m.RecordExists("first"))
+	}
+	for _, uid := range []string{"second", "third"} {
+		if err := res[types.UID(uid)].Err; err == nil || !strings.Contains(err.Error(), "for maintenance") {
+			t.Errorf("claim %s, after the release was asked for: err = %v, want it refused for maintenance", uid, err)
+		}
+		if m.RecordExists(uid) || m.CDISpecExists(uid) {
+			t.Errorf("claim %s was prepared after the release was asked for", uid)
+		}
+	}
+}
+
+// awaitReleaseAsked waits until a kubelet call is refused as the GPUs
+// being released (the unprepare of a claim never prepared, which is
+// otherwise a no-op), or fails the test after a while.
+func (m *maintEnv) awaitReleaseAsked(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if err := m.unprepare(t, "probe"); err != nil && strings.Contains(err.Error(), "being released for maintenance") {
+			return
+		}
+	}
+	t.Error("no kubelet call refused while the release waits for the claim in progress")
+}
+
+// heldCDI holds the spec write of claim uid until open is closed, telling
+// entered once it is there: a prepare in progress for as long as a test
+// needs.
+type heldCDI struct {
+	prepare.CDIWriter
+	uid           string
+	entered, open chan struct{}
+	once          sync.Once
+}
+
+func (h *heldCDI) WriteClaimSpec(uid string, devices []cdi.Device) (map[string]string, error) {
+	if uid == h.uid {
+		h.once.Do(func() { close(h.entered); <-h.open })
+	}
+	return h.CDIWriter.WriteClaimSpec(uid, devices)
+}
+
+// Issue 53: a claim's hold waited in RLock, which takes no context: behind
+// a reacquire that waits for a claim that does not end, every kubelet call
+// on the node waited too, past the kubelet's deadline. The hold's wait
+// ends with the call's context, and the reacquire completes once the
+// claim ends.
+func TestAHoldBehindAWaitingReacquireEndsWithItsContext(t *testing.T) {
+	m := newMaintEnv(t)
+	if err := m.driver.maint.Release(m.Ctx, "a GPU reset"); err != nil {
+		t.Fatal(err)
+	}
+	hung, err := m.driver.maint.Hold(m.Ctx) // a teardown that does not end
+	if err != nil {
+		t.Fatal(err)
+	}
+	reacquired := make(chan error, 1)
+	go func() { reacquired <- m.driver.maint.Reacquire(m.Ctx, "reset done", func(error) {}) }()
+	for !m.unprepareEndsWithItsContext(t) {
+		time.Sleep(5 * time.Millisecond) // the reacquire is not yet waiting for the gate
+	}
+	hung()
+	if err := <-reacquired; err != nil {
+		t.Fatalf("reacquire once the claim ended: %v", err)
+	}
+	if err := m.prepare(t, "after", "gpu-4"); err != nil {
+		t.Errorf("prepare after the reacquire: %v", err)
+	}
+}
+
+// unprepareEndsWithItsContext calls unprepare (of a claim never prepared)
+// with a short context, and says whether its wait for the maintenance
+// gate ended with it; a call still waiting long after fails the test.
+func (m *maintEnv) unprepareEndsWithItsContext(t *testing.T) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(m.Ctx, 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		res, err := m.driver.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "probe"}})
+		done <- errors.Join(err, res["probe"])
+	}()
+	select {
+	case err := <-done:
+		return err != nil && strings.Contains(err.Error(), "waiting for the GPUs' reacquire or release to end")
+	case <-time.After(10 * time.Second):
+		t.Fatal("an unprepare behind a waiting reacquire still waits, long past its context")
+		return false
 	}
 }

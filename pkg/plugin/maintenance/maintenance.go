@@ -4,7 +4,7 @@
 // in the plugin's data directory), when the installed driver's version
 // changes, and while the GPU Operator's upgrade restarts the driver. It
 // knows nothing of the kubelet: the plugin wires it (Host) and asks it
-// (Hold, Refusal, Faults).
+// (Hold for each claim, Refusal, Faults).
 package maintenance
 
 import (
@@ -110,15 +110,19 @@ type Host struct {
 type Maintenance struct {
 	opts Options
 	host Host
-	// gate is held for reading by every prepare and unprepare, and for
-	// writing while NVML is shut down or swapped, so that no call uses a
-	// session as it goes.
+	// gate is held for reading by the prepare or unprepare of each claim
+	// (Hold), and for writing while NVML is shut down or swapped, so that
+	// no call uses a session as it goes.
 	gate sync.RWMutex
 
 	mu       sync.Mutex
 	released bool
 	since    time.Time
 	reason   string
+	// releasing is the release waiting for the gate, zero when none: new
+	// holds are refused meanwhile (Hold). Releases come one at a time,
+	// from the watch.
+	releasing asked
 	// version is the installed driver the session was opened on ("" when
 	// the driver root does not tell); the watch compares with it.
 	version string
@@ -146,14 +150,68 @@ func (m *Maintenance) Start(ctx context.Context, loaded func() string) {
 	m.host.Metrics.SetMaintenance(m.installedOr(loaded()), false)
 }
 
+// asked is a release asked for: when, and why.
+type asked struct {
+	at  time.Time
+	why string
+}
+
+// ErrReleasing refuses a claim's prepare or unprepare that would start
+// while a release waits for the calls in flight; the kubelet retries it.
+var ErrReleasing = errors.New("GPUs being released for maintenance")
+
 // Hold keeps the GPUs from being released or reacquired until the
-// returned func is called: a prepare or an unprepare uses NVML throughout.
-func (m *Maintenance) Hold() func() {
+// returned func is called: the prepare or unprepare of one claim uses NVML
+// throughout. It is taken per claim, not per kubelet call, so that a
+// release waits for the claim in progress only, and the claims after it
+// are refused (ErrReleasing) instead of running on a node asked to let go
+// of its GPUs. Behind a reacquire, which waits for the claims in flight
+// and then swaps the session, a hold waits, but no longer than ctx.
+func (m *Maintenance) Hold(ctx context.Context) (func(), error) {
 	if m == nil {
-		return func() {}
+		return func() {}, nil
 	}
-	m.gate.RLock()
-	return m.gate.RUnlock
+	if err := m.rlockGate(ctx); err != nil {
+		return nil, err
+	}
+	if err := m.releasingRefusal(); err != nil {
+		m.gate.RUnlock()
+		return nil, err
+	}
+	return m.gate.RUnlock, nil
+}
+
+// rlockGate takes the gate for reading within ctx. It tries instead of
+// waiting in RLock, which takes no context: a reacquire waiting for the
+// claims in flight holds every new reader back.
+func (m *Maintenance) rlockGate(ctx context.Context) error {
+	for !m.gate.TryRLock() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the GPUs' reacquire or release to end: %w", context.Cause(ctx))
+		case <-time.After(gatePoll):
+		}
+	}
+	return nil
+}
+
+// releasingRefusal is ErrReleasing while a release waits for the gate,
+// nil otherwise.
+func (m *Maintenance) releasingRefusal() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.releasing.at.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("%w (asked at %s: %s); retry once they are released or the release failed",
+		ErrReleasing, m.releasing.at.UTC().Format(time.RFC3339), m.releasing.why)
+}
+
+// setReleasing marks a release as waiting for the gate (or none: zero).
+func (m *Maintenance) setReleasing(a asked) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.releasing = a
 }
 
 // Refusal is the error of a prepare while the GPUs are released, nil
@@ -193,9 +251,10 @@ func (m *Maintenance) startHealth(ctx context.Context) {
 	m.stopHealth = func() { cancel(); <-done }
 }
 
-// Release lets go of the GPUs: it waits for prepares and unprepares in
-// flight, stops the health monitor, shuts NVML down, and republishes the
-// devices tainted. Releasing again is a no-op.
+// Release lets go of the GPUs: it waits for the claims being prepared or
+// unprepared, refusing new ones meanwhile, stops the health monitor, shuts
+// NVML down, and republishes the devices tainted. Releasing again is a
+// no-op.
 func (m *Maintenance) Release(ctx context.Context, why string) error {
 	if m == nil || m.opts.Session == nil {
 		return errors.New("releasing the GPUs: the plugin was started without a releasable NVML session")
@@ -203,7 +262,7 @@ func (m *Maintenance) Release(ctx context.Context, why string) error {
 	if !m.opts.RunHealth && m.host.Health != nil {
 		return errors.New("the health monitor is not the plugin's to stop: not releasing the GPUs")
 	}
-	if err := m.lockGate(ctx); err != nil {
+	if err := m.lockGate(ctx, why); err != nil {
 		return err
 	}
 	if m.Released() {
@@ -236,18 +295,24 @@ func (m *Maintenance) Release(ctx context.Context, why string) error {
 // DefaultReleaseWait bounds a release's wait for the calls in flight.
 const DefaultReleaseWait = 30 * time.Second
 
-// gatePoll is how often a release tries the gate again while calls hold it.
+// gatePoll is how often a release tries the gate again while claims hold
+// it, and a hold while a reacquire waits for it or holds it.
 const gatePoll = 10 * time.Millisecond
 
-// lockGate takes the gate for writing once the calls in flight are done,
+// lockGate takes the gate for writing once the claims in flight are done,
 // within ctx and the release's bound. It tries instead of waiting in
 // Lock: a writer waiting in Lock holds every new reader back, so one hung
 // prepare would freeze every kubelet call on the node behind the release.
-// Past the bound the release fails and the GPUs stay in service.
-func (m *Maintenance) lockGate(ctx context.Context) error {
+// New holds are refused meanwhile (releasingRefusal), so the claims in
+// flight are all it waits for. Past the bound the release fails and the
+// GPUs stay in service.
+func (m *Maintenance) lockGate(ctx context.Context, why string) error {
 	wait := cmp.Or(m.opts.ReleaseWait, DefaultReleaseWait)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	m.setReleasing(asked{at: time.Now(), why: why})
+	// Taken, the gate keeps every hold out until Release is done.
+	defer m.setReleasing(asked{})
 	for !m.gate.TryLock() {
 		select {
 		case <-ctx.Done():
