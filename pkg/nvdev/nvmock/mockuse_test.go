@@ -129,6 +129,11 @@ func TestMockProcessUse(t *testing.T) {
 		t.Errorf("the GPU's utilization %+v, want its processes' 60%%, 20%%", u)
 	}
 	checkMemory(t, dev, 768*mib)
+	// Every process is in the compute list; the MPS list is not supported
+	// (as on the simulated library, which exports none), not a panic.
+	if mps, ret := dev.GetMPSComputeRunningProcesses(); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("MPS running processes = %+v, %v; want ERROR_NOT_SUPPORTED", mps, ret)
+	}
 	if name, ret := lib.NVML().SystemGetProcessName(1234); ret != nvml.SUCCESS || name != "python" {
 		t.Errorf("process name = %q, %v", name, ret)
 	}

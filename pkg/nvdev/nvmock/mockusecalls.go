@@ -258,6 +258,13 @@ func (u *useLayer) completeGPU(d *server.Device) {
 		}
 		return append(procs, processInfos(v.alive())...), nvml.SUCCESS
 	}
+	// The simulated machine keeps every process in the compute list, as
+	// the simulated library does (it exports no MPS list): the MPS list is
+	// not supported, which the sampler reads as "no MPS clients listed
+	// apart" (without it, go-nvml's mock panics on the nil func).
+	d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return nil, notSupportedUnless(u.answer(d.UUID))
+	}
 	migByIndex := d.GetMigDeviceHandleByIndexFunc
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		m, ret := migByIndex(i)
@@ -305,6 +312,9 @@ func (u *useLayer) completeMigHandle(dev nvml.Device) nvml.Device {
 		return nvml.Utilization{}, notSupportedUnless(u.answer(d.UUID))
 	}
 	md.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return nil, notSupportedUnless(u.answer(d.UUID))
+	}
+	md.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		return nil, notSupportedUnless(u.answer(d.UUID))
 	}
 	md.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
