@@ -66,14 +66,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 	if err != nil {
 		return nil, err
 	}
-	foreign, err := newForeignSliceCache(mgr)
+	foreign, err := newForeignCaches(mgr)
 	if err != nil {
 		return nil, err
 	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
 	recount := enqueue.Delayed(countDelay, allShapes(c))
-	r := NewReconciler(c, mgr.GetAPIReader(), resync).WithForeignSlices(foreign)
+	r := NewReconciler(c, mgr.GetAPIReader(), resync).withForeignCaches(foreign)
 	b := ctrl.NewControllerManagedBy(mgr).Named("gpushape").
 		// Its own status writes change no generation.
 		For(&gpuaas.GpuShape{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -83,7 +83,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.DeviceClass{}, every).
 		Watches(&resourceapi.ResourceSlice{}, recount).
-		WatchesRawSource(source.Kind[client.Object](foreign, &resourceapi.ResourceSlice{}, recount)).
+		WatchesRawSource(source.Channel(foreign.events, recount)).
 		Watches(&resourceapi.ResourceClaim{}, recount, builder.WithPredicates(allocationChanged))
 	if drains {
 		// resource.k8s.io/v1 DeviceTaintRules are GA in 1.37: on older
