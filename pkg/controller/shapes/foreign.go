@@ -1,7 +1,6 @@
 package shapes
 
 import (
-
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -38,4 +37,3 @@ func trimForeignSlice(obj any) (any, error) {
 	}
 	return s, nil
 }
-
