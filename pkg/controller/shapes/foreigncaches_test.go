@@ -23,20 +23,32 @@ import (
 
 const otherGPU = "gpu.example.com"
 
-// sliceCache is a started cache of the slices it was made with.
+// sliceCache is a cache of the slices it was made with, synced once
+// started.
 type sliceCache struct {
 	*informertest.FakeInformers
-	slices []resourceapi.ResourceSlice
-	done   context.Context // the context it was started with
-	mu     *sync.Mutex
+	slices  []resourceapi.ResourceSlice
+	started chan struct{}
+	done    context.Context // the context it was started with
+	mu      *sync.Mutex
 }
 
 func (c *sliceCache) Start(ctx context.Context) error {
 	c.mu.Lock()
 	c.done = ctx
 	c.mu.Unlock()
+	close(c.started)
 	<-ctx.Done()
 	return nil
+}
+
+func (c *sliceCache) WaitForCacheSync(ctx context.Context) bool {
+	select {
+	case <-c.started:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (c *sliceCache) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
@@ -56,7 +68,7 @@ type fakeCaches struct {
 func (f *fakeCaches) newCache(driver string) (cache.Cache, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c := &sliceCache{FakeInformers: &informertest.FakeInformers{}, mu: &f.mu}
+	c := &sliceCache{FakeInformers: &informertest.FakeInformers{}, started: make(chan struct{}), mu: &f.mu}
 	for _, s := range f.store {
 		if s.Spec.Driver == driver || driver == shapes.AnyDriver && s.Spec.Driver != quota.DriverName {
 			c.slices = append(c.slices, s)
