@@ -37,9 +37,12 @@ type foreignCaches struct {
 	started chan struct{}
 	base    context.Context
 
-	mu      sync.Mutex
-	reached map[string]sets.Set[string] // by shape
-	running map[string]*driverCache     // by driver
+	// reaching serializes reach, which starts caches without holding mu,
+	// so a List (a scrape of the metrics) never waits for a cache to sync.
+	reaching sync.Mutex
+	mu       sync.Mutex
+	reached  map[string]sets.Set[string] // by shape
+	running  map[string]*driverCache     // by driver
 }
 
 type driverCache struct {
@@ -69,17 +72,11 @@ func newForeignCachesWith(newCache func(driver string) (cache.Cache, error)) *fo
 	}
 }
 
-// Start runs the caches until ctx is done.
+// Start runs the caches until ctx is done (theirs are derived from it).
 func (f *foreignCaches) Start(ctx context.Context) error {
 	f.base = ctx
 	close(f.started)
 	<-ctx.Done()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for d, dc := range f.running {
-		dc.stop()
-		delete(f.running, d)
-	}
 	return nil
 }
 
@@ -99,6 +96,24 @@ func (f *foreignCaches) reach(ctx context.Context, shape string, drivers sets.Se
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for the caches of other drivers' slices to start: %w", ctx.Err())
 	}
+	f.reaching.Lock()
+	defer f.reaching.Unlock()
+	for _, d := range f.record(ctx, shape, drivers) {
+		dc, err := f.start(ctx, d)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		f.running[d] = dc
+		f.mu.Unlock()
+		klog.FromContext(ctx).Info("Caching another driver's ResourceSlices for the shapes that reach it", "driver", d)
+	}
+	return nil
+}
+
+// record notes the drivers the shape reaches, stops the caches of drivers
+// no shape reaches, and returns the drivers reached without a cache.
+func (f *foreignCaches) record(ctx context.Context, shape string, drivers sets.Set[string]) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if drivers.Len() == 0 {
@@ -120,18 +135,13 @@ func (f *foreignCaches) reach(ctx context.Context, shape string, drivers sets.Se
 			klog.FromContext(ctx).Info("Stopped caching another driver's ResourceSlices: no shape reaches it", "driver", d)
 		}
 	}
+	var missing []string
 	for _, d := range sets.List(want) {
-		if _, ok := f.running[d]; ok {
-			continue
+		if _, ok := f.running[d]; !ok {
+			missing = append(missing, d)
 		}
-		dc, err := f.start(ctx, d)
-		if err != nil {
-			return err
-		}
-		f.running[d] = dc
-		klog.FromContext(ctx).Info("Caching another driver's ResourceSlices for the shapes that reach it", "driver", d)
 	}
-	return nil
+	return missing
 }
 
 // start runs the cache of driver's slices and waits until it has listed
@@ -187,11 +197,12 @@ func (f *foreignCaches) List(ctx context.Context, list client.ObjectList, opts .
 		return fmt.Errorf("the caches of other drivers' ResourceSlices list ResourceSlices, not %T", list)
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	running := maps.Clone(f.running)
+	f.mu.Unlock()
 	out.Items = out.Items[:0]
-	for _, d := range slices.Sorted(maps.Keys(f.running)) {
+	for _, d := range slices.Sorted(maps.Keys(running)) {
 		var l resourceapi.ResourceSliceList
-		if err := f.running[d].c.List(ctx, &l, opts...); err != nil {
+		if err := running[d].c.List(ctx, &l, opts...); err != nil {
 			return fmt.Errorf("listing %q's ResourceSlices: %w", d, err)
 		}
 		out.Items = append(out.Items, l.Items...)
