@@ -146,6 +146,8 @@ func (f *foreignCaches) record(ctx context.Context, shape string, drivers sets.S
 
 // start runs the cache of driver's slices and waits until it has listed
 // them.
+//
+//nolint:contextcheck // the cache outlives the reconcile that starts it: it runs for the leader's term (base)
 func (f *foreignCaches) start(ctx context.Context, driver string) (*driverCache, error) {
 	c, err := f.newCache(driver)
 	if err != nil {

@@ -38,13 +38,23 @@ func otherDrivers(classes map[string]*resourceapi.DeviceClass) sets.Set[string] 
 	return out
 }
 
+// celParser parses the classes' selectors (parsing only: what a selector
+// means is not needed, only its form).
+var celParser = func() *parser.Parser {
+	p, err := parser.NewParser()
+	if err != nil {
+		panic(err) // no options: cannot fail
+	}
+	return p
+}()
+
 // classDriver is the driver the class's selectors pin, if one does.
 func classDriver(dc *resourceapi.DeviceClass) (string, bool) {
 	for _, sel := range dc.Spec.Selectors {
 		if sel.CEL == nil {
 			continue
 		}
-		tree, errs := parser.Parse(common.NewTextSource(sel.CEL.Expression))
+		tree, errs := celParser.Parse(common.NewTextSource(sel.CEL.Expression))
 		if errs != nil && len(errs.GetErrors()) > 0 {
 			continue // the count cannot use it either
 		}
