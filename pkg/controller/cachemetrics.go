@@ -10,31 +10,47 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// cachedSlicesDesc is the number of ResourceSlices the manager's cache
-// holds, by driver (issue 52): what a replica's memory grows with on a
-// fleet. Only our driver's should be there (cacheOptions); a series of
-// another driver means its slices are held, which took a replica from
-// 81 MB to 171 MB with 500 of them. Counted from the cache at each scrape,
-// so it says what the cache holds, not what it was configured to hold.
+// cachedSlicesDesc is the number of ResourceSlices the controller's caches
+// hold, by driver (issue 52): what a replica's memory grows with on a
+// fleet. The manager's cache holds only our driver's (cacheOptions); the
+// leader's shapes' caches those of the drivers a GpuShape's classes reach
+// (shapes.Setup). Any other driver's series means its slices are held,
+// which took a replica from 81 MB to 171 MB with 500 of them. Both are
+// counted: the shapes' were not, and the fleet benchmark reported 400
+// slices cached while the leader held 2,000 more, 150 MB. Counted from the
+// caches at each scrape, so it says what they hold, not what they were
+// configured to hold.
 var cachedSlicesDesc = prometheus.NewDesc("gpuaas_controller_cached_resourceslices",
-	"ResourceSlices in the controller's cache, by driver (only the controller's own driver is cached).",
+	"ResourceSlices in the controller's caches, by driver (the controller's own driver's, and on the leader those of the drivers a GpuShape reaches).",
 	[]string{"driver"}, nil)
 
 // cachedSlicesTimeout bounds one scrape's list of the cache: a cache not
 // started yet (the list would wait for it) reports nothing instead.
 const cachedSlicesTimeout = 2 * time.Second
 
-// cachedSlices counts the ResourceSlices of the reader it was last given
-// (the running manager's cache). It is registered once per process; a
-// controller restarted in the same process (tests) gives it its own cache.
+// cachedSlices counts the ResourceSlices of the readers it was last given
+// (the running manager's cache, the shapes' caches of other drivers'
+// slices). It is registered once per process; a controller restarted in
+// the same process (tests) gives it its own caches.
 type cachedSlices struct {
-	reader atomic.Pointer[client.Reader]
+	reader, shapes atomic.Pointer[client.Reader]
 }
 
 var cachedSlicesCollector = &cachedSlices{}
 
-// use makes the collector count what r holds from now on.
-func (c *cachedSlices) use(r client.Reader) { c.reader.Store(&r) }
+// use makes the collector count what r holds from now on, and nothing of
+// the shapes' caches until useShapes.
+func (c *cachedSlices) use(r client.Reader) {
+	c.reader.Store(&r)
+	c.shapes.Store(nil)
+}
+
+// useShapes adds what the shapes' caches hold (nil: none) to the count.
+func (c *cachedSlices) useShapes(r client.Reader) {
+	if r != nil {
+		c.shapes.Store(&r)
+	}
+}
 
 func (c *cachedSlices) Describe(ch chan<- *prometheus.Desc) { ch <- cachedSlicesDesc }
 
@@ -50,7 +66,15 @@ func (c *cachedSlices) Collect(ch chan<- prometheus.Metric) {
 	if err := (*r).List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
-	for driver, n := range slicesByDriver(list.Items) {
+	items := list.Items
+	if s := c.shapes.Load(); s != nil {
+		var theirs resourceapi.ResourceSliceList
+		if err := (*s).List(ctx, &theirs, client.UnsafeDisableDeepCopy); err != nil {
+			return
+		}
+		items = append(items, theirs.Items...)
+	}
+	for driver, n := range slicesByDriver(items) {
 		ch <- prometheus.MustNewConstMetric(cachedSlicesDesc, prometheus.GaugeValue, float64(n), driver)
 	}
 }

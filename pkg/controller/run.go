@@ -225,10 +225,11 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	if opts.Kueue {
 		gate = admission.NewKueueGate(mgr.GetAPIReader(), direct, opts.LedgerNamespace, opts.KueueClaimCreators, acct)
 	}
-	refuser, err := shapes.Setup(ctx, mgr, cmp.Or(opts.Resync, defaultResync))
+	refuser, shapeSlices, err := shapes.Setup(ctx, mgr, cmp.Or(opts.Resync, defaultResync))
 	if err != nil {
 		return err
 	}
+	cachedSlicesCollector.useShapes(shapeSlices)
 	if refuser != nil { // the GpuShape CRD is served: limits.shapes can be charged
 		if err := admission.WatchShapes(ctx, mgr.GetCache(), acct); err != nil {
 			return err

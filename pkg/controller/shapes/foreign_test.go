@@ -55,16 +55,21 @@ func TestShapeCountsOtherDriversNICsFromTheirCache(t *testing.T) {
 	}
 }
 
-// TestForeignSliceCacheKeepsWhatShapesRead: the cache of other drivers'
-// slices selects them by spec.driver (ours are in the manager's), and
-// keeps of each what the count reads: the spec of a node's slice, without
+// TestForeignSliceCacheKeepsWhatShapesRead: the cache of a driver's slices
+// selects them by spec.driver (that driver's; for AnyDriver every driver's
+// but ours, which are in the manager's), and keeps of each what the count reads: the spec of a node's slice, without
 // managedFields, labels, annotations and owners; of a slice not on one node
 // (the count places instances on nodes) no devices.
 func TestForeignSliceCacheKeepsWhatShapesRead(t *testing.T) {
-	bo := shapes.ForeignSliceCache()
-	if bo.Field == nil || bo.Field.Matches(fields.Set{"spec.driver": quota.DriverName}) ||
-		!bo.Field.Matches(fields.Set{"spec.driver": "nic.example.com"}) {
-		t.Fatalf("field selector %v: want every driver's slices but ours", bo.Field)
+	anyDriver := shapes.ForeignSliceCache(shapes.AnyDriver)
+	if anyDriver.Field == nil || anyDriver.Field.Matches(fields.Set{"spec.driver": quota.DriverName}) ||
+		!anyDriver.Field.Matches(fields.Set{"spec.driver": "nic.example.com"}) {
+		t.Fatalf("field selector %v: want every driver's slices but ours", anyDriver.Field)
+	}
+	bo := shapes.ForeignSliceCache("nic.example.com")
+	if bo.Field == nil || !bo.Field.Matches(fields.Set{"spec.driver": "nic.example.com"}) ||
+		bo.Field.Matches(fields.Set{"spec.driver": "gpu.example.com"}) {
+		t.Fatalf("field selector %v: want nic.example.com's slices only", bo.Field)
 	}
 	nic := rooted(resourceapi.Device{Name: "nic-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}, "r0")
 	onNode := testworld.ResourceSlice("node-a", nic)

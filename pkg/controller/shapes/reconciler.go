@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -30,8 +31,12 @@ type Reconciler struct {
 	// ResourceSlices.
 	client client.Client
 	// foreign holds the other drivers' ResourceSlices (ForeignSliceCache);
-	// nil: client holds every slice.
+	// nil: client holds every slice. The count reads of them only the
+	// drivers the shape's classes reach (otherDrivers).
 	foreign client.Reader
+	// reach, where set, is told which other drivers each shape reaches
+	// before foreign is read, so it holds just those (foreignCaches).
+	reach func(ctx context.Context, shape string, drivers sets.Set[string]) error
 	// live reads past the cache: a template of a shape's name that the
 	// cache does not hold (created by someone else, or ours with its
 	// label removed).
@@ -60,6 +65,13 @@ func (r *Reconciler) WithForeignSlices(foreign client.Reader) *Reconciler {
 	return r
 }
 
+// withForeignCaches reads other drivers' slices from f, which caches those
+// of the drivers the shapes reach.
+func (r *Reconciler) withForeignCaches(f *foreignCaches) *Reconciler {
+	r.foreign, r.reach = f, f.reach
+	return r
+}
+
 // WithDrains makes the count read the DeviceTaintRules (served from 1.37):
 // a device an admin drains is not placeable.
 func (r *Reconciler) WithDrains() *Reconciler {
@@ -73,7 +85,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if apierrors.IsNotFound(err) {
 			// Its templates go with it: they are owned by it.
 			shapePlaceable.DeletePartialMatch(map[string]string{"shape": req.Name})
-			return reconcile.Result{}, nil
+			return reconcile.Result{}, r.reachDrivers(ctx, req.Name, nil)
 		}
 		return reconcile.Result{}, fmt.Errorf("reading GpuShape %s: %w", req.Name, err)
 	}
@@ -284,7 +296,11 @@ func ownedBy(t *resourceapi.ResourceClaimTemplate, s *gpuaas.GpuShape) bool {
 // placeable counts the shape's instances that fit now; none while a part
 // is missing.
 func (r *Reconciler) placeable(ctx context.Context, s *gpuaas.GpuShape, parts shape.Parts, missing []string) (shape.Count, error) {
-	slicePtrs, err := r.slices(ctx)
+	drivers := otherDrivers(parts.Classes)
+	if err := r.reachDrivers(ctx, s.Name, drivers); err != nil {
+		return shape.Count{}, err
+	}
+	slicePtrs, err := r.slices(ctx, drivers)
 	if err != nil {
 		return shape.Count{}, err
 	}
@@ -323,9 +339,19 @@ func (r *Reconciler) drainRules(ctx context.Context) ([]*resourceapi.DeviceTaint
 	return out, nil
 }
 
+// reachDrivers tells the caches of other drivers' slices, if they are
+// ours to tell, which drivers the shape reaches.
+func (r *Reconciler) reachDrivers(ctx context.Context, shape string, drivers sets.Set[string]) error {
+	if r.reach == nil {
+		return nil
+	}
+	return r.reach(ctx, shape, drivers)
+}
+
 // slices are our driver's slices (the manager's cache) and, with
-// WithForeignSlices, the other drivers'.
-func (r *Reconciler) slices(ctx context.Context) ([]*resourceapi.ResourceSlice, error) {
+// WithForeignSlices, the other drivers' among drivers (every other one
+// with AnyDriver).
+func (r *Reconciler) slices(ctx context.Context, drivers sets.Set[string]) ([]*resourceapi.ResourceSlice, error) {
 	var ours, theirs resourceapi.ResourceSliceList
 	if err := r.client.List(ctx, &ours, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
@@ -336,9 +362,12 @@ func (r *Reconciler) slices(ctx context.Context) ([]*resourceapi.ResourceSlice, 
 		}
 	}
 	out := make([]*resourceapi.ResourceSlice, 0, len(ours.Items)+len(theirs.Items))
-	for _, list := range [][]resourceapi.ResourceSlice{ours.Items, theirs.Items} {
-		for i := range list {
-			out = append(out, &list[i])
+	for i := range ours.Items {
+		out = append(out, &ours.Items[i])
+	}
+	for i := range theirs.Items {
+		if s := &theirs.Items[i]; s.Spec.Driver != quota.DriverName && (drivers.Has(AnyDriver) || drivers.Has(s.Spec.Driver)) {
+			out = append(out, s)
 		}
 	}
 	return out, nil

@@ -44,36 +44,37 @@ func TemplateCache() cache.ByObject {
 
 // Setup adds the GpuShape controller to the manager (whose cache holds
 // templates as TemplateCache says) and returns the claim webhook's
-// Refuser. Without the GpuShape CRD (a helm upgrade skips crds/;
-// --apply-crds installs it) it logs and returns a nil Refuser.
-func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuser, error) {
+// Refuser and the leader's caches of other drivers' slices (for the
+// controller's count of what it caches). Without the GpuShape CRD (a helm
+// upgrade skips crds/; --apply-crds installs it) it logs and returns nils.
+func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuser, client.Reader, error) {
 	RegisterMetrics()
 	served, err := servesShapes(ctx, mgr.GetRESTMapper())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !served {
 		klog.FromContext(ctx).Error(nil, "The GpuShape CRD is not installed: shapes are not rendered; install the chart's crds/ (helm upgrade skips them) and restart the controller")
-		return nil, nil
+		return nil, nil, nil
 	}
 	// Every replica's claim webhook reads shapes (Refuser), the leader's
 	// controller too: start their informer with the cache, so the first
 	// review does not wait for it and the readiness check covers it.
 	if _, err := mgr.GetCache().GetInformer(ctx, &gpuaas.GpuShape{}); err != nil {
-		return nil, fmt.Errorf("starting the GpuShape informer: %w", err)
+		return nil, nil, fmt.Errorf("starting the GpuShape informer: %w", err)
 	}
 	drains, err := kinds.Served(mgr.GetRESTMapper(), schema.GroupKind{Group: resourceapi.GroupName, Kind: "DeviceTaintRule"}, resourceapi.SchemeGroupVersion.Version)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	foreign, err := newForeignSliceCache(mgr)
+	foreign, err := newForeignCaches(mgr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c := mgr.GetClient()
 	every := handler.EnqueueRequestsFromMapFunc(allShapes(c))
 	recount := enqueue.Delayed(countDelay, allShapes(c))
-	r := NewReconciler(c, mgr.GetAPIReader(), resync).WithForeignSlices(foreign)
+	r := NewReconciler(c, mgr.GetAPIReader(), resync).withForeignCaches(foreign)
 	b := ctrl.NewControllerManagedBy(mgr).Named("gpushape").
 		// Its own status writes change no generation.
 		For(&gpuaas.GpuShape{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -83,7 +84,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		Watches(&gpuaas.GpuProfile{}, every, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&resourceapi.DeviceClass{}, every).
 		Watches(&resourceapi.ResourceSlice{}, recount).
-		WatchesRawSource(source.Kind[client.Object](foreign, &resourceapi.ResourceSlice{}, recount)).
+		WatchesRawSource(source.Channel(foreign.events, recount)).
 		Watches(&resourceapi.ResourceClaim{}, recount, builder.WithPredicates(allocationChanged))
 	if drains {
 		// resource.k8s.io/v1 DeviceTaintRules are GA in 1.37: on older
@@ -93,9 +94,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, resync time.Duration) (*Refuse
 		b = b.Watches(&resourceapi.DeviceTaintRule{}, recount)
 	}
 	if err := b.Complete(r); err != nil {
-		return nil, fmt.Errorf("setting up GpuShape controller: %w", err)
+		return nil, nil, fmt.Errorf("setting up GpuShape controller: %w", err)
 	}
-	return NewRefuser(c), nil
+	return NewRefuser(c), foreign, nil
 }
 
 // namespaceChanged: a namespace created, deleted, relabeled (quotas select

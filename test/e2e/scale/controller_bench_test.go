@@ -47,6 +47,9 @@ const churnClass = "gpu.gpuaas.io"
 // and the controller's RSS (now and peak, from /proc) and heap (its
 // go_memstats_heap_inuse_bytes) after the run.
 //
+// FLEET_PPROF_DIR=<dir> writes the controller's heap profile (after a GC)
+// there after the dry runs, one per size and build, and logs its top.
+//
 // FLEET_BASELINE=<git ref> also runs the controller built from that ref
 // (git archive, go build) on the same fleet in the same run, first;
 // FLEET_BASELINE_BIN=<path> runs a binary built beforehand instead.
@@ -77,7 +80,7 @@ func BenchmarkControllerWhileSlicesChurn(b *testing.B) {
 				b.Run(bl.name, func(b *testing.B) {
 					var res churnResult
 					for b.Loop() {
-						res = runChurn(b, ctx, bl.bin, f, others, tenants)
+						res = runChurn(b, ctx, bl.bin, f, others, tenants, fmt.Sprintf("nodes-%d-%s", n, bl.name))
 					}
 					b.ReportMetric(res.p50.Seconds()*1000, "p50-ms")
 					b.ReportMetric(res.p99.Seconds()*1000, "p99-ms")
@@ -101,7 +104,7 @@ type churnResult struct {
 
 // runChurn starts the controller, makes the tenants, measures their dry
 // runs while slices churn, and stops the controller.
-func runChurn(b *testing.B, ctx context.Context, bin string, f *fleet.Fleet, others []string, tenants int) churnResult {
+func runChurn(b *testing.B, ctx context.Context, bin string, f *fleet.Fleet, others []string, tenants int, profile string) churnResult {
 	ctrl := startChartController(b, ctx, bin)
 	defer func() { _ = ctrl.proc.Stop() }()
 	nss := churnTenants(b, ctx, tenants, envInt(b, "FLEET_CLAIMS", 25))
@@ -137,6 +140,7 @@ func runChurn(b *testing.B, ctx context.Context, bin string, f *fleet.Fleet, oth
 		res.heap = heap[""] / (1 << 20)
 	}
 	res.cached, _ = ctrl.metrics(ctx, cachedSlicesMetric, "driver")
+	ctrl.heapProfile(b, ctx, profile)
 	for _, ns := range nss {
 		if err := cp.DeleteNamespace(ctx, ns); err != nil {
 			b.Fatal(err)

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -80,8 +82,9 @@ func TestControllerCachesOnlyOurSlices(t *testing.T) {
 
 // controller is a dra-controller process and its metrics endpoint.
 type controller struct {
-	proc    *framework.Process
-	metrics func(ctx context.Context, name, label string) (map[string]float64, error)
+	proc      *framework.Process
+	pprofAddr string // "" unless FLEET_PPROF_DIR asks for heap profiles
+	metrics   func(ctx context.Context, name, label string) (map[string]float64, error)
 }
 
 // buildController builds cmd/dra-controller of this tree, or returns
@@ -104,13 +107,20 @@ func buildController(tb testing.TB, ctx context.Context) string {
 // needs: addresses on 127.0.0.1, the Lease and ledger in "default", and
 // metrics over plain HTTP so the test can read them.
 func startChartController(tb testing.TB, ctx context.Context, bin string) *controller {
-	ports, err := framework.FreePorts(1)
+	ports, err := framework.FreePorts(2)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	// The process inherits the test's environment (framework.Process).
 	tb.Setenv("GPUAAS_MEMORY_LIMIT", strconv.Itoa(chartMemoryLimit))
+	pprofAddr := ""
+	if os.Getenv("FLEET_PPROF_DIR") != "" {
+		// --pprof-addr defaults to $PPROF_ADDR: set, not a flag, so a
+		// baseline build without the flag still starts.
+		pprofAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+		tb.Setenv("PPROF_ADDR", pprofAddr)
+	}
 	p, err := cp.StartController(ctx, bin,
 		"--leader-elect", "--leader-elect-id=gpuaas-dra-controller", "--leader-elect-namespace=default",
 		"--quota-ledger-namespace=default", "--metrics-addr="+addr, "--metrics-secure=false",
@@ -119,9 +129,46 @@ func startChartController(tb testing.TB, ctx context.Context, bin string) *contr
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = p.Stop() })
-	return &controller{proc: p, metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
+	return &controller{proc: p, pprofAddr: pprofAddr, metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
 		return scrape(ctx, "http://"+addr+"/metrics", name, label)
 	}}
+}
+
+// heapProfile writes the process's heap profile, after a GC, to
+// $FLEET_PPROF_DIR/<name>.heap and logs its top in-use entries, flat and
+// cumulative; it does nothing unless FLEET_PPROF_DIR is set.
+func (c *controller) heapProfile(tb testing.TB, ctx context.Context, name string) {
+	dir := os.Getenv("FLEET_PPROF_DIR")
+	if dir == "" || c.pprofAddr == "" {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatalf("making %s: %v", dir, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.pprofAddr+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Errorf("fetching the controller's heap profile: %v", err)
+		return
+	}
+	defer func() { _ = resp.Body.Close() }()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		tb.Errorf("fetching the controller's heap profile: %s, %v", resp.Status, err)
+		return
+	}
+	path := filepath.Join(dir, name+".heap")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		tb.Fatalf("writing %s: %v", path, err)
+	}
+	for _, order := range [][]string{nil, {"-cum"}} {
+		args := append([]string{"tool", "pprof", "-top", "-nodecount=25", "-inuse_space"}, order...)
+		out, err := exec.CommandContext(ctx, "go", append(args, path)...).CombinedOutput()
+		tb.Logf("go %s: %v\n%s", strings.Join(append(args, path), " "), err, out)
+	}
 }
 
 // rss is the process's resident memory now and at its peak (VmRSS,
