@@ -36,7 +36,7 @@ const cachedSlicesMetric = "gpuaas_controller_cached_resourceslices"
 
 // chartMemoryLimit is the chart's controller memory limit (values.yaml,
 // controller.resources.limits.memory), passed as the chart passes it.
-const chartMemoryLimit = 256 << 20
+const chartMemoryLimit = 512 << 20
 
 // TestControllerCachesOnlyOurSlices (issue 52): the dra-controller binary,
 // run with the chart's flags (one replica, leader election), on a control
