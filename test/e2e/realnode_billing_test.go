@@ -315,7 +315,7 @@ func checkBilledExactly(t *testing.T, u *gpuaas.TenantUsage, held map[string]*bi
 	for key, recs := range byClaim {
 		t.Errorf("records of claim %s, which the test did not hold: %+v", key, recs)
 	}
-	t.Logf("test's times vs the TenantUsage %s records (Δ = record - test):\n%-9s %-30s %-5s %-12s %-12s %-8s %-6s %-12s %-8s %-6s %-5s %s\n%s",
+	t.Logf("test's times vs the TenantUsage %s records (Δ = record - test):\n%-9s %-32s %-5s %-12s %-12s %-8s %-6s %-12s %-8s %-6s %-5s %s\n%s",
 		u.Name, "kind", "device", "units", "allocated", "alloc-write", "start", "Δstart", "gone", "end", "Δend", "secs", "unit-seconds", strings.Join(table, "\n"))
 	if u.Status.UnitSeconds != total.RatString() || u.Status.OpenRecords != 0 {
 		t.Errorf("TenantUsage %s: %s unit-seconds, %d open; want %s (the records' sum), none open", u.Name, u.Status.UnitSeconds, u.Status.OpenRecords, total.RatString())
@@ -357,7 +357,7 @@ func within(record, test time.Time) bool {
 }
 
 func billingRow(c *billedClaim, rec gpuaas.UsageRecord) string {
-	return fmt.Sprintf("%-9s %-30s %-5s %-12s %-12s %-8s %+6.2f %-12s %-8s %+6.2f %-5d %s",
+	return fmt.Sprintf("%-9s %-32s %-5s %-12s %-12s %-8s %+6.2f %-12s %-8s %+6.2f %-5d %s",
 		c.kind.name, rec.Device, rec.Units, clock(c.allocated), clock(c.written), rec.Start.UTC().Format(time.TimeOnly),
 		rec.Start.Sub(c.allocated).Seconds(), clock(c.gone), rec.End.UTC().Format(time.TimeOnly), rec.End.Sub(c.gone).Seconds(),
 		int64(rec.End.Sub(rec.Start.Time)/time.Second), rec.UnitSeconds)
