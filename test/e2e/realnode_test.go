@@ -79,6 +79,7 @@ func TestRealNode(t *testing.T) {
 		{"MetricsNeedAuthorization", testMetricsNeedAuthorization},
 		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
+		{"BillingRecordsExact", testBillingRecordsExact},
 		{"Uninstall", testUninstall},
 		{"Reinstall", testReinstall},
 	}
