@@ -101,6 +101,10 @@ var redTeamRoutes = []redTeamRoute{
 	// Issue 36 route 3: a re-run create of a name the tenant holds, with
 	// a dearer spec, admitted by borrowing and then AlreadyExists.
 	{name: "DearerRerunLocksLenderOut", attack: attackDearerRerun},
+	// Issue 55 route 6: a claim admitted past the quota for a Job, its
+	// controller ownerReference pointed at a never-ending pod of the
+	// tenant's own and the Job deleted, kept for as long as that pod runs.
+	{name: "OverruledClaimNamesAnotherPod", attack: attackOverruledClaimNamesAnotherPod},
 }
 
 // redTeamReclaimAfter is the controller's ReclaimUnallocatedAfter here:
