@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billing"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
@@ -117,6 +119,36 @@ func testUseAndIdlePolicy(t *testing.T, n *realNode) {
 	kinds.checkNeverWarned(t, ctx)
 	for _, p := range append([]*v1.Pod{trainer}, kinds.pods...) {
 		deletePodAndWait(t, ctx, p)
+	}
+	checkUseBilled(t, tenant, podClaimName(t, notebook), podClaimName(t, trainer))
+}
+
+// checkUseBilled: the tenant's closed records split each claim's time by
+// the use its plugin reported: the evicted notebook's has idle
+// unit-seconds (its device was Idle=True for the policy's minute before
+// the eviction), the busy trainer's used ones.
+func checkUseBilled(t *testing.T, tenant, notebookClaim, trainerClaim string) {
+	t.Helper()
+	name := billing.UsageName(tenant, time.Now().UTC().Format("2006-01"))
+	closed := func(u *gpuaas.TenantUsage, claim string) *gpuaas.UsageRecord {
+		for i := range u.Status.Recent {
+			if u.Status.Recent[i].Claim == claim {
+				return &u.Status.Recent[i]
+			}
+		}
+		return nil
+	}
+	u := waitForUsage(t, name, "with the notebook's and the trainer's records closed", func(u *gpuaas.TenantUsage) bool {
+		return closed(u, notebookClaim) != nil && closed(u, trainerClaim) != nil
+	})
+	positive := func(s string) bool { r, ok := new(big.Rat).SetString(s); return ok && r.Sign() > 0 }
+	if rec := closed(u, notebookClaim); !positive(rec.IdleUnitSeconds) {
+		t.Errorf("the evicted idle notebook's record: %s idle unit-seconds (used %s, unknown %s of %s); want some idle: %+v",
+			rec.IdleUnitSeconds, rec.UsedUnitSeconds, rec.UnknownUseUnitSeconds, rec.UnitSeconds, *rec)
+	}
+	if rec := closed(u, trainerClaim); !positive(rec.UsedUnitSeconds) {
+		t.Errorf("the busy trainer's record: %s used unit-seconds (idle %s, unknown %s of %s); want some used: %+v",
+			rec.UsedUnitSeconds, rec.IdleUnitSeconds, rec.UnknownUseUnitSeconds, rec.UnitSeconds, *rec)
 	}
 }
 

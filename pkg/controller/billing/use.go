@@ -84,9 +84,14 @@ func going(rec *gpuaas.UsageRecord) useObs {
 //   - the time between lastSeen and a transition that this leader did not
 //     watch (a previous leader's record) is unknown: anything may have
 //     happened in it.
+//
+// A `to` at lastSeen (a second reconcile within the second of the last
+// one: the plugin writes each claim's status apart) adds no time but
+// still takes the observed use: the next observation may be the claim
+// gone, and the use it then goes on with is the one recorded here.
 func accountUse(rec *gpuaas.UsageRecord, obs useObs, to time.Time) {
 	from := rec.LastSeen.Time
-	if !to.After(from) {
+	if to.Before(from) {
 		return
 	}
 	defer func() { rec.LastSeen = metav1.NewTime(to) }()

@@ -197,3 +197,51 @@ func TestUseOfAnOlderRecordIsUnknown(t *testing.T) {
 	reconcileOK(t, next)
 	wantUse(t, "older record", closedIn(usageIn(t, api, usageName()))["train/node-a/whole-0"], "60", "0", "60")
 }
+
+// deallocate clears a claim's allocation, as the resourceclaim controller
+// does once its pod is gone (and with it the device statuses).
+func deallocate(t *testing.T, c client.Client, claim string) {
+	t.Helper()
+	var rc resourceapi.ResourceClaim
+	if err := c.Get(ctx(t), client.ObjectKey{Namespace: "ns-a", Name: claim}, &rc); err != nil {
+		t.Fatal(err)
+	}
+	rc.Status.Allocation, rc.Status.ReservedFor, rc.Status.Devices = nil, nil, nil
+	if err := c.Status().Update(ctx(t), &rc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUseWrittenInTheSecondOfTheLastReconcile is make demo's use scenario
+// as the leader saw it on the real node: the trainer's Idle=False is
+// written and reconciled, the notebook's Idle=True (backdated to the start
+// of its idle run) is written within the same second and reconciled in it
+// too, and no reconcile runs again before the idle policy evicts the
+// notebook and its claim is deallocated. Its first runs billed the
+// notebook's whole time as unknown use: the second reconcile had no time
+// to account (lastSeen already at that second) and dropped the
+// transition with it.
+func TestUseWrittenInTheSecondOfTheLastReconcile(t *testing.T) {
+	api := newAPI(t, profile("whole", "1"), allocated("notebook", "whole", "whole-0"), allocated("trainer", "whole", "whole-1"))
+	clk := newClock()
+	r := newRecorder(api, clk)
+	reconcileOK(t, r) // t0: allocated, no condition yet
+	clk.advance(30*time.Second + 100*time.Millisecond)
+	setUse(t, api, "trainer", "whole-1", metav1.ConditionFalse, at(29*time.Second))
+	reconcileOK(t, r) // t0+30.1
+	clk.advance(500 * time.Millisecond)
+	setUse(t, api, "notebook", "whole-0", metav1.ConditionTrue, at(time.Second))
+	reconcileOK(t, r) // t0+30.6: the same second
+	if got := idleCounter(r, "whole"); got != "29" {
+		t.Errorf("idle counter after the notebook's Idle=True: %s, want 29 (idle since t0+1)", got)
+	}
+	clk.advance(30 * time.Second)
+	deallocate(t, api, "notebook")
+	deallocate(t, api, "trainer")
+	reconcileOK(t, r) // t0+60.6
+	closed := closedIn(usageIn(t, api, usageName()))
+	// unknown [0, 1), idle [1, 60).
+	wantUse(t, "the evicted notebook", closed["notebook/node-a/whole-0"], "0", "59", "1")
+	// unknown [0, 29), in use [29, 60).
+	wantUse(t, "the trainer", closed["trainer/node-a/whole-1"], "31", "0", "29")
+}
