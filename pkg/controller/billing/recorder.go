@@ -273,8 +273,10 @@ func (r *Recorder) apply(ctx context.Context, observed map[string]observation, n
 				r.rollOver(u, i, obs, now)
 				continue
 			default:
+				// accountUse moves lastSeen, never back: a new leader's
+				// clock behind the last checkpoint would count that span
+				// twice.
 				accountUse(rec, *obs.useNow(r.seen[key]), now)
-				rec.LastSeen = metav1.NewTime(now)
 				rec.Pods = obs.rec.Pods
 				r.seen[key] = true
 				delete(observed, key)

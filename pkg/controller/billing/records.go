@@ -97,6 +97,11 @@ func closeRecord(u *gpuaas.TenantUsage, i int, end time.Time, uncertainUntil *ti
 	if end.Before(rec.Start.Time) {
 		end = rec.Start.Time
 	}
+	// Never before what a leader already checkpointed: a new leader's
+	// clock may be behind the old one's.
+	if end.Before(rec.LastSeen.Time) {
+		end = rec.LastSeen.Time
+	}
 	if obs == nil {
 		o := going(&rec)
 		obs = &o

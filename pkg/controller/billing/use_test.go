@@ -149,6 +149,53 @@ func TestUseExactAcrossLeaderChange(t *testing.T) {
 	}
 }
 
+// TestANewLeaderBehindTheOldOnesClockCountsNothingTwice: a new leader
+// whose clock is behind the old one's last checkpoint (skew between two
+// nodes) neither moves the record's lastSeen back nor accounts the time
+// between its clock and that checkpoint a second time.
+func TestANewLeaderBehindTheOldOnesClockCountsNothingTwice(t *testing.T) {
+	api := newAPI(t, profile("whole", "1"), allocated("train", "whole", "whole-0"))
+	setUse(t, api, "train", "whole-0", metav1.ConditionFalse, at(-time.Minute))
+	clk := newClock()
+	old := newRecorder(api, clk)
+	reconcileOK(t, old)
+	clk.advance(60 * time.Second)
+	reconcileOK(t, old) // checkpoint at t0+60
+	behind := &clock{t: t0.Add(40 * time.Second)}
+	next := newRecorder(api, behind)
+	reconcileOK(t, next) // its clock says t0+40
+	if open := usageIn(t, api, usageName()).Status.Open; len(open) != 1 || open[0].LastSeen.Time.Before(t0.Add(60*time.Second)) {
+		t.Fatalf("open records after the new leader's first reconcile: %+v; want lastSeen kept at t0+60", open)
+	}
+	behind.advance(50 * time.Second) // t0+90
+	reconcileOK(t, next)
+	deleteClaim(t, api, "train")
+	reconcileOK(t, next)
+	closed := closedIn(usageIn(t, api, usageName()))
+	wantUse(t, "in use throughout", closed["train/node-a/whole-0"], "90", "0", "0")
+
+	// Deleted while the new leader's clock is still behind the last
+	// checkpoint: closed there, not before it.
+	api = newAPI(t, profile("whole", "1"), allocated("train", "whole", "whole-0"))
+	setUse(t, api, "train", "whole-0", metav1.ConditionFalse, at(-time.Minute))
+	clk = newClock()
+	old = newRecorder(api, clk)
+	reconcileOK(t, old)
+	clk.advance(60 * time.Second)
+	reconcileOK(t, old)
+	behind = &clock{t: t0.Add(40 * time.Second)}
+	next = newRecorder(api, behind)
+	reconcileOK(t, next) // seen by the new leader
+	deleteClaim(t, api, "train")
+	behind.advance(5 * time.Second)
+	reconcileOK(t, next) // gone at its t0+45
+	rec := closedIn(usageIn(t, api, usageName()))["train/node-a/whole-0"]
+	if rec.End == nil || !rec.End.Time.Equal(t0.Add(60*time.Second)) {
+		t.Errorf("closed at %v, want at the old leader's last checkpoint t0+60", rec.End)
+	}
+	wantUse(t, "in use to the checkpoint", rec, "60", "0", "0")
+}
+
 // TestUseAcrossMonthEnd: each month's record gets its part of the use; a
 // transition after the month's end (backdated to before the reconcile
 // that rolled the month over) falls in the new month only.
