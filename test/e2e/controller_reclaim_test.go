@@ -38,14 +38,14 @@ func newReclaimWorld(t *testing.T, ctx context.Context, standalone bool) *reclai
 	t.Helper()
 	name := uniqueName("reclaim")
 	product := "E2E Reclaim GPU " + name
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
-	waitForProfileReady(t, name)
+	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product})) //nolint:contextcheck // the test helpers clean up after the test, past its context
+	waitForProfileReady(t, name)                                                                             //nolint:contextcheck // the test helpers clean up after the test, past its context
 	var gpus []resourceapi.Device
 	for i := range 2 {
 		gpus = append(gpus, e2eShapeGPU(fmt.Sprintf("gpu-%d", i), product, "pci0000:00"))
 	}
-	createObject(t, e2eSlice(name+"-gpus", "gpu.gpuaas.io", name+"-node", gpus))
-	w := &reclaimWorld{class: name, borrowerNS: cp.CreateNamespace(t, "borrower"), lenderNS: cp.CreateNamespace(t, "lender")}
+	createObject(t, e2eSlice(name+"-gpus", "gpu.gpuaas.io", name+"-node", gpus))                                              //nolint:contextcheck // the test helpers clean up after the test, past its context
+	w := &reclaimWorld{class: name, borrowerNS: cp.CreateNamespace(t, "borrower"), lenderNS: cp.CreateNamespace(t, "lender")} //nolint:contextcheck // the test helpers clean up after the test, past its context
 	borrower, err := cp.NewTenant(ctx, w.borrowerNS, "team")
 	if err != nil {
 		t.Fatal(err)
@@ -56,8 +56,8 @@ func newReclaimWorld(t *testing.T, ctx context.Context, standalone bool) *reclai
 	borrowerQuota.Spec.Cohort, lenderQuota.Spec.Cohort = name, name
 	borrowerQuota.Spec.ReclaimStandaloneClaims = standalone
 	w.borrowerQuota = borrowerQuota.Name
-	createObject(t, borrowerQuota)
-	createObject(t, lenderQuota)
+	createObject(t, borrowerQuota) //nolint:contextcheck // the test helpers clean up after the test, past its context
+	createObject(t, lenderQuota)   //nolint:contextcheck // the test helpers clean up after the test, past its context
 	return w
 }
 

@@ -158,7 +158,7 @@ func (w *claimWatch) saw(claims []resourceapi.ResourceClaim, now time.Time) {
 // claim's status.allocation (the API server's clock, whole seconds).
 func allocationWritten(c *resourceapi.ResourceClaim) time.Time {
 	for _, f := range c.ManagedFields {
-		if f.Subresource == "status" && f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:allocation"`) && f.Time != nil {
+		if f.Subresource == "status" && f.FieldsV1 != nil && strings.Contains(f.FieldsV1.GetRawString(), `"f:allocation"`) && f.Time != nil {
 			return f.Time.Time
 		}
 	}
@@ -240,7 +240,7 @@ func killLeaderAndWait(t *testing.T, ctx context.Context, usage string) {
 	}
 	acquired := lease.Spec.AcquireTime.Time
 	waitClaimWebhookServes(t, ctx)
-	waitRecordsSeenSince(t, usage, acquired, "continued by the new leader")
+	waitRecordsSeenSince(t, usage, acquired, "continued by the new leader") //nolint:contextcheck // the test helpers poll under the test's own deadline
 	t.Logf("leader pod %s (%s) deleted at %s; %s leads since %s", leader, was, clock(killed), *lease.Spec.HolderIdentity, clock(acquired))
 }
 
@@ -260,7 +260,7 @@ func stopAPIServerAndWait(t *testing.T, ctx context.Context, usage string) {
 	}
 	back := time.Now()
 	waitClaimWebhookServes(t, ctx)
-	waitRecordsSeenSince(t, usage, back, "checkpointed after the API server came back")
+	waitRecordsSeenSince(t, usage, back, "checkpointed after the API server came back") //nolint:contextcheck // the test helpers poll under the test's own deadline
 	lease, err := cp.Client.CoordinationV1().Leases(releaseNamespace).Get(ctx, controllerDeployment, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
