@@ -55,34 +55,40 @@ func attackBareThenKueueJob(t *testing.T, ctx context.Context, env *redTeamEnv) 
 // kube-controller-manager no longer deletes the claim, which the tenant
 // could use from bare pods for ever. The controller deletes it.
 func attackOverruledClaimOutlivesJob(t *testing.T, ctx context.Context, env *redTeamEnv) {
+	claim := env.overruleSecondJob(t, ctx)
+	if err := env.orphanClaimOfSecondJob(t, ctx, claim, []byte(`{"metadata":{"ownerReferences":null}}`)); err != nil {
+		t.Errorf("claim %s, admitted past the quota for a Job the tenant deleted, still exists: %v", claim, err)
+	}
+}
+
+// overruleSecondJob ends the env's Job, sets the tenant's limit to 0 and
+// has Kueue admit a Job "second" past it; it returns the claim of its pod.
+func (env *redTeamEnv) overruleSecondJob(t *testing.T, ctx context.Context) string {
+	t.Helper()
 	kq := &kueueHelper{t: t}
 	env.endJob(t, ctx, env.job)
 	env.changeQuota(t, ctx, func(q *gpuaas.TenantQuota) { q.Spec.Limits.GpuUnits = units("0") })
 	kq.job(ctx, env.ns, "second", jobSpec{class: "gpu.gpuaas.io"})
 	kq.waitAdmitted(ctx, env.ns, "second")
-	var claim string
-	kq.poll(ctx, "the second Job's claim", func(ctx context.Context) (bool, error) {
-		pods := kq.jobPods(ctx, env.ns, "second")
-		if len(pods) != 1 || len(pods[0].Status.ResourceClaimStatuses) != 1 || pods[0].Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
-			return false, nil
-		}
-		claim = *pods[0].Status.ResourceClaimStatuses[0].ResourceClaimName
-		return true, nil
-	})
-	if _, err := env.claims().Patch(ctx, claim, types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("the tenant removing its claim's ownerReference: %v", err)
+	return *env.podOfJobWithClaim(t, ctx, "second").Status.ResourceClaimStatuses[0].ResourceClaimName
+}
+
+// orphanClaimOfSecondJob patches the claim with patch and deletes the Job
+// "second", both as the tenant, and waits (2 minutes: the overrule sweep
+// runs every 30 s) for the controller to delete the claim.
+func (env *redTeamEnv) orphanClaimOfSecondJob(t *testing.T, ctx context.Context, claim string, patch []byte) error {
+	t.Helper()
+	if _, err := env.claims().Patch(ctx, claim, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("the tenant patching its claim's ownerReferences: %v", err)
 	}
 	err := env.attacker.Client.BatchV1().Jobs(env.ns).Delete(ctx, "second", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := env.claims().Get(ctx, claim, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})
-	if err != nil {
-		t.Errorf("claim %s, admitted past the quota for a Job the tenant deleted, still exists: %v", claim, err)
-	}
 }
 
 // attackDearerRerun (route 3): the tenant holds claim "own" (one GPU) and

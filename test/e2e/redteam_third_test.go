@@ -4,17 +4,10 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 )
 
 // The third red team's routes (issue 55) that need Kueue.
@@ -27,28 +20,11 @@ import (
 // claim's current owner whether it runs, kept it for as long as that pod
 // did. Only the pod the gate verified (by UID) keeps it: it is deleted.
 func attackOverruledClaimNamesAnotherPod(t *testing.T, ctx context.Context, env *redTeamEnv) {
-	kq := &kueueHelper{t: t}
-	env.endJob(t, ctx, env.job)
-	env.changeQuota(t, ctx, func(q *gpuaas.TenantQuota) { q.Spec.Limits.GpuUnits = units("0") })
-	kq.job(ctx, env.ns, "second", jobSpec{class: "gpu.gpuaas.io"})
-	kq.waitAdmitted(ctx, env.ns, "second")
-	claim := *env.podOfJobWithClaim(t, ctx, "second").Status.ResourceClaimStatuses[0].ResourceClaimName
+	claim := env.overruleSecondJob(t, ctx)
 	forever := env.foreverPod(t, ctx, "forever")
 	owner := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q,"controller":true}]}}`,
 		forever.Name, forever.UID)
-	if _, err := env.claims().Patch(ctx, claim, types.MergePatchType, []byte(owner), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("the tenant pointing its claim at its own pod: %v", err)
-	}
-	err := env.attacker.Client.BatchV1().Jobs(env.ns).Delete(ctx, "second", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The sweep runs every 30 s.
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := env.claims().Get(ctx, claim, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
-	if err != nil {
+	if err := env.orphanClaimOfSecondJob(t, ctx, claim, []byte(owner)); err != nil {
 		t.Errorf("claim %s, admitted past the quota for a Job the tenant deleted, outlived it by naming pod %s: %v", claim, forever.Name, err)
 	}
 	if p, err := env.attacker.Client.CoreV1().Pods(env.ns).Get(ctx, forever.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != v1.PodRunning {
