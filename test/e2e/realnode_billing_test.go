@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -220,28 +221,44 @@ func (w *claimWatch) end(t *testing.T, ctx context.Context, c *billedClaim) {
 // measures).
 func killLeaderAndWait(t *testing.T, ctx context.Context, usage string) {
 	t.Helper()
+	killed := time.Now()
+	was, leader, lease := replaceChartLeader(t, ctx, 200*time.Millisecond)
+	acquired := lease.Spec.AcquireTime.Time
+	waitRecordsSeenSince(t, usage, acquired, "continued by the new leader") //nolint:contextcheck // the test helpers poll under the test's own deadline
+	t.Logf("leader pod %s (%s) deleted at %s; %s leads since %s", leader, was, clock(killed), *lease.Spec.HolderIdentity, clock(acquired))
+}
+
+// replaceChartLeader deletes the chart's controller pod (its one replica
+// on this single node, so the leader) and waits, polling every poll, until
+// a new process holds the leader Lease (named like the Deployment: the
+// chart's --leader-elect-id; its holder is the host's name and a process
+// UUID) and the webhook serves. It returns the former holder, the pod
+// deleted and the new Lease.
+func replaceChartLeader(t *testing.T, ctx context.Context, poll time.Duration) (was, pod string, now *coordinationv1.Lease) {
+	t.Helper()
 	leases := cp.Client.CoordinationV1().Leases(releaseNamespace)
 	lease, err := leases.Get(ctx, controllerDeployment, metav1.GetOptions{})
 	if err != nil || lease.Spec.HolderIdentity == nil {
 		t.Fatalf("the controller's Lease: %v (%+v)", err, lease)
 	}
-	was := *lease.Spec.HolderIdentity
-	leader := chartControllerReplica(t, ctx).pod
-	if err := cp.Client.CoreV1().Pods(releaseNamespace).Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
-		t.Fatalf("deleting the leader pod %s (Lease holder %s): %v", leader, was, err)
+	was = *lease.Spec.HolderIdentity
+	pod = chartControllerReplica(t, ctx).pod
+	if err := cp.Client.CoreV1().Pods(releaseNamespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting the leader pod %s (Lease holder %s): %v", pod, was, err)
 	}
-	killed := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		lease, err = leases.Get(ctx, controllerDeployment, metav1.GetOptions{})
-		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "" && *lease.Spec.HolderIdentity != was, nil
+	err = wait.PollUntilContextTimeout(ctx, poll, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := leases.Get(ctx, controllerDeployment, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || *l.Spec.HolderIdentity == was {
+			return false, nil //nolint:nilerr // retried until the deadline
+		}
+		now = l
+		return true, nil
 	})
 	if err != nil {
 		t.Fatalf("the Lease is still held by %q: %v", was, err)
 	}
-	acquired := lease.Spec.AcquireTime.Time
 	waitClaimWebhookServes(t, ctx)
-	waitRecordsSeenSince(t, usage, acquired, "continued by the new leader") //nolint:contextcheck // the test helpers poll under the test's own deadline
-	t.Logf("leader pod %s (%s) deleted at %s; %s leads since %s", leader, was, clock(killed), *lease.Spec.HolderIdentity, clock(acquired))
+	return was, pod, now
 }
 
 // stopAPIServerAndWait stops the API server for billingOutage (the

@@ -265,37 +265,12 @@ func (s *soak) restartPlugin(t *testing.T, ctx context.Context, _ *rand.Rand) {
 	s.fault(t, "plugin pod %s deleted, %s ready", old.Name, pod.Name)
 }
 
-// changeLeader deletes the controller's pod (the chart's one replica on
-// this single node, so the leader) and waits until a new process holds the
-// leader Lease (named like the Deployment: the chart's --leader-elect-id;
-// its holder is the host's name and a process UUID) and the webhook
-// serves.
+// changeLeader has a new process lead the chart's controller
+// (replaceChartLeader).
 func (s *soak) changeLeader(t *testing.T, ctx context.Context, _ *rand.Rand) {
 	t.Helper()
-	leases := cp.Client.CoordinationV1().Leases(releaseNamespace)
-	lease, err := leases.Get(ctx, controllerDeployment, metav1.GetOptions{})
-	if err != nil || lease.Spec.HolderIdentity == nil {
-		t.Fatalf("the controller's Lease: %v (%+v)", err, lease)
-	}
-	was := *lease.Spec.HolderIdentity
-	leader := chartControllerReplica(t, ctx).pod
-	if err := cp.Client.CoreV1().Pods(releaseNamespace).Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
-		t.Fatalf("deleting the leader pod %s (Lease holder %s): %v", leader, was, err)
-	}
-	var now string
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		lease, err := leases.Get(ctx, controllerDeployment, metav1.GetOptions{})
-		if err != nil || lease.Spec.HolderIdentity == nil {
-			return false, nil //nolint:nilerr // retried until the deadline
-		}
-		now = *lease.Spec.HolderIdentity
-		return now != "" && now != was, nil
-	})
-	if err != nil {
-		t.Fatalf("the Lease is still held by %q: %v", was, err)
-	}
-	waitClaimWebhookServes(t, ctx)
-	s.fault(t, "controller pod %s (Lease holder %s) deleted, %s leads", leader, was, now)
+	was, leader, lease := replaceChartLeader(t, ctx, time.Second)
+	s.fault(t, "controller pod %s (Lease holder %s) deleted, %s leads", leader, was, *lease.Spec.HolderIdentity)
 }
 
 func (s *soak) fault(t *testing.T, format string, args ...any) {
