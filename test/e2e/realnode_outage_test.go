@@ -29,7 +29,7 @@ const (
 // controller keeps), so another driver keeps working. Before the
 // condition, every claim in the cluster was refused while the controller
 // was down.
-func testForeignClaimsDuringOutage(t *testing.T, _ *realNode) {
+func testForeignClaimsDuringOutage(t *testing.T, n *realNode) {
 	ctx := framework.Context(t, 4*time.Minute)
 	class := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: foreignClass},
@@ -56,6 +56,7 @@ func testForeignClaimsDuringOutage(t *testing.T, _ *realNode) {
 		t.Fatalf("our claim while the controller is down: %v, want the webhook's failure (fail closed)", err)
 	}
 	t.Logf("controller down: %s claim admitted, ours refused: %v", foreignClass, err)
+	foreignClaimsAfterForcedUpgrade(t, ctx, n, ns)
 
 	scaleController(t, ctx, 1)
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -64,6 +65,50 @@ func testForeignClaimsDuringOutage(t *testing.T, _ *realNode) {
 	if err != nil {
 		t.Fatalf("our claims still refused after the controller came back: %v", err)
 	}
+}
+
+// foreignClaimsAfterForcedUpgrade (issue 52 item 5): `helm upgrade
+// --force` puts the chart's webhook configuration in place of the one the
+// controller's leader keeps. With the controller unschedulable (a node
+// selector no node has) nothing rewrites it, so what another driver's
+// claims get is the chart's alone: the classes the values name
+// (controller.webhook.foreignClasses) skip the fail-closed webhook, ours
+// are refused. The suite's values are put back after.
+func foreignClaimsAfterForcedUpgrade(t *testing.T, ctx context.Context, n *realNode, ns string) {
+	t.Helper()
+	helmUpgradeForced(t, n, "values-foreign-nowhere.yaml",
+		"controller:\n  nodeSelector: {gpuaas.io/e2e-nowhere: \"true\"}\n  webhook:\n    foreignClasses: ["+foreignClass+"]\n")
+	defer helmUpgradeForced(t, n, "values-none.yaml", "{}\n")
+	cfg, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !claimWebhookNames(cfg, foreignClass) {
+		t.Errorf("after helm upgrade --force the claim webhook's matchConditions do not name %s", foreignClass)
+	}
+	if err := createClaimOf(ctx, ns, "nic-after-upgrade", foreignClass); err != nil {
+		t.Fatalf("another driver's claim after helm upgrade --force, the controller down: %v", err)
+	}
+	err = createClaimOf(ctx, ns, "gpu-after-upgrade", "gpu.gpuaas.io")
+	if err == nil || !strings.Contains(err.Error(), "failed calling webhook") {
+		t.Fatalf("our claim after helm upgrade --force, the controller down: %v, want the webhook's failure (fail closed)", err)
+	}
+	t.Logf("after helm upgrade --force with the controller down: %s claim admitted (the chart's matchCondition), ours refused", foreignClass)
+}
+
+// helmUpgradeForced runs `helm upgrade --force` of the release with the
+// suite's values and extra (a values file named name) over them.
+func helmUpgradeForced(t *testing.T, n *realNode, name, extra string) {
+	t.Helper()
+	files := make([]string, 0, 2)
+	for _, v := range []struct{ name, values string }{{"values-suite.yaml", n.values}, {name, extra}} {
+		f, err := n.WriteValues(v.name, v.values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	helmOnCluster(t, append([]string{"upgrade", releaseName, chartPath, "--namespace", releaseNamespace, "--force"}, valueArgs(files)...)...)
 }
 
 // waitForForeignCondition waits until the live claim webhook's
