@@ -196,5 +196,16 @@ func (r *Recorder) idleTotals() (map[costKey]*big.Rat, map[string]int64) {
 			add(keyOf(u.Spec.Tenant, rec.Profile, rec.Shape, rec.GpuModel), ratOf(rec.IdleUnitSeconds))
 		}
 	}
-	return idle, maps.Clone(r.deleted)
+	// Every tenant with records has the deletions' series, at 0 until one
+	// is deleted: "none deleted" is a value a dashboard shows.
+	deleted := maps.Clone(r.deleted)
+	if deleted == nil {
+		deleted = map[string]int64{}
+	}
+	for _, u := range r.usages {
+		if _, ok := deleted[u.Spec.Tenant]; !ok {
+			deleted[u.Spec.Tenant] = 0
+		}
+	}
+	return idle, deleted
 }

@@ -126,3 +126,16 @@ func TestRetentionDeleteFailingIsRetried(t *testing.T) {
 		t.Errorf("counter %v, want 3600", perTenant)
 	}
 }
+
+// TestNoDeletionIsAValue: a tenant with records and none deleted has the
+// deletions' series at 0 (the operator dashboard's panel and
+// TestRealNodePrometheus read it), not an absent one.
+func TestNoDeletionIsAValue(t *testing.T) {
+	api := newAPI(t, profile("whole", "1"), allocated("train", "whole", "whole-0"))
+	r := newRecorder(api, newClock())
+	reconcileOK(t, r)
+	_, deleted := r.idleTotals()
+	if n, ok := deleted["team-a"]; len(deleted) != 1 || !ok || n != 0 {
+		t.Errorf("deletions per tenant %v, want team-a's present at 0", deleted)
+	}
+}
