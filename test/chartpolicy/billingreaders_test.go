@@ -39,7 +39,7 @@ func allowed(t *testing.T, prg cel.Program, obj, old any) bool {
 // a resource, every name, an aggregation), drop the label or owner, nor
 // create, change or delete any ClusterRole it did not make.
 func TestControllerMayOnlyWriteBillingReaderRoles(t *testing.T) {
-	prg := validation(t, "-billing-readers")
+	prg := validation(t, "-billing-reader-roles")
 	rule := func(o map[string]any) map[string]any { return o["rules"].([]any)[0].(map[string]any) }
 	for _, c := range []struct {
 		name   string
@@ -88,7 +88,7 @@ func TestControllerMayOnlyWriteBillingReaderRoles(t *testing.T) {
 // Bindings: only of the role of their own name, labelled and owned; never
 // to another role, never a binding the controller did not make.
 func TestControllerMayOnlyBindBillingReaderRoles(t *testing.T) {
-	prg := validation(t, "-billing-readers")
+	prg := validation(t, "-billing-reader-bindings")
 	ref := func(b map[string]any) map[string]any { return b["roleRef"].(map[string]any) }
 	for _, c := range []struct {
 		name   string
@@ -100,6 +100,7 @@ func TestControllerMayOnlyBindBillingReaderRoles(t *testing.T) {
 		{"to another tenant's role", func(b map[string]any) { ref(b)["name"] = "gpuaas-billing-reader-team-b" }, false},
 		{"to a Role", func(b map[string]any) { ref(b)["kind"] = "Role" }, false},
 		{"no label", func(b map[string]any) { delete(b["metadata"].(map[string]any), "labels") }, false},
+		{"no owner", func(b map[string]any) { delete(b["metadata"].(map[string]any), "ownerReferences") }, false},
 		{"another name", func(b map[string]any) { b["metadata"].(map[string]any)["name"] = "system:admins" }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
