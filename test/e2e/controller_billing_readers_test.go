@@ -55,6 +55,13 @@ func TestControllerBillingReadersReadOnlyTheirTenant(t *testing.T) {
 		t.Fatalf("the namespace admin reading its tenant's usage before it is a reader: %v, want Forbidden", err)
 	}
 
+	// A ServiceAccount reader without its namespace would make a binding
+	// the API server refuses: the quota is refused instead.
+	bad := quotaFor(tenantA, []string{ns}, gpuaas.QuotaLimits{})
+	bad.Spec.Billing = &gpuaas.TenantBilling{Readers: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "finance"}}}
+	if err := ctrlClient.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "names its namespace") {
+		t.Fatalf("a quota with a ServiceAccount reader without namespace: %v, want Invalid", err)
+	}
 	q := quotaFor(tenantA, []string{ns}, gpuaas.QuotaLimits{})
 	q.Spec.Billing = &gpuaas.TenantBilling{Readers: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "finance"}}}
 	createObject(t, q)

@@ -105,6 +105,8 @@ const (
 // ClusterRoleBinding named gpuaas-billing-reader-<tenant>, owned by the
 // TenantQuota (a TenantQuota is written only by the platform's admins, so a
 // tenant cannot add itself to another's readers).
+// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind in ['User', 'Group', 'ServiceAccount'])",message="a reader's kind is User, Group or ServiceAccount"
+// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind != 'ServiceAccount' || (has(s.__namespace__) && s.__namespace__ != '' && (!has(s.apiGroup) || s.apiGroup == '')))",message="a ServiceAccount reader names its namespace, and no apiGroup"
 type TenantBilling struct {
 	// Readers may get the tenant's TenantUsages, each month's (what
 	// `kubectl gpuaas statement --tenant <name>` reads): users, groups or
