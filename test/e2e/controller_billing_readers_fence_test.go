@@ -36,7 +36,7 @@ func TestChartFencesTheBillingReadersWrites(t *testing.T) {
 	ctx := framework.Context(t, 2*time.Minute)
 	release := uniqueName("fence")
 	ns := cp.CreateNamespace(t, "readers-fence")
-	sa, policy, bindingPolicy := installControllerRBAC(t, ctx, release, ns)
+	sa, policy, bindingPolicy := installControllerRBAC(t, release, ns)
 	as := impersonate(t, ns, sa)
 	tenant := uniqueName("fenced")
 	q := quotaFor(tenant, []string{ns}, gpuaas.QuotaLimits{})
@@ -109,8 +109,9 @@ func TestChartFencesTheBillingReadersWrites(t *testing.T) {
 
 // installControllerRBAC applies the chart's accounts, RBAC and admission
 // policies, and says the controller's account and the readers' policies.
-func installControllerRBAC(t *testing.T, ctx context.Context, release, ns string) (sa, roles, bindings string) {
+func installControllerRBAC(t *testing.T, release, ns string) (sa, roles, bindings string) {
 	t.Helper()
+	ctx := framework.Context(t, time.Minute)
 	_, objs := renderChart(t, release, ns)
 	for _, o := range objs {
 		switch o.GetKind() {
