@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -29,6 +27,11 @@ statement prints a tenant's usage and cost of one UTC month (the current one
 by default) per GpuProfile or GpuShape, GPU model and price, from the
 TenantUsage the dra-controller keeps. Without --tenant, every tenant with
 usage in the period. --csv writes CSV with FOCUS ` + statement.FOCUSVersion + ` column names.
+
+Who may read it: the cluster's admins, and the readers a platform admin
+lists in the tenant's TenantQuota (spec.billing.readers: users, groups or
+ServiceAccounts, such as the tenant's namespace admins). Readers get their
+own tenant's TenantUsages only, and list none: they pass --tenant.
 `
 
 func main() {
@@ -60,7 +63,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	usages, err := read(ctx, c, *tenant, *period)
+	usages, err := statement.Read(ctx, c, *tenant, *period)
 	if err != nil {
 		return err
 	}
@@ -84,30 +87,6 @@ func newClient(kubeconfig, kubeContext string) (client.Client, error) {
 		return nil, fmt.Errorf("creating the client: %w", err)
 	}
 	return c, nil
-}
-
-// read is the period's TenantUsage of the tenant, or every tenant's.
-func read(ctx context.Context, c client.Reader, tenant, period string) ([]gpuaas.TenantUsage, error) {
-	if tenant != "" {
-		var u gpuaas.TenantUsage
-		// The recorder's name: <tenant>-<period>.
-		if err := c.Get(ctx, client.ObjectKey{Name: tenant + "-" + period}, &u); err != nil {
-			return nil, fmt.Errorf("reading the TenantUsage of tenant %s for %s: %w", tenant, period, err)
-		}
-		return []gpuaas.TenantUsage{u}, nil
-	}
-	var list gpuaas.TenantUsageList
-	if err := c.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing TenantUsages: %w", err)
-	}
-	var out []gpuaas.TenantUsage
-	for _, u := range list.Items {
-		if u.Spec.Period == period {
-			out = append(out, u)
-		}
-	}
-	slices.SortFunc(out, func(a, b gpuaas.TenantUsage) int { return strings.Compare(a.Spec.Tenant, b.Spec.Tenant) })
-	return out, nil
 }
 
 func write(out io.Writer, usages []gpuaas.TenantUsage, asCSV bool) error {

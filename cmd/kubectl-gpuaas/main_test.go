@@ -35,7 +35,7 @@ func TestStatementOfEveryTenant(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(tenantUsage("team-b", "2026-03", "7200"),
 		tenantUsage("team-a", "2026-03", "3600"), tenantUsage("team-a", "2026-02", "99")).Build()
 	ctx := context.Background()
-	usages, err := read(ctx, c, "", "2026-03")
+	usages, err := statement.Read(ctx, c, "", "2026-03")
 	if err != nil || len(usages) != 2 || usages[0].Spec.Tenant != "team-a" {
 		t.Fatalf("read: %v, %d usages", err, len(usages))
 	}
@@ -55,10 +55,10 @@ func TestStatementOfEveryTenant(t *testing.T) {
 	if err != nil || len(rows) != 3 || rows[0][0] != statement.Columns[0] {
 		t.Fatalf("CSV: %v, %q", err, rows)
 	}
-	if one, err := read(ctx, c, "team-a", "2026-02"); err != nil || len(one) != 1 || one[0].Spec.Period != "2026-02" {
+	if one, err := statement.Read(ctx, c, "team-a", "2026-02"); err != nil || len(one) != 1 || one[0].Spec.Period != "2026-02" {
 		t.Errorf("one tenant: %v %v", one, err)
 	}
-	if _, err := read(ctx, c, "team-c", "2026-03"); err == nil || !strings.Contains(err.Error(), "tenant team-c") {
+	if _, err := statement.Read(ctx, c, "team-c", "2026-03"); err == nil || !strings.Contains(err.Error(), "tenant team-c") {
 		t.Errorf("no usage: %v", err)
 	}
 }

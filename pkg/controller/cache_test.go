@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billingreaders"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
@@ -71,4 +73,16 @@ func byObject[T client.Object](opts cache.Options) (cache.ByObject, bool) {
 		}
 	}
 	return cache.ByObject{}, false
+}
+
+// The cache holds the billing readers' ClusterRoles and bindings only,
+// by their label, not the cluster's hundreds.
+func TestCacheHoldsOnlyTheBillingReadersRoles(t *testing.T) {
+	opts := cacheOptions(nil)
+	for _, bo := range []func(cache.Options) (cache.ByObject, bool){byObject[*rbacv1.ClusterRole], byObject[*rbacv1.ClusterRoleBinding]} {
+		got, ok := bo(opts)
+		if !ok || got.Label == nil || got.Label.String() != billingreaders.Label+"=true" {
+			t.Errorf("cache of ClusterRoles/Bindings: %+v (set %v), want label %s=true", got, ok, billingreaders.Label)
+		}
+	}
 }

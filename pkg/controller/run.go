@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,6 +34,7 @@ import (
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billing"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billingreaders"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/catalog"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/gpunode"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/hardwareprofiles"
@@ -190,6 +192,9 @@ func cacheOptions(served *webhookcert.Served) cache.Options {
 			// Only the shapes' templates, not every tenant's.
 			&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
 			&resourceapi.ResourceSlice{}:         {Field: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName)},
+			// Only the billing readers' roles and bindings.
+			&rbacv1.ClusterRole{}:        billingreaders.Cache(),
+			&rbacv1.ClusterRoleBinding{}: billingreaders.Cache(),
 		},
 	}
 	if served != nil {
@@ -244,6 +249,9 @@ func setup(ctx context.Context, mgr manager.Manager, direct client.Client, opts 
 	_, err = billing.Setup(mgr, acct, billing.Options{Currency: opts.BillingCurrency, Resync: cmp.Or(opts.Resync, defaultResync), Shapes: refuser != nil,
 		RetentionMonths: opts.BillingRetentionMonths})
 	if err != nil {
+		return err
+	}
+	if err := billingreaders.Setup(mgr); err != nil {
 		return err
 	}
 	if err := gpunode.Setup(ctx, mgr); err != nil {

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/billing"
 )
 
 var march = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -130,5 +131,12 @@ func TestStatementCSVReadsBack(t *testing.T) {
 	}
 	if shape := byName["pair"]; shape == nil || shape[col["ResourceType"]] != "GpuShape" || shape[col["BilledCost"]] != "8.000000" {
 		t.Errorf("row of the shape: %q", shape)
+	}
+}
+
+// The statement reads the TenantUsage by the name the recorder writes.
+func TestUsageNameIsTheRecorders(t *testing.T) {
+	if a, b := UsageName("team-a", "2026-03"), billing.UsageName("team-a", "2026-03"); a != b {
+		t.Errorf("statement reads %s, the recorder writes %s", a, b)
 	}
 }

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
@@ -96,3 +97,23 @@ const (
 	// ReasonNoBudget: the quota has no budget (the conditions stay, False).
 	ReasonNoBudget = "NoBudget"
 )
+
+// TenantBilling is who reads a tenant's billing. A TenantUsage is
+// cluster-scoped, so a tenant's admins (admins of its namespaces) cannot
+// read it; the controller grants the readers listed here get on this
+// tenant's TenantUsages only, by name, and nothing else: a ClusterRole and
+// ClusterRoleBinding named gpuaas-billing-reader-<tenant>, owned by the
+// TenantQuota (a TenantQuota is written only by the platform's admins, so a
+// tenant cannot add itself to another's readers).
+// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind in ['User', 'Group', 'ServiceAccount'])",message="a reader's kind is User, Group or ServiceAccount"
+// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind != 'ServiceAccount' || (has(s.__namespace__) && s.__namespace__ != '' && (!has(s.apiGroup) || s.apiGroup == '')))",message="a ServiceAccount reader names its namespace, and no apiGroup"
+type TenantBilling struct {
+	// Readers may get the tenant's TenantUsages, each month's (what
+	// `kubectl gpuaas statement --tenant <name>` reads): users, groups or
+	// ServiceAccounts, as in a RoleBinding's subjects. They cannot list
+	// TenantUsages, so the statement needs --tenant.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	Readers []rbacv1.Subject `json:"readers,omitempty"`
+}

@@ -97,6 +97,11 @@ type TenantQuotaSpec struct {
 	// "Budgets").
 	// +optional
 	Budget *Budget `json:"budget,omitempty"`
+
+	// Billing says who, besides the cluster's admins, may read the
+	// tenant's usage records (docs/platform.md, "Billing").
+	// +optional
+	Billing *TenantBilling `json:"billing,omitempty"`
 }
 
 // TenantKueue names the Kueue ClusterQueue kept for a tenant.
