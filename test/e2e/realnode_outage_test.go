@@ -76,9 +76,9 @@ func testForeignClaimsDuringOutage(t *testing.T, n *realNode) {
 // are refused. The suite's values are put back after.
 func foreignClaimsAfterForcedUpgrade(t *testing.T, ctx context.Context, n *realNode, ns string) {
 	t.Helper()
-	helmUpgradeForced(t, n, "values-foreign-nowhere.yaml",
+	helmUpgradeForced(t, n, "values-foreign-nowhere.yaml", //nolint:contextcheck // helm runs under a deadline of its own (helmOnCluster)
 		"controller:\n  nodeSelector: {gpuaas.io/e2e-nowhere: \"true\"}\n  webhook:\n    foreignClasses: ["+foreignClass+"]\n")
-	defer helmUpgradeForced(t, n, "values-none.yaml", "{}\n")
+	defer helmUpgradeForced(t, n, "values-none.yaml", "{}\n") //nolint:contextcheck // helm runs under a deadline of its own (helmOnCluster)
 	cfg, err := cp.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -106,7 +106,7 @@ const (
 // TenantQuota (a TenantQuota is written only by the platform's admins, so a
 // tenant cannot add itself to another's readers).
 // +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind in ['User', 'Group', 'ServiceAccount'])",message="a reader's kind is User, Group or ServiceAccount"
-// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind != 'ServiceAccount' || (has(s.__namespace__) && s.__namespace__ != '' && (!has(s.apiGroup) || s.apiGroup == '')))",message="a ServiceAccount reader names its namespace, and no apiGroup"
+// +kubebuilder:validation:XValidation:rule="!has(self.readers) || self.readers.all(s, s.kind != 'ServiceAccount' || (has(s.__namespace__) && size(s.__namespace__) > 0 && (!has(s.apiGroup) || size(s.apiGroup) == 0)))",message="a ServiceAccount reader names its namespace, and no apiGroup"
 type TenantBilling struct {
 	// Readers may get the tenant's TenantUsages, each month's (what
 	// `kubectl gpuaas statement --tenant <name>` reads): users, groups or
