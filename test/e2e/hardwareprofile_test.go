@@ -189,10 +189,9 @@ func TestControllerPublishesHardwareProfiles(t *testing.T) {
 		return len(p.Status.HardwareProfileNamespaces) == 1 && p.Status.HardwareProfileNamespaces[0] == ns && c != nil && c.Status == metav1.ConditionTrue
 	})
 
-	live.Spec.Enabled = ptr.To(false)
-	if err := ctrlClient.Update(ctx, live); err != nil {
-		t.Fatal(err)
-	}
+	// The controller writes the profile's status meanwhile (where it is
+	// published): a plain Update of the copy read above conflicts.
+	updateObject(t, ctx, live, func(p *gpuaas.GpuProfile) { p.Spec.Enabled = ptr.To(false) })
 	waitForHardwareProfile(t, ctx, ns, hardwareprofile.Name(p.Name), "disabled", func(hp *unstructured.Unstructured) bool {
 		return hp.GetAnnotations()[hardwareprofile.DisabledAnnotation] == "true"
 	})
