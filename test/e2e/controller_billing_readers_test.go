@@ -27,7 +27,7 @@ import (
 // spec.billing.readers; then the statement's read gets its tenant's
 // TenantUsages (this month's and an older one) and is Forbidden on another
 // tenant's and on listing them; a hand-widened role is put back; removing
-// the readers takes the access away.
+// the readers takes the access away, and so does deleting the TenantQuota.
 func TestControllerBillingReadersReadOnlyTheirTenant(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 3*time.Minute)
@@ -106,6 +106,24 @@ func TestControllerBillingReadersReadOnlyTheirTenant(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("the readers removed, the role, binding or access stayed: %v (read: %v)", err, read(tenantA, period))
+	}
+
+	// The readers again, then the TenantQuota deleted: its role and
+	// binding are the garbage collector's, through their owner reference.
+	updateObject(t, ctx, &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: tenantA}}, func(q *gpuaas.TenantQuota) {
+		q.Spec.Billing = &gpuaas.TenantBilling{Readers: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "finance"}}}
+	})
+	waitReadable(t, ctx, "the reader's usage, the readers set again", func() error { return read(tenantA, period) })
+	if err := ctrlClient.Delete(ctx, &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: tenantA}}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, errRole := cp.Client.RbacV1().ClusterRoles().Get(ctx, role, metav1.GetOptions{})
+		_, errBinding := cp.Client.RbacV1().ClusterRoleBindings().Get(ctx, role, metav1.GetOptions{})
+		return apierrors.IsNotFound(errRole) && apierrors.IsNotFound(errBinding) && apierrors.IsForbidden(read(tenantA, period)), nil
+	})
+	if err != nil {
+		t.Errorf("the TenantQuota deleted, its readers' role, binding or access stayed: %v (read: %v)", err, read(tenantA, period))
 	}
 	rc.alive(t)
 }

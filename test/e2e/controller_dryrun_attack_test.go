@@ -48,26 +48,8 @@ const (
 func TestControllerDryRunAlternativesDoNotRefuseAnotherTenant(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 5*time.Minute)
-	name := uniqueName("dryrun-attack")
-	product := "E2E Dry Run GPU " + name
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
-	waitForProfileReady(t, name)
-	var gpus []resourceapi.Device
-	for i := range 128 { // a ResourceSlice's most
-		gpus = append(gpus, e2eShapeGPU(fmt.Sprintf("gpu-%d", i), product, fmt.Sprintf("pci0000:%02x", i/8)))
-	}
-	createObject(t, e2eSlice(name+"-gpus", "gpu.gpuaas.io", name+"-node", gpus))
-	attackerNS, peerNS := cp.CreateNamespace(t, "dryrun-attacker"), cp.CreateNamespace(t, "dryrun-peer")
-	createObject(t, quotaFor(name+"-a", []string{attackerNS}, gpuaas.QuotaLimits{GpuUnits: units("8")}))
-	createObject(t, quotaFor(name+"-p", []string{peerNS}, gpuaas.QuotaLimits{GpuUnits: units(fmt.Sprint(dryRunPeerClaims))}))
-	attacker, err := cp.NewTenant(ctx, attackerNS, "attacker")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := cp.NewTenant(ctx, peerNS, "team")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := newAttackWorld(t, "dryrun-attack", 8)
+	name, attackerNS, peerNS, attacker, peer := w.class, w.attackerNS, w.peerNS, w.attacker, w.peer
 
 	attack, stop := context.WithCancel(ctx)
 	var answered atomic.Int64
@@ -100,6 +82,43 @@ func TestControllerDryRunAlternativesDoNotRefuseAnotherTenant(t *testing.T) {
 		t.Errorf("the peer's claim was refused while another tenant dry-ran heavy alternatives: %s", r)
 	}
 	rc.alive(t)
+}
+
+// attackWorld is a red-team test's cluster: a profile (class) of 128
+// published GPUs of one node (slice, the most one ResourceSlice holds),
+// and two tenants, each with a namespace and its own ServiceAccount: the
+// attacker, with attackerUnits GPU units, and a peer with room for
+// dryRunPeerClaims claims.
+type attackWorld struct {
+	class, attackerNS, peerNS string
+	slice                     *resourceapi.ResourceSlice
+	attacker, peer            *framework.Tenant
+}
+
+func newAttackWorld(t *testing.T, prefix string, attackerUnits int) attackWorld {
+	t.Helper()
+	ctx := framework.Context(t, time.Minute)
+	w := attackWorld{class: uniqueName(prefix)}
+	product := "E2E Attack GPU " + w.class
+	createObject(t, profile(w.class, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
+	waitForProfileReady(t, w.class)
+	var gpus []resourceapi.Device
+	for i := range 128 { // a ResourceSlice's most
+		gpus = append(gpus, e2eShapeGPU(fmt.Sprintf("gpu-%d", i), product, fmt.Sprintf("pci0000:%02x", i/8)))
+	}
+	w.slice = e2eSlice(w.class+"-gpus", "gpu.gpuaas.io", w.class+"-node", gpus)
+	createObject(t, w.slice)
+	w.attackerNS, w.peerNS = cp.CreateNamespace(t, prefix+"-attacker"), cp.CreateNamespace(t, prefix+"-peer")
+	createObject(t, quotaFor(w.class+"-a", []string{w.attackerNS}, gpuaas.QuotaLimits{GpuUnits: units(fmt.Sprint(attackerUnits))}))
+	createObject(t, quotaFor(w.class+"-p", []string{w.peerNS}, gpuaas.QuotaLimits{GpuUnits: units(fmt.Sprint(dryRunPeerClaims))}))
+	var err error
+	if w.attacker, err = cp.NewTenant(ctx, w.attackerNS, "attacker"); err != nil {
+		t.Fatal(err)
+	}
+	if w.peer, err = cp.NewTenant(ctx, w.peerNS, "team"); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 // peerCreates creates dryRunPeerClaims ordinary claims of one GPU of class,

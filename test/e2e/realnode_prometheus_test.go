@@ -25,12 +25,14 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
+	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/nvdev/nvmock"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 	"github.com/gpuaas/gpu-dra-driver/test/monitoring/mixin"
@@ -66,6 +68,10 @@ var tenantQuotaGVR = schema.GroupVersionResource{Group: "gpuaas.io", Version: "v
 var firingInScenario = map[string]map[string]string{
 	"GpuaasGPUUnhealthy":  {"node": realNodeName, "gpu": fmt.Sprint(xidGPU)},
 	"GpuaasTenantAtLimit": {"tenant": "team-a", "resource": "gpuUnits"},
+	// team-a's budget cut to a thousandth (spendBudgetInSeconds): its
+	// GPUs spend it in seconds, past each threshold.
+	"GpuaasTenantBudgetThresholdReached": {"tenant": "team-a"},
+	"GpuaasTenantBudgetExhausted":        {"tenant": "team-a"},
 }
 
 // stateLabels select a series by the state it reports (a GPU's posture,
@@ -393,6 +399,7 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 		}
 	}
 	waitForSeries(t, ctx, prom, `gpuaas_claim_denials_total{tenant="team-a"}`)
+	spendBudgetInSeconds(t, ctx, prom)
 	createMonitoredShape(t, ctx)
 	waitForSeries(t, ctx, prom, `gpuaas_shape_placeable{shape="prom-slot"}`)
 	claim := &resourceapi.ResourceClaim{
@@ -540,6 +547,23 @@ type mixinQuery struct {
 func (q mixinQuery) quietAlert() bool {
 	_, fires := firingInScenario[q.alert]
 	return q.kind == "alert" && !fires
+}
+
+// spendBudgetInSeconds cuts team-a's monthly budget (demo/specs/quota:
+// 1.00, Notify, thresholds as defaulted) to 0.001, which the GPUs it holds
+// at the profiles' prices spend in seconds, and waits until the leader's
+// budget series say it is spent: the budget alerts then fire from the
+// TenantUsage records through the chart's own rules (issue 58, Must show 2).
+func spendBudgetInSeconds(t *testing.T, ctx context.Context, prom *framework.Prometheus) {
+	t.Helper()
+	q := &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}
+	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) {
+		if q.Spec.Budget == nil {
+			t.Fatal("team-a has no budget in demo/specs/quota: the budget alerts have nothing to fire on")
+		}
+		q.Spec.Budget.Amount = resource.MustParse("0.001")
+	})
+	waitForSeries(t, ctx, prom, `gpuaas_tenant_budget_spent_ratio{tenant="team-a"} >= 1`)
 }
 
 func loadMixinRules(t *testing.T, path string) mixin.Rules {
