@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota/quotatest"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework"
 )
 
@@ -43,7 +44,7 @@ func TestControllerRecountDoesNotStallAnotherTenant(t *testing.T) {
 		var sel []resourceapi.DeviceSelector
 		for s := range recountAttackSelectors {
 			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
-				Expression: heavyDryRunSelector(i*recountAttackSelectors + s)}})
+				Expression: quotatest.DearSelector(fmt.Sprint(i, "-", s))}})
 		}
 		c.Spec.Devices.Requests[0].Exactly.Selectors = sel
 		if _, err := w.attacker.Client.ResourceV1().ResourceClaims(w.attackerNS).Create(ctx, c, metav1.CreateOptions{}); err != nil {

@@ -26,12 +26,7 @@ func TestControllerShapeQuota(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 3*time.Minute)
 	name := uniqueName("capped")
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: "E2E Shape GPU " + name}))
-	waitForProfileReady(t, name)
-	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", e2eNICDriver)}}}}}
-	createObject(t, nicClass)
+	_, nicClass := shapeParts(t, name, fmt.Sprintf("device.driver == %q", e2eNICDriver))
 	ns := cp.CreateNamespace(t, "capped")
 	tenant, err := cp.NewTenant(ctx, ns, "team")
 	if err != nil {
@@ -116,13 +111,7 @@ func TestControllerShapeQuotaCountsTheDevicesAskedAnotherWay(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 3*time.Minute)
 	name := uniqueName("asked")
-	product := "E2E Shape GPU " + name
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
-	waitForProfileReady(t, name)
-	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", e2eNICDriver)}}}}}
-	createObject(t, nicClass)
+	product, nicClass := shapeParts(t, name, fmt.Sprintf("device.driver == %q", e2eNICDriver))
 	node := name + "-node"
 	var gpus []resourceapi.Device
 	for i := range 4 {

@@ -33,13 +33,7 @@ func TestControllerShapes(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 4*time.Minute)
 	name := uniqueName("slot")
-	product := "E2E Shape GPU " + name
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
-	waitForProfileReady(t, name)
-	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", e2eNICDriver)}}}}}
-	createObject(t, nicClass)
+	product, nicClass := shapeParts(t, name, fmt.Sprintf("device.driver == %q", e2eNICDriver))
 	ns1, ns2 := cp.CreateNamespace(t, "shape"), cp.CreateNamespace(t, "shape")
 	createObject(t, quotaFor(name, []string{ns1, ns2}, gpuaas.QuotaLimits{}))
 	createObject(t, &gpuaas.GpuShape{
@@ -129,13 +123,7 @@ func TestControllerShapeRefuse(t *testing.T) {
 	rc := startController(t)
 	ctx := framework.Context(t, 3*time.Minute)
 	name := uniqueName("refuse")
-	product := "E2E Shape GPU " + name
-	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
-	waitForProfileReady(t, name)
-	nicClass := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q && device.attributes[%q].product == %q", e2eNICDriver, e2eNICDriver, name)}}}}}
-	createObject(t, nicClass)
+	product, nicClass := shapeParts(t, name, fmt.Sprintf("device.driver == %q && device.attributes[%q].product == %q", e2eNICDriver, e2eNICDriver, name))
 	ns := cp.CreateNamespace(t, "refuse")
 	createObject(t, quotaFor(name, []string{ns}, gpuaas.QuotaLimits{}))
 	createObject(t, &gpuaas.GpuShape{
@@ -182,6 +170,20 @@ func TestControllerShapeRefuse(t *testing.T) {
 	waitForShape(t, name, "placeable 0 again", func(s *gpuaas.GpuShape) bool { return s.Status.Placeable == 0 })
 	mustDeny(t, createClaim(ctx, fromTemplate("second")), fmt.Sprintf("unavailable: shape %s has 0 placeable (0 of ", name))
 	rc.alive(t)
+}
+
+// shapeParts makes a shape test's parts: the GpuProfile name of GPUs
+// whose product it returns (ready), and the NIC DeviceClass name-nic of
+// the given selector.
+func shapeParts(t *testing.T, name, nicSelector string) (string, *resourceapi.DeviceClass) {
+	t.Helper()
+	product := "E2E Shape GPU " + name
+	createObject(t, profile(name, gpuaas.ProfileSelector{Type: gpuaas.DeviceTypeGPU, ProductName: product}))
+	waitForProfileReady(t, name)
+	nic := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name + "-nic"},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: nicSelector}}}}}
+	createObject(t, nic)
+	return product, nic
 }
 
 func e2eShapeGPU(name, product, root string) resourceapi.Device {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/testworld"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota/quotatest"
 )
 
 // BenchmarkPeerAdmissionWhileRecounting (issue 55 route 5): tenant-0 holds
@@ -52,7 +52,7 @@ func benchPeerWhileRecounting(b *testing.B, legacy bool) {
 		c := claim("tenant-0", fmt.Sprint("dear-", i), "h100", 1)
 		var sel []resourceapi.DeviceSelector
 		for s := range 6 {
-			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: dearSelector(fmt.Sprint(i, "-", s))}})
+			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: quotatest.DearSelector(fmt.Sprint(i, "-", s))}})
 		}
 		c.Spec.Devices.Requests[0].Exactly.Selectors = sel
 		c.ResourceVersion = "1"
@@ -99,17 +99,6 @@ func benchPeerWhileRecounting(b *testing.B, legacy bool) {
 	b.ReportMetric(float64(lat[(len(lat)*99)/100])/1e6, "p99-ms")
 	b.ReportMetric(float64(lat[len(lat)-1])/1e6, "max-ms")
 	b.ReportMetric(float64(refused), "refused")
-}
-
-// dearSelector is a 10 KiB selector, distinct by salt, that matches every
-// device and costs a comprehension and a thousand comparisons per device.
-func dearSelector(salt string) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, `%q != "" && [1, 2, 3].all(x, x > 0)`, salt)
-	for i := 0; sb.Len() < 10<<10-64; i++ {
-		fmt.Fprintf(&sb, ` && %d > -1`, i)
-	}
-	return sb.String()
 }
 
 var _ client.Reader = (*testworld.MemReader)(nil)
