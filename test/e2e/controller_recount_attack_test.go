@@ -78,9 +78,12 @@ func churnSlice(ctx context.Context, slice *resourceapi.ResourceSlice) int {
 	all := slice.Spec.Devices
 	changes := 0
 	for i := 0; ctx.Err() == nil; i++ {
+		if i > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
 		live, err := slices.Get(ctx, slice.Name, metav1.GetOptions{})
 		if err != nil {
-			continue
+			continue // paced as an update: a failing Get does not spin
 		}
 		live.Spec.Devices = all
 		if i%2 == 0 {
@@ -89,7 +92,6 @@ func churnSlice(ctx context.Context, slice *resourceapi.ResourceSlice) int {
 		if _, err := slices.Update(ctx, live, metav1.UpdateOptions{}); err == nil {
 			changes++
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	return changes
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	quotaadmission "github.com/gpuaas/gpu-dra-driver/pkg/controller/admission"
+	"github.com/gpuaas/gpu-dra-driver/pkg/quota/quotatest"
 )
 
 // The admission path under a tenant's attack (issue 36): claims of the
@@ -33,24 +34,13 @@ func maximalClaim(namespace, name string, salt int) *resourceapi.ResourceClaim {
 		var sel []resourceapi.DeviceSelector
 		for s := range 8 {
 			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
-				Expression: maximalSelector(fmt.Sprintf("%d-%d-%d", salt, r, s))}})
+				Expression: quotatest.DearSelector(fmt.Sprintf("%d-%d-%d", salt, r, s))}})
 		}
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{
 			Name: fmt.Sprintf("r%d", r), Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "h100",
 				AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: sel}})
 	}
 	return c
-}
-
-// maximalSelector is a 10 KiB selector, distinct by salt, that matches
-// every device and costs a comprehension per device.
-func maximalSelector(salt string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, `%q != "" && [1, 2, 3].all(x, x > 0)`, salt)
-	for i := 0; b.Len() < 10<<10-64; i++ {
-		fmt.Fprintf(&b, ` && %d > -1`, i)
-	}
-	return b.String()
 }
 
 // heapInUse is the heap after a collection, in MiB.
@@ -226,7 +216,7 @@ func maximalAlternatives(namespace, name string, salt int) *resourceapi.Resource
 		var sel []resourceapi.DeviceSelector
 		for s := range 8 {
 			sel = append(sel, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
-				Expression: maximalSelector(fmt.Sprintf("%d-%d-%d", salt, a, s))}})
+				Expression: quotatest.DearSelector(fmt.Sprintf("%d-%d-%d", salt, a, s))}})
 		}
 		r.FirstAvailable = append(r.FirstAvailable, resourceapi.DeviceSubRequest{Name: fmt.Sprintf("alt-%d", a),
 			DeviceClassName: "h100", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: sel})
@@ -246,7 +236,7 @@ func TestClaimWebhookRefusesClaimsOverTheCELBudget(t *testing.T) {
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{
 			Name: fmt.Sprintf("r%d", r), Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "h100", Count: 1,
 				AllocationMode: resourceapi.DeviceAllocationModeExactCount,
-				Selectors:      []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: maximalSelector(fmt.Sprint("budget-", r))}}}}})
+				Selectors:      []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: quotatest.DearSelector(fmt.Sprint("budget-", r))}}}}})
 	}
 	resp := h.Handle(ctx(t), request(t, admissionv1.Create, "a", c.Name, c))
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "cost more to evaluate against the published devices than one claim may") {
