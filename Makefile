@@ -128,16 +128,19 @@ driver-userspace:
 image-base:
 	hack/build-image-base.sh
 
-## cdi-hook: NVIDIA's nvidia-cdi-hook at the nvidia-container-toolkit version go.mod pins (cached)
+## cdi-hook: NVIDIA's nvidia-cdi-hook at the nvidia-container-toolkit version go.mod pins (cached), static into
+## _output/bin, and dynamically linked into _output/bin/nvml-hook (the one that loads NVML, for memory limits)
 cdi-hook:
 	hack/build-cdi-hook.sh
+	CDI_HOOK_LINK=dynamic KUBE_BIN_DIR=$(BIN)/nvml-hook hack/build-cdi-hook.sh
 
 ## image: the release image (both binaries, nvidia-cdi-hook, glibc) as an OCI archive, without Docker or a
 ## registry: $(IMAGE_TAR). Push: skopeo copy oci-archive:$(IMAGE_TAR) docker://$(IMAGE):$(VERSION)
 IMAGE_TAR ?= $(OUTPUT)/images/gpu-dra-driver-$(VERSION).oci.tar
 image: image-base cdi-hook
 	$(GO) run ./hack/image --version $(VERSION) --repository $(IMAGE) \
-		--base-rootfs $(OUTPUT)/image-base/rootfs --cdi-hook $(BIN)/nvidia-cdi-hook --out $(IMAGE_TAR)
+		--base-rootfs $(OUTPUT)/image-base/rootfs --cdi-hook $(BIN)/nvidia-cdi-hook \
+		--nvml-hook $(BIN)/nvml-hook/nvidia-cdi-hook --out $(IMAGE_TAR)
 
 ## k8s-versions: the control plane (kube-apiserver, kube-scheduler, kube-controller-manager) of each older
 ## Kubernetes minor the version tests run (cached); K8S_VERSIONS picks them (make e2e: the oldest supported, v1.34)

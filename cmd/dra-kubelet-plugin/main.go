@@ -54,6 +54,7 @@ type flags struct {
 	hostDriverRoot                                     string
 	podUID, cdiHookPath, nodeConfig, bootIDPath        string
 	cdiHookSource                                      string
+	nvmlHookSource                                     string
 	mockStateDir                                       string
 	clearFaults                                        string
 	releaseGPUs, reacquireGPUs                         bool
@@ -132,6 +133,7 @@ func parseFlags() flags {
 	fs.StringVar(&f.driverRoot, "driver-root", cli.Env("NVIDIA_DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, binaries, device nodes). [$NVIDIA_DRIVER_ROOT]")
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", os.Getenv("NVIDIA_HOST_DRIVER_ROOT"), "The driver root as the container runtime on the host sees it, when --driver-root is where this process sees it (the chart mounts a host install, /, at /host). CDI specs name host paths. Empty: the same as --driver-root. [$NVIDIA_HOST_DRIVER_ROOT]")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", os.Getenv("NVIDIA_CDI_HOOK_PATH"), fmt.Sprintf("Host path of nvidia-cdi-hook, which the container runtime runs to update a GPU container's ldcache and driver links (without it no container finds libcuda.so.1). Empty: install --cdi-hook-source into --plugin-data-dir and use that; %q: leave NVIDIA's hooks out of the specs. [$NVIDIA_CDI_HOOK_PATH]", cdi.HooksDisabled))
+	fs.StringVar(&f.nvmlHookSource, "nvml-hook-source", cli.Env("NVIDIA_NVML_HOOK_SOURCE", cdi.DefaultNVMLHookSource), "The dynamically linked nvidia-cdi-hook shipped with the plugin (in its image), installed on the host with the image's loader and glibc to set devices' memory limits where the --cdi-hook-path binary is static (it cannot load NVML); empty: none. [$NVIDIA_NVML_HOOK_SOURCE]")
 	fs.StringVar(&f.cdiHookSource, "cdi-hook-source", cli.Env("NVIDIA_CDI_HOOK_SOURCE", cdi.DefaultHookSource), "The nvidia-cdi-hook binary shipped with the plugin (in its image), installed on the host when --cdi-hook-path is empty. [$NVIDIA_CDI_HOOK_SOURCE]")
 	fs.StringVar(&f.nvml, "nvml", cli.Env("NVML_BACKEND", nvdev.BackendReal), fmt.Sprintf("NVML backend: %q, or \"mock:<machine>\" with machine one of %v (simulated GPUs for demos and tests). [$NVML_BACKEND]", nvdev.BackendReal, nvmock.Machines()))
 	fs.StringVar(&f.mockStateDir, "mock-nvml-state-dir", os.Getenv("MOCK_NVML_STATE_DIR"), "With a mock NVML backend: directory where the simulated machine's state (MIG mode, MIG devices, compute mode) is kept, one file per machine, so that it outlives the plugin process as a real GPU's does (restarts, rolling updates; hack/mocknvml simulates a reboot). Empty keeps it in the process's memory. [$MOCK_NVML_STATE_DIR]")
@@ -222,7 +224,7 @@ func runWith(ctx context.Context, f flags, client kubernetes.Interface) error {
 	health.Step(ctx, "setting up CDI")
 	cdiHandler, err := cdi.NewHandler(cdi.Options{
 		CDIRoot: f.cdiRoot, DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot, NVML: lib.NVML(),
-		CDIHookPath: cdiHookPath(ctx, f), Logger: klog.FromContext(ctx),
+		CDIHookPath: cdiHookPath(ctx, f), NVMLHook: nvmlHook(ctx, f), Logger: klog.FromContext(ctx),
 	})
 	if err != nil {
 		return fmt.Errorf("setting up CDI: %w", err)
@@ -335,6 +337,22 @@ func cdiHookPath(ctx context.Context, f flags) string {
 	}
 	klog.FromContext(ctx).V(1).Info("Installed nvidia-cdi-hook for the container runtime", "path", path)
 	return path
+}
+
+// nvmlHook installs the image's dynamic hook, its loader and glibc on the
+// host for the memory-limit hook. Without it memory limits are written
+// only where --cdi-hook-path is a dynamic hook (cdi.MemoryLimits says why).
+func nvmlHook(ctx context.Context, f flags) cdi.NVMLHook {
+	if f.nvmlHookSource == "" || f.cdiHookPath == cdi.HooksDisabled {
+		return cdi.NVMLHook{}
+	}
+	h, err := cdi.InstallNVMLHook(f.nvmlHookSource, f.pluginDataDir)
+	if err != nil {
+		klog.FromContext(ctx).Info("No NVML hook installed: memory limits only with a dynamically linked --cdi-hook-path", "err", err)
+		return cdi.NVMLHook{}
+	}
+	klog.FromContext(ctx).V(1).Info("Installed the NVML hook for the container runtime", "path", h.Binary, "loader", h.Loader)
+	return h
 }
 
 // serveAuxiliary starts the metrics and health endpoints; they stop with

@@ -6,6 +6,7 @@
 //
 //	go run ./hack/image --version 0.1.0 [--repository ghcr.io/gpuaas/gpu-dra-driver]
 //	    [--base-rootfs _output/image-base/rootfs] [--cdi-hook _output/bin/nvidia-cdi-hook]
+//	    [--nvml-hook _output/bin/nvml-hook/nvidia-cdi-hook]
 //	    [--out _output/image/gpu-dra-driver-0.1.0.tar] [--revision <commit>]
 package main
 
@@ -59,6 +60,7 @@ func parseFlags(ctx context.Context, root string) (release.Options, error) {
 	flag.StringVar(&o.Repository, "repository", "ghcr.io/gpuaas/gpu-dra-driver", "Image name without the tag.")
 	flag.StringVar(&o.BaseRootfs, "base-rootfs", filepath.Join(root, "_output/image-base/rootfs"), "Runtime base root file system (make image-base).")
 	flag.StringVar(&o.CDIHook, "cdi-hook", filepath.Join(root, "_output/bin/nvidia-cdi-hook"), "Static nvidia-cdi-hook binary (make cdi-hook).")
+	flag.StringVar(&o.NVMLHook, "nvml-hook", filepath.Join(root, "_output/bin/nvml-hook/nvidia-cdi-hook"), "Dynamically linked nvidia-cdi-hook binary (make cdi-hook).")
 	flag.StringVar(&o.Out, "out", "", "Tarball to write (default _output/image/<name>-<version>.tar).")
 	flag.StringVar(&o.Revision, "revision", "", "Git commit for the revision label (default: git rev-parse HEAD, when available).")
 	flag.Parse()

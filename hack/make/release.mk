@@ -34,12 +34,14 @@ release-bases: release-cross
 		DEBS_CACHE=$(RELEASE_DIR)/debs IMAGE_BASE_ARCH=$$a IMAGE_BASE_OUT=$(RELEASE_DIR)/image-base-$$a \
 			hack/build-image-base.sh || exit 1; done
 
-## release-cdi-hooks: nvidia-cdi-hook for each release architecture into _output/release/cdi-hook-<arch> (cached)
+## release-cdi-hooks: nvidia-cdi-hook for each release architecture into _output/release/cdi-hook-<arch>, static, and
+## dynamically linked into its nvml-hook/ (cached)
 release-cdi-hooks: release-cross
 	for a in $(RELEASE_ARCHES); do \
-		CDI_HOOK_ARCH=$$a KUBE_BIN_DIR=$(RELEASE_DIR)/cdi-hook-$$a hack/build-cdi-hook.sh || exit 1; done
+		CDI_HOOK_ARCH=$$a KUBE_BIN_DIR=$(RELEASE_DIR)/cdi-hook-$$a hack/build-cdi-hook.sh && \
+		CDI_HOOK_ARCH=$$a CDI_HOOK_LINK=dynamic KUBE_BIN_DIR=$(RELEASE_DIR)/cdi-hook-$$a/nvml-hook hack/build-cdi-hook.sh || exit 1; done
 
-RELEASE_PLATFORMS = $(foreach a,$(RELEASE_ARCHES),--platform $(a)=$(RELEASE_DIR)/image-base-$(a)/rootfs,$(RELEASE_DIR)/cdi-hook-$(a)/nvidia-cdi-hook)
+RELEASE_PLATFORMS = $(foreach a,$(RELEASE_ARCHES),--platform $(a)=$(RELEASE_DIR)/image-base-$(a)/rootfs,$(RELEASE_DIR)/cdi-hook-$(a)/nvidia-cdi-hook,$(RELEASE_DIR)/cdi-hook-$(a)/nvml-hook/nvidia-cdi-hook)
 RELEASE_FLAGS = --version $(VERSION) --revision $(GIT_COMMIT) --source-date-epoch $(SOURCE_DATE_EPOCH) \
 	--repository $(IMAGE) --helm $(BIN)/helm $(RELEASE_PLATFORMS)
 

@@ -61,6 +61,20 @@ func memoryLimitHost(t *testing.T) {
 	}
 }
 
+// staticHook builds NVIDIA's hook at the pinned toolkit version as the
+// release image ships it, statically linked (make cdi-hook's, cached).
+func staticHook(t *testing.T) string {
+	t.Helper()
+	root := repoRoot(t)
+	bin := filepath.Join(root, "_output", "bin")
+	cmd := exec.Command(filepath.Join(root, "hack", "build-cdi-hook.sh"))
+	cmd.Env = append(os.Environ(), "CDI_HOOK_LINK=static", "KUBE_BIN_DIR="+bin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the statically linked nvidia-cdi-hook: %v\n%s", err, out)
+	}
+	return filepath.Join(bin, cdi.HookBinary)
+}
+
 // dynamicHook builds NVIDIA's hook at the pinned toolkit version,
 // dynamically linked (cached by hack/build-cdi-hook.sh's stamp).
 func dynamicHook(t *testing.T) string {
@@ -171,6 +185,12 @@ func (n *node) machineLimits(t *testing.T, gpu string) map[string][2]uint64 {
 // library's root) as the host's hook sees it.
 func memoryLimitSpec(t *testing.T, hook, driverRoot, hostRoot, gpu string, minor int, memory int64) specs.ContainerEdits {
 	t.Helper()
+	return memoryLimitSpecWith(t, hook, cdi.NVMLHook{}, driverRoot, hostRoot, gpu, minor, memory)
+}
+
+// memoryLimitSpecWith is memoryLimitSpec with an installed NVML hook.
+func memoryLimitSpecWith(t *testing.T, hook string, nvmlHook cdi.NVMLHook, driverRoot, hostRoot, gpu string, minor int, memory int64) specs.ContainerEdits {
+	t.Helper()
 	lib, err := nvdev.Open(nvdev.Options{Backend: nvmock.Prefix + "dgxh100", MockSeed: testSeed, DriverRoot: driverRoot})
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +198,7 @@ func memoryLimitSpec(t *testing.T, hook, driverRoot, hostRoot, gpu string, minor
 	defer func() { _ = lib.Shutdown() }()
 	cdiRoot := filepath.Join(t.TempDir(), "cdi")
 	h, err := cdi.NewHandler(cdi.Options{CDIRoot: cdiRoot, DriverRoot: driverRoot, HostDriverRoot: hostRoot, NVML: lib.NVML(),
-		CDIHookPath: hook, Logger: logr.Discard(), CgroupV2: func() (bool, string) { return true, "" }})
+		CDIHookPath: hook, NVMLHook: nvmlHook, Logger: logr.Discard(), CgroupV2: func() (bool, string) { return true, "" }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,4 +273,37 @@ func TestNVIDIAHookSetsTheSpecsMemoryLimit(t *testing.T) {
 			t.Errorf("limits on the MIG device's GPU: %v", got)
 		}
 	})
+}
+
+// The hooks as the release image ships them: the static nvidia-cdi-hook
+// (which cannot load NVML) named for the links and the ldcache, and the
+// dynamic one installed with the image's loader and glibc (here the
+// host's, as this test's "image"). The spec runs the dynamic one through
+// that loader, and NVIDIA's real hook sets the share's limit on the
+// simulated machine. Before the NVML hook, this node wrote no limit at all
+// (HookCannotLoadNVML).
+func TestTheImagesHooksSetTheSpecsMemoryLimit(t *testing.T) {
+	memoryLimitHost(t)
+	n := newNode(t)
+	static := staticHook(t)
+	nvmlHook, err := cdi.InstallNVMLHook(dynamicHook(t), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unified := unifiedCgroup(t)
+	driverRoot := cditest.NewDriverRoot(t, memoryLimitDriver).Root
+	gpus, _, _ := n.mockInventory()
+	const gpu, memory = 5, 6 << 30
+	edits := memoryLimitSpecWith(t, static, nvmlHook, driverRoot, n.root, gpus[gpu].UUID, gpu, memory)
+	h := memoryLimitHook(t, edits)
+	if h.Path != nvmlHook.Loader {
+		t.Fatalf("the memory-limit hook runs %s, want the installed loader %s", h.Path, nvmlHook.Loader)
+	}
+	c := newContainer(t, unified, edits.Env)
+	if out, err := n.runHook(t, h, c, driverRoot); err != nil {
+		t.Fatalf("the hook failed: %v\n%s", err, out)
+	}
+	if got := n.machineLimits(t, gpus[gpu].UUID)[c.cgroup]; got != [2]uint64{memory, memory} {
+		t.Errorf("the machine's limits of %s on GPU %d = %v, want soft and hard %d", c.cgroup, gpu, got, memory)
+	}
 }

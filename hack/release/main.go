@@ -17,7 +17,7 @@
 // in a fixed order, so the same sources give the same bytes and digests.
 //
 //	go run ./hack/release --version 0.2.0 --source-date-epoch 1795829197 \
-//	    --platform amd64=BASE_ROOTFS,CDI_HOOK --platform arm64=BASE_ROOTFS,CDI_HOOK \
+//	    --platform amd64=BASE_ROOTFS,CDI_HOOK,NVML_HOOK --platform arm64=BASE_ROOTFS,CDI_HOOK,NVML_HOOK \
 //	    [--repository ghcr.io/gpuaas/gpu-dra-driver] [--out _output/release] [--helm _output/bin/helm]
 package main
 
@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -55,17 +56,17 @@ type options struct {
 	platforms                                             []release.Platform
 }
 
-// platformFlags collects --platform ARCH=BASE,HOOK.
+// platformFlags collects --platform ARCH=BASE,HOOK,NVML_HOOK.
 type platformFlags []release.Platform
 
 func (p *platformFlags) String() string { return fmt.Sprint(*p) }
 func (p *platformFlags) Set(v string) error {
 	arch, rest, ok := strings.Cut(v, "=")
-	base, hook, ok2 := strings.Cut(rest, ",")
-	if !ok || !ok2 || arch == "" || base == "" || hook == "" {
-		return fmt.Errorf("--platform %q: want ARCH=BASE_ROOTFS,CDI_HOOK", v)
+	parts := strings.Split(rest, ",")
+	if !ok || len(parts) != 3 || arch == "" || slices.Contains(parts, "") {
+		return fmt.Errorf("--platform %q: want ARCH=BASE_ROOTFS,CDI_HOOK,NVML_HOOK", v)
 	}
-	*p = append(*p, release.Platform{Arch: arch, BaseRootfs: base, CDIHook: hook})
+	*p = append(*p, release.Platform{Arch: arch, BaseRootfs: parts[0], CDIHook: parts[1], NVMLHook: parts[2]})
 	return nil
 }
 
@@ -85,7 +86,7 @@ func parseFlags(ctx context.Context) (options, error) {
 	flag.StringVar(&o.helm, "helm", "_output/bin/helm", "Helm binary (make helm).")
 	flag.StringVar(&o.chart, "chart", "deployments/helm/gpuaas-dra", "The chart's directory.")
 	flag.Int64Var(&epoch, "source-date-epoch", -1, "Every file's time, in Unix seconds (the commit's: hack/version.sh --date); default $SOURCE_DATE_EPOCH.")
-	flag.Var(&platforms, "platform", "ARCH=BASE_ROOTFS,CDI_HOOK, once per architecture.")
+	flag.Var(&platforms, "platform", "ARCH=BASE_ROOTFS,CDI_HOOK,NVML_HOOK, once per architecture.")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", flag.Args())

@@ -73,6 +73,10 @@ type Options struct {
 	// than hand out GPUs CUDA cannot use. HooksDisabled leaves the hooks
 	// out on purpose.
 	CDIHookPath string
+	// NVMLHook is an installed dynamic hook (InstallNVMLHook), which sets
+	// devices' memory limits where CDIHookPath's binary is static and so
+	// cannot load NVML; zero means none.
+	NVMLHook NVMLHook
 	// CgroupV2 reports whether the host's cgroups are v2, or why not; nil
 	// means a statfs of DefaultCgroupRoot. The memory-limit hook runs only
 	// on cgroup v2 (MemoryLimits). Tests set it.

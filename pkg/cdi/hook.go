@@ -1,14 +1,8 @@
 package cdi
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
-
-	"github.com/gpuaas/gpu-dra-driver/pkg/atomicfile"
 )
 
 // HookBinary is NVIDIA's CDI hook, which the container runtime runs while
@@ -29,21 +23,9 @@ const (
 // the host, where the image's file does not exist. An unchanged binary is
 // not rewritten, so that two plugin pods of a rolling update may both do it.
 func InstallHook(src, dir string) (string, error) {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return "", fmt.Errorf("reading %s to install it on the host: %w", src, err)
-	}
 	dst := filepath.Join(dir, "bin", HookBinary)
-	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
-		return dst, nil
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("reading the installed %s: %w", dst, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", fmt.Errorf("installing %s: %w", HookBinary, err)
-	}
-	if err := atomicfile.Write(dst, data, 0o755, "."+HookBinary+"-*"); err != nil {
-		return "", fmt.Errorf("installing %s at %s: %w", HookBinary, dst, err)
+	if err := installFile(src, dst); err != nil {
+		return "", fmt.Errorf("installing %s on the host: %w", HookBinary, err)
 	}
 	return dst, nil
 }

@@ -68,7 +68,7 @@ func memoryLimitsOf(opts Options, version, noDriver string) MemoryLimits {
 		return MemoryLimits{Cause: CauseDriverTooOld,
 			Reason: fmt.Sprintf("driver %s has no per-container memory limits (r%d and later have)", version, memoryLimitDriver)}
 	}
-	if why := hookLoadsNVML(hookAsThePluginSeesIt(opts)); why != "" {
+	if why := hookLoadsNVML(hookAsThePluginSeesIt(opts)); why != "" && !nvmlHookUsable(opts.NVMLHook) {
 		return MemoryLimits{Cause: CauseStaticHook, Reason: why}
 	}
 	if ok, why := cgroupV2(opts); !ok {
@@ -152,8 +152,9 @@ func hookLoadsNVML(path string) string {
 			return ""
 		}
 	}
-	return fmt.Sprintf("the hook binary %s is statically linked: its %s cannot load the driver's NVML "+
-		"(install a dynamically linked %s, e.g. the NVIDIA Container Toolkit's, and point cdiHookPath at it)", path, memoryLimitHookName, HookBinary)
+	return fmt.Sprintf("the hook binary %s is statically linked: its %s cannot load the driver's NVML, and no NVML hook is installed "+
+		"(the release image ships one at %s; or install a dynamically linked %s, e.g. the NVIDIA Container Toolkit's, and point cdiHookPath at it)",
+		path, memoryLimitHookName, DefaultNVMLHookSource, HookBinary)
 }
 
 // memoryLimitMiB is the limit the hook's environment gives: whole MiB,
@@ -225,17 +226,28 @@ func withMemoryLimit(df *driverFiles, edits *specs.ContainerEdits, env map[strin
 // memoryLimitHook is NVIDIA's hook as the toolkit's own specs run it (its
 // hook creator), but for the GPU's UUID: a createRuntime hook, run on the
 // host, that loads the host's NVML from the driver root.
+// Where the configured hook is static, the installed NVML hook runs it
+// through the image's loader (NVMLHook).
 func memoryLimitHook(opts Options) *specs.Hook {
+	hookArgs := []string{memoryLimitHookName, "--driver-root", hostDriverRootOf(opts)}
+	hook := &specs.Hook{HookName: cdiapi.CreateRuntimeHook, Env: []string{"NVIDIA_CTK_DEBUG=false"}}
+	if hookLoadsNVML(hookAsThePluginSeesIt(opts)) != "" {
+		hook.Path, hook.Args = opts.NVMLHook.command(hookArgs...)
+		return hook
+	}
 	args := []string{filepath.Base(opts.CDIHookPath)}
 	if args[0] == "nvidia-ctk" {
 		args = append(args, "hook")
 	}
-	return &specs.Hook{
-		HookName: cdiapi.CreateRuntimeHook,
-		Path:     opts.CDIHookPath,
-		Args:     append(args, memoryLimitHookName, "--driver-root", hostDriverRootOf(opts)),
-		Env:      []string{"NVIDIA_CTK_DEBUG=false"},
-	}
+	hook.Path, hook.Args = opts.CDIHookPath, append(args, hookArgs...)
+	return hook
+}
+
+// nvmlHookUsable says whether an installed NVML hook can set limits: its
+// binary loads NVML and its loader is there (the plugin sees both at the
+// host's paths).
+func nvmlHookUsable(h NVMLHook) bool {
+	return h.Binary != "" && hookLoadsNVML(h.Binary) == "" && pathExists(h.Loader)
 }
 
 // hostDriverRootOf is the driver root as the runtime's hooks see it.

@@ -21,13 +21,16 @@ type Platform struct {
 	// CDIHook is the static nvidia-cdi-hook built for Arch
 	// (hack/build-cdi-hook.sh with CDI_HOOK_ARCH).
 	CDIHook string
+	// NVMLHook is the dynamically linked nvidia-cdi-hook built for Arch
+	// (hack/build-cdi-hook.sh with CDI_HOOK_LINK=dynamic).
+	NVMLHook string
 }
 
 // IndexOptions says what multi-architecture image to build: o.Out is the
 // OCI image layout directory to write, o.WorkDir (required) receives each
 // architecture's binaries in <WorkDir>/<arch>/, where they stay (the SBOM
-// reads them; qemu-user runs the arm64 ones). o.BaseRootfs, o.CDIHook and
-// o.Arch are not used: each platform has its own.
+// reads them; qemu-user runs the arm64 ones). o.BaseRootfs, o.CDIHook,
+// o.NVMLHook and o.Arch are not used: each platform has its own.
 type IndexOptions struct {
 	Options
 	Platforms []Platform
@@ -37,7 +40,7 @@ type IndexOptions struct {
 type BuiltIndex struct {
 	ociimage.IndexLayout
 	// Binaries maps each architecture to the image's files built for it
-	// (the commands, then nvidia-cdi-hook).
+	// (the commands, then nvidia-cdi-hook, static and dynamic).
 	Binaries map[string][]ociimage.File
 	// Bases maps each architecture to its base root file system.
 	Bases map[string]string
@@ -57,7 +60,7 @@ func BuildIndex(ctx context.Context, o IndexOptions) (BuiltIndex, error) {
 	imgs := make([]ociimage.Image, 0, len(o.Platforms))
 	for _, p := range o.Platforms {
 		po := o.Options
-		po.Arch, po.BaseRootfs, po.CDIHook = p.Arch, p.BaseRootfs, p.CDIHook
+		po.Arch, po.BaseRootfs, po.CDIHook, po.NVMLHook = p.Arch, p.BaseRootfs, p.CDIHook, p.NVMLHook
 		if err := po.validate(); err != nil {
 			return BuiltIndex{}, fmt.Errorf("%s: %w", p.Arch, err)
 		}

@@ -54,6 +54,10 @@ const (
 	pluginPath     = "/usr/bin/dra-kubelet-plugin"
 	controllerPath = "/usr/bin/dra-controller"
 	cdiHookPath    = "/usr/bin/nvidia-cdi-hook"
+	// nvmlHookPath is the dynamically linked nvidia-cdi-hook, which the
+	// plugin installs on the host with the base's loader and glibc to set
+	// memory limits (pkg/cdi's DefaultNVMLHookSource).
+	nvmlHookPath = "/usr/lib/gpuaas/nvml-hook/nvidia-cdi-hook"
 )
 
 // binaries are the commands built from this repository: the package and
@@ -83,6 +87,9 @@ type Options struct {
 	// CDIHook is a built static nvidia-cdi-hook (make cdi-hook writes
 	// _output/bin/nvidia-cdi-hook).
 	CDIHook string
+	// NVMLHook is a built dynamically linked nvidia-cdi-hook (make
+	// cdi-hook writes _output/bin/nvml-hook/nvidia-cdi-hook).
+	NVMLHook string
 	// Out is the tarball to write; its directory is created if needed.
 	Out string
 	// WorkDir receives the built binaries; empty means a temporary
@@ -136,7 +143,10 @@ func (o Options) validate() error {
 	if err := checkInput(o.BaseRootfs, fs.ModeDir, "base root file system", "make image-base"); err != nil {
 		return err
 	}
-	return checkInput(o.CDIHook, 0, "nvidia-cdi-hook", "make cdi-hook")
+	if err := checkInput(o.CDIHook, 0, "nvidia-cdi-hook", "make cdi-hook"); err != nil {
+		return err
+	}
+	return checkInput(o.NVMLHook, 0, "dynamically linked nvidia-cdi-hook", "make cdi-hook")
 }
 
 // validRepository accepts a repository name without tag or digest; a
@@ -189,7 +199,7 @@ func BuildBinaries(ctx context.Context, o Options, workDir string) ([]ociimage.F
 	if o.Revision != "" {
 		vars[commitVar] = o.Revision
 	}
-	files := make([]ociimage.File, 0, len(binaries)+1)
+	files := make([]ociimage.File, 0, len(binaries)+2)
 	for _, b := range binaries {
 		out := filepath.Join(workDir, filepath.Base(b.path))
 		if err := ociimage.DynamicBinaryForArch(ctx, o.RepoRoot, b.pkg, out, o.arch(), vars); err != nil {
@@ -197,7 +207,8 @@ func BuildBinaries(ctx context.Context, o Options, workDir string) ([]ociimage.F
 		}
 		files = append(files, ociimage.File{Path: b.path, Source: out, Mode: 0o755})
 	}
-	return append(files, ociimage.File{Path: cdiHookPath, Source: o.CDIHook, Mode: 0o755}), nil
+	return append(files, ociimage.File{Path: cdiHookPath, Source: o.CDIHook, Mode: 0o755},
+		ociimage.File{Path: nvmlHookPath, Source: o.NVMLHook, Mode: 0o755}), nil
 }
 
 // arch is the image's architecture.

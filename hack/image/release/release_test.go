@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/cdi"
 	"github.com/gpuaas/gpu-dra-driver/test/e2e/framework/ociimage/ocitest"
 )
 
@@ -97,6 +98,8 @@ func testOptions(t *testing.T) Options {
 	}
 	hook := filepath.Join(dir, "nvidia-cdi-hook")
 	ocitest.WriteFile(t, hook, "#!/bin/true\n", 0o700)
+	nvmlHook := filepath.Join(dir, "nvml-hook")
+	ocitest.WriteFile(t, nvmlHook, "#!/bin/true dynamic\n", 0o700)
 	return Options{
 		RepoRoot:   filepath.Join("..", "..", ".."),
 		Version:    "1.2.3-test",
@@ -104,6 +107,7 @@ func testOptions(t *testing.T) Options {
 		Revision:   "0123456789abcdef",
 		BaseRootfs: base,
 		CDIHook:    hook,
+		NVMLHook:   nvmlHook,
 		Out:        filepath.Join(dir, "out", "image.tar"),
 		WorkDir:    filepath.Join(dir, "work"),
 	}
@@ -143,12 +147,17 @@ func checkBaseLayer(t *testing.T, layerTar []byte) {
 func checkBinaryLayer(t *testing.T, layerTar []byte, o Options) {
 	t.Helper()
 	contents := map[string][]byte{}
-	want := []string{"usr/ d 755", "usr/bin/ d 755", "usr/bin/dra-controller - 755", "usr/bin/dra-kubelet-plugin - 755", "usr/bin/nvidia-cdi-hook - 755"}
+	want := []string{"usr/ d 755", "usr/bin/ d 755", "usr/bin/dra-controller - 755", "usr/bin/dra-kubelet-plugin - 755", "usr/bin/nvidia-cdi-hook - 755",
+		"usr/lib/ d 755", "usr/lib/gpuaas/ d 755", "usr/lib/gpuaas/nvml-hook/ d 755", "usr/lib/gpuaas/nvml-hook/nvidia-cdi-hook - 755"}
 	if got := layerEntries(t, layerTar, contents); !slices.Equal(got, want) {
 		t.Errorf("binary layer:\n got %q\nwant %q", got, want)
 	}
 	if hook := ocitest.ReadFile(t, o.CDIHook); !bytes.Equal(contents["usr/bin/nvidia-cdi-hook"], hook) {
 		t.Error("the image's nvidia-cdi-hook is not the given one")
+	}
+	// Where the plugin installs the NVML hook from by default.
+	if hook := ocitest.ReadFile(t, o.NVMLHook); !bytes.Equal(contents[strings.TrimPrefix(cdi.DefaultNVMLHookSource, "/")], hook) {
+		t.Errorf("the image's %s is not the given dynamically linked hook", cdi.DefaultNVMLHookSource)
 	}
 	for _, b := range binaries {
 		built := ocitest.ReadFile(t, filepath.Join(o.WorkDir, filepath.Base(b.path)))
@@ -191,6 +200,7 @@ func TestBuildRejects(t *testing.T) {
 		"base is a file": {func(o *Options) { o.BaseRootfs = o.CDIHook }, "make image-base"},
 		"no hook":        {func(o *Options) { o.CDIHook = "" }, "make cdi-hook"},
 		"hook is a dir":  {func(o *Options) { o.CDIHook = o.BaseRootfs }, "make cdi-hook"},
+		"no NVML hook":   {func(o *Options) { o.NVMLHook = "" }, "make cdi-hook"},
 		"bad version":    {func(o *Options) { o.Version = "1.0 beta" }, "not a valid image tag"},
 		"tagged repo":    {func(o *Options) { o.Repository += ":x" }, "without tag"},
 		"digest repo":    {func(o *Options) { o.Repository += "@sha256:00" }, "without tag"},

@@ -32,6 +32,7 @@ const (
 	ReleaseImageTar = "_output/images/gpu-dra-driver-" + DriverImageTag + ".oci.tar"
 	imageBaseRootfs = "_output/image-base/rootfs"
 	cdiHookBinary   = "_output/bin/nvidia-cdi-hook"
+	nvmlHookBinary  = "_output/bin/nvml-hook/nvidia-cdi-hook"
 )
 
 // BuildNodeImages builds the sandbox, workload and release images as OCI
@@ -76,7 +77,8 @@ func BuildReleaseImage(ctx context.Context) (string, error) {
 	return release.Build(ctx, release.Options{
 		RepoRoot: root, Version: DriverImageTag, Repository: DriverImageRepository, Revision: release.GitRevision(ctx, root),
 		BaseRootfs: filepath.Join(root, imageBaseRootfs), CDIHook: filepath.Join(root, cdiHookBinary),
-		Out: filepath.Join(root, ReleaseImageTar),
+		NVMLHook: filepath.Join(root, nvmlHookBinary),
+		Out:      filepath.Join(root, ReleaseImageTar),
 	})
 }
 
