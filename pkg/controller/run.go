@@ -42,6 +42,7 @@ import (
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/internal/enqueue"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/kueuemirror"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/shapes"
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/slicecache"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhook"
 	"github.com/gpuaas/gpu-dra-driver/pkg/controller/webhookcert"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
@@ -191,7 +192,9 @@ func cacheOptions(served *webhookcert.Served) cache.Options {
 		ByObject: map[client.Object]cache.ByObject{
 			// Only the shapes' templates, not every tenant's.
 			&resourceapi.ResourceClaimTemplate{}: shapes.TemplateCache(),
-			&resourceapi.ResourceSlice{}:         {Field: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName)},
+			// What repeats across devices and nodes held once (slicecache).
+			&resourceapi.ResourceSlice{}: {Field: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, quota.DriverName),
+				Transform: slicecache.Transform},
 			// Only the billing readers' roles and bindings.
 			&rbacv1.ClusterRole{}:        billingreaders.Cache(),
 			&rbacv1.ClusterRoleBinding{}: billingreaders.Cache(),

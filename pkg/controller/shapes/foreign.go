@@ -5,6 +5,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
+	"github.com/gpuaas/gpu-dra-driver/pkg/controller/slicecache"
 	"github.com/gpuaas/gpu-dra-driver/pkg/quota"
 )
 
@@ -26,6 +27,8 @@ func ForeignSliceCache(driver string) cache.ByObject {
 	return cache.ByObject{Field: field, Transform: trimForeignSlice}
 }
 
+// trimForeignSlice keeps of another driver's slice what the count reads,
+// held as the manager's cache holds ours (slicecache).
 func trimForeignSlice(obj any) (any, error) {
 	s, ok := obj.(*resourceapi.ResourceSlice)
 	if !ok {
@@ -35,5 +38,5 @@ func trimForeignSlice(obj any) (any, error) {
 	if s.Spec.NodeName == nil || *s.Spec.NodeName == "" {
 		s.Spec.Devices, s.Spec.SharedCounters = nil, nil
 	}
-	return s, nil
+	return slicecache.Transform(s)
 }
