@@ -18,7 +18,6 @@ package slicecache
 
 import (
 	"sync"
-	"unique"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -30,6 +29,11 @@ import (
 // table is cleared: later slices share less, and nothing is wrong.
 const maxSharedParts = 1 << 14
 
+// maxSharedStrings bounds the table of strings. Names repeat on every
+// node; UUIDs and serials do not, so the table holds about one string per
+// GPU of the fleet besides the names: 8,000 nodes of 8 GPUs fit.
+const maxSharedStrings = 1 << 16
+
 // Transform is the caches' transform for ResourceSlices: managedFields
 // stripped, identical parts shared. Other objects pass unchanged but for
 // their managedFields.
@@ -39,56 +43,66 @@ func Transform(obj any) (any, error) {
 		return obj, err
 	}
 	if s, ok := obj.(*resourceapi.ResourceSlice); ok {
-		parts.shareSlice(s)
+		shared.slice(s)
 	}
 	return obj, nil
 }
 
 var stripManagedFields = cache.TransformStripManagedFields()
 
-// parts is the process's table: every cache of slices shares through it,
-// so a foreign driver's cache and ours hold one copy of what they share.
-var parts = newTable(maxSharedParts)
+// shared is the process's tables: every cache of slices shares through
+// them, so a foreign driver's cache and ours hold one copy of what they
+// share.
+var shared = sharer{parts: newTable[any](maxSharedParts), strings: newTable[string](maxSharedStrings)}
+
+// sharer holds the tables of the parts and strings slices share.
+type sharer struct {
+	parts   *table[any]
+	strings *table[string]
+}
 
 // table holds one instance of each content it has seen, keyed by a
-// canonical encoding of that content.
-type table struct {
+// canonical encoding of that content. It holds them strongly: the
+// standard library's unique package holds a string only while a Handle
+// to it lives, so a value taken from a Handle dropped at once is shared
+// only until the next garbage collection.
+type table[V any] struct {
 	mu    sync.Mutex
-	parts map[string]any
+	held  map[string]V
 	limit int
 }
 
-func newTable(limit int) *table {
-	return &table{parts: map[string]any{}, limit: limit}
+func newTable[V any](limit int) *table[V] {
+	return &table[V]{held: map[string]V{}, limit: limit}
 }
 
 // share returns the instance held for key, holding part as it when there
 // is none yet.
-func (t *table) share(key string, part any) any {
+func (t *table[V]) share(key string, part V) V {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if held, ok := t.parts[key]; ok {
+	if held, ok := t.held[key]; ok {
 		return held
 	}
-	if len(t.parts) >= t.limit {
-		clear(t.parts)
+	if len(t.held) >= t.limit {
+		clear(t.held)
 	}
-	t.parts[key] = part
+	t.held[key] = part
 	return part
 }
 
 // len is how many parts are held (tests).
-func (t *table) len() int {
+func (t *table[V]) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.parts)
+	return len(t.held)
 }
 
 // intern returns s with the one backing array the process holds for its
-// content (unique keeps it while anything refers to it).
-func intern(s string) string {
+// content.
+func (sh sharer) intern(s string) string {
 	if s == "" {
 		return s
 	}
-	return unique.Make(s).Value()
+	return sh.strings.share(s, s)
 }

@@ -147,10 +147,47 @@ func TestTwoNodesShareWhatIsTheSame(t *testing.T) {
 	}
 }
 
+// What node-a's slice shares, node-b's shares still after a garbage
+// collection between the two: the cache holds node-a's slice for hours,
+// and collections run all the while. (Interning through the standard
+// library's unique package, as at first, kept a string only while its
+// Handle lived: this failed, as CI's run of the test above did.)
+func TestSharingOutlivesAGarbageCollection(t *testing.T) {
+	a := transformed(t, decoded(t, firstWithDevices(t, "node-a")))
+	runtime.GC()
+	runtime.GC()
+	b := transformed(t, decoded(t, firstWithDevices(t, "node-b")))
+	da, db := &a.Spec.Devices[0], &b.Spec.Devices[0]
+	for _, s := range []struct{ what, a, b string }{
+		{"device name", da.Name, db.Name},
+		{"product name", *da.Attributes["productName"].StringValue, *db.Attributes["productName"].StringValue},
+		{"driver", a.Spec.Driver, b.Spec.Driver},
+	} {
+		if s.a != s.b || unsafeData(s.a) != unsafeData(s.b) {
+			t.Errorf("%s: two copies after a garbage collection", s.what)
+		}
+	}
+	if !sameMap(da.Capacity, db.Capacity) {
+		t.Error("capacity: two copies after a garbage collection")
+	}
+	runtime.KeepAlive(a)
+}
+
+func firstWithDevices(tb testing.TB, node string) *resourceapi.ResourceSlice {
+	tb.Helper()
+	for _, s := range nodeSlices(tb, node, wholeGPUs) {
+		if len(s.Spec.Devices) > 0 {
+			return &s
+		}
+	}
+	tb.Fatalf("%s publishes no devices", node)
+	return nil
+}
+
 // A table at its bound starts over: nothing is lost, later parts share
 // among themselves.
 func TestAFullTableStartsOver(t *testing.T) {
-	tb := newTable(2)
+	tb := newTable[any](2)
 	one, two, three := ptr.To(1), ptr.To(2), ptr.To(3)
 	tb.share("1", one)
 	tb.share("2", two)
