@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint validate-next plugin-next k8s-next-check e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint validate-next plugin-next k8s-next-check test-next e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -91,11 +91,21 @@ validate-next:
 plugin-next:
 	hack/plugin-next.sh $(PLUGIN_NEXT_VERSION)
 
+# the versions nextVersionCases (test/e2e/versions_test.go) names
+K8S_NEXT_CASES ?= v1.38.0-beta.0
 ## k8s-next-check: whether the module proxy serves what the next minor's (1.38) control plane and kubelet need,
 ## each module it refuses named; when nothing is refused, those four built with the Go toolchain their go.mod
 ## asks for into _output/k8s/<version> (exit 3 while something is refused; not in `make test`)
 k8s-next-check:
 	hack/k8s-next-check.sh $(K8S_NEXT_VERSION)
+
+## test-next: the next minor's cases of the version tests (nextVersionCases: what its API server keeps of our
+## slices, what a user asks under its scheduler and controller-manager) on the control plane k8s-next-check
+## builds; its exit 4 (the kubelet alone not built) is no failure, as these tests run no kubelet (not in `make test`)
+test-next: k8s-bins helm
+	hack/k8s-next-check.sh $(K8S_NEXT_VERSION) || [ $$? = 4 ]
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS="$(K8S_NEXT_CASES)" $(GO) test -count=1 -timeout 20m ./test/e2e \
+		-run 'TestSlicesOnEachAPIServer/1.38|TestUserCasesOnEachControlPlane/1.38' -v
 
 ## node-bins: containerd, its runc shim, ctr and runc for the real node, plus the CNI plugins (cached)
 node-bins:
