@@ -54,6 +54,11 @@ type Options struct {
 	// Kubernetes version, built by hack/build-k8s-version.sh; they replace
 	// BinDir's. Empty: BinDir's own version.
 	VersionBinDir string
+	// KubeletBinDir, when set, holds the real node's kubelet instead: a
+	// version skew, the control plane upgraded before its kubelets, as an
+	// upgrade runs (and as the next minor runs here while the proxy refuses
+	// what its kubelet imports). Empty: VersionBinDir's, else BinDir's.
+	KubeletBinDir string
 	// FeatureGates is the --feature-gates of the API server, the scheduler,
 	// the controller-manager and a real node's kubelet: every component
 	// reads the same gate list, and a gate on in one and off in another
@@ -80,6 +85,8 @@ type ControlPlane struct {
 	// VersionBinDir, when set, is where the Kubernetes components of
 	// another version came from (Options.VersionBinDir).
 	VersionBinDir string
+	// kubeletBinDir is Options.KubeletBinDir.
+	kubeletBinDir string
 	// FeatureGates is every component's --feature-gates (Options).
 	FeatureGates string
 	Config       *rest.Config
@@ -161,7 +168,7 @@ func newControlPlane(opts Options) (*ControlPlane, error) {
 		}
 	}
 	cp := &ControlPlane{Dir: opts.Dir, LogDir: filepath.Join(opts.Dir, "logs"), BinDir: opts.BinDir,
-		VersionBinDir: opts.VersionBinDir, FeatureGates: opts.FeatureGates, progress: opts.Progress}
+		VersionBinDir: opts.VersionBinDir, kubeletBinDir: opts.KubeletBinDir, FeatureGates: opts.FeatureGates, progress: opts.Progress}
 	if err := os.MkdirAll(cp.LogDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating log dir: %w", err)
 	}
@@ -225,8 +232,12 @@ func (cp *ControlPlane) run(ctx context.Context, c component, token string) erro
 
 // kubernetesBinary is the executable of a Kubernetes component: the other
 // version's where the control plane runs one (VersionBinDir), else
-// BinDir's. etcd and kubectl always come from BinDir.
+// BinDir's; the kubelet KubeletBinDir's where that is set. etcd and
+// kubectl always come from BinDir.
 func (cp *ControlPlane) kubernetesBinary(name string) string {
+	if name == "kubelet" && cp.kubeletBinDir != "" {
+		return filepath.Join(cp.kubeletBinDir, name)
+	}
 	switch name {
 	case "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet":
 		if cp.VersionBinDir != "" {

@@ -19,6 +19,13 @@ const (
 	// SuiteGatesEnv is every component's --feature-gates; DocGates takes
 	// the gates docs/install.md tells that version's admins to enable.
 	SuiteGatesEnv = "E2E_SUITE_GATES"
+	// SuiteKubeletEnv names the version of the real node's kubelet where
+	// it is not the control plane's (a skew): a version built into
+	// _output/k8s, or OwnKubelet for hack/k8s-bins' own. Empty: the
+	// control plane's.
+	SuiteKubeletEnv = "E2E_SUITE_KUBELET_K8S"
+	// OwnKubelet stands for the kubelet of hack/k8s-bins (BinDir).
+	OwnKubelet = "own"
 	// DocGates stands for docs/install.md's gates of a version.
 	DocGates = "docs"
 	// DefaultGates stands for the version's own defaults (no
@@ -54,6 +61,22 @@ func suiteVersion(opts *Options) error {
 			return err
 		}
 		opts.VersionBinDir = dir
+	}
+	switch kubelet := os.Getenv(SuiteKubeletEnv); kubelet {
+	case "":
+	case OwnKubelet:
+		opts.KubeletBinDir = opts.BinDir
+	default:
+		dir, err := VersionBinDir(kubelet)
+		if err != nil {
+			return err
+		}
+		opts.KubeletBinDir = dir
+	}
+	if opts.KubeletBinDir != "" {
+		if _, err := os.Stat(filepath.Join(opts.KubeletBinDir, "kubelet")); err != nil {
+			return fmt.Errorf("the kubelet %s=%s names: %w", SuiteKubeletEnv, os.Getenv(SuiteKubeletEnv), err)
+		}
 	}
 	opts.FeatureGates = gates
 	if gates == DocGates {

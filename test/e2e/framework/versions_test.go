@@ -1,6 +1,8 @@
 package framework
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -45,5 +47,33 @@ func TestNoRemovedGateReachesAComponent(t *testing.T) {
 	opts = Options{}
 	if err := suiteVersion(&opts); err != nil || opts.FeatureGates != "" {
 		t.Errorf("a 1.38 suite with the documented gates: %v, gates %q, want none (1.38 has none left to enable)", err, opts.FeatureGates)
+	}
+}
+
+// A skew run's kubelet comes from where E2E_SUITE_KUBELET_K8S says, the
+// control plane still from its version; a kubelet that is not there stops
+// the suite before it starts rather than running the control plane's.
+func TestASkewedKubeletComesFromItsOwnDir(t *testing.T) {
+	own := t.TempDir()
+	t.Setenv(SuiteVersionEnv, "v1.38.0-beta.0")
+	t.Setenv(SuiteGatesEnv, DefaultGates)
+	t.Setenv(SuiteKubeletEnv, OwnKubelet)
+	opts := Options{BinDir: own}
+	if err := suiteVersion(&opts); err == nil {
+		t.Fatalf("a skew run with no kubelet in %s was set up", own)
+	}
+	if err := os.WriteFile(filepath.Join(own, "kubelet"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	opts = Options{BinDir: own}
+	if err := suiteVersion(&opts); err != nil {
+		t.Fatal(err)
+	}
+	cp := &ControlPlane{BinDir: own, VersionBinDir: opts.VersionBinDir, kubeletBinDir: opts.KubeletBinDir}
+	if got := cp.kubernetesBinary("kubelet"); got != filepath.Join(own, "kubelet") {
+		t.Errorf("the kubelet of a skew run is %s, want the suite's own in %s", got, own)
+	}
+	if got, want := cp.kubernetesBinary("kube-apiserver"), filepath.Join(opts.VersionBinDir, "kube-apiserver"); got != want || opts.VersionBinDir == "" {
+		t.Errorf("the API server of a skew run is %s, want %s", got, want)
 	}
 }
