@@ -88,11 +88,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return r.drainDeleted(ctx, &p)
 	}
 	if err := r.addFinalizer(ctx, &p); err != nil {
-		return reconcile.Result{}, err
+		return retryIfCacheBehind(ctx, err)
 	}
 	status := p.Status.DeepCopy()
 	status.ObservedGeneration = p.Generation
 	ready, err := r.syncClass(ctx, &p, status)
+	if cacheBehind(err) {
+		return retryIfCacheBehind(ctx, err)
+	}
 	if err != nil {
 		ready = condition(gpuaas.ConditionReady, false, gpuaas.ReasonApplyFailed, err.Error())
 	}
@@ -109,6 +112,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, uerr
 	}
 	return reconcile.Result{RequeueAfter: r.resync}, err
+}
+
+// cacheBehindRetry is when a reconcile refused for a stale read runs
+// again, if no event of the newer object came first.
+const cacheBehindRetry = time.Second
+
+// cacheBehind tells a refusal that says the reconciler read a cache behind
+// the API server: the class it creates is there already (its own create of
+// a moment ago, not yet in the cache), or the object it writes changed.
+func cacheBehind(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)
+}
+
+// retryIfCacheBehind requeues a reconcile refused for a stale read, which
+// is no error (the status keeps what it said: the next pass, on a fresh
+// read, writes it); any other refusal is returned as the error it is.
+func retryIfCacheBehind(ctx context.Context, err error) (reconcile.Result, error) {
+	if !cacheBehind(err) {
+		return reconcile.Result{}, err
+	}
+	klog.FromContext(ctx).V(4).Info("Read a cache behind the API server; reconciling again", "err", err)
+	return reconcile.Result{RequeueAfter: cacheBehindRetry}, nil
 }
 
 // syncClass brings the DeviceClass in line and returns the Ready condition.

@@ -11,9 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -294,4 +296,91 @@ func TestProfileReconcilerExcludesBeforeCreatingClass(t *testing.T) {
 	if getClass(t, c, "whole") == nil || strings.Join(excluded, ",") != "whole,whole" {
 		t.Fatalf("class %v, excluded %v", getClass(t, c, "whole"), excluded)
 	}
+}
+
+// A write the API server refuses because the reconciler read a cache that
+// was behind (the class it created a moment ago not yet in it, the profile
+// or class changed since) is no reconcile error: the newer object's event,
+// or the requeue, reconciles again. Counted as errors, these set off
+// GpuaasControllerReconcileErrors in every `make demo`. A refusal of
+// another kind is still an error.
+func TestACacheBehindTheAPIServerIsNoReconcileError(t *testing.T) {
+	conflict := apierrors.NewConflict(resourceapi.Resource("deviceclasses"), "whole", errors.New("the object has been modified"))
+	exists := apierrors.NewAlreadyExists(resourceapi.Resource("deviceclasses"), "whole")
+	profileConflict := apierrors.NewConflict(schema.GroupResource{Group: gpuaas.GroupName, Resource: "gpuprofiles"}, "whole", errors.New("the object has been modified"))
+	forbidden := apierrors.NewForbidden(resourceapi.Resource("deviceclasses"), "whole", errors.New("no"))
+	for _, tc := range []struct {
+		name    string
+		funcs   func(refusal error) interceptor.Funcs
+		refusal error
+		isError bool
+	}{
+		{"class created meanwhile", createRefused, exists, false},
+		{"class changed meanwhile", updateRefused, conflict, false},
+		{"profile changed before its finalizer", patchRefused, profileConflict, false},
+		{"class creation forbidden", createRefused, forbidden, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testworld.GpuProfile("whole", gpuaas.ProfileSelector{Type: "gpu"})
+			objs := append(testworld.World(t), p)
+			if tc.name == "class changed meanwhile" {
+				seed := testworld.NewFakeClient(t, objs...)
+				reconcileProfile(t, seed, "whole")
+				dc := getClass(t, seed, "whole")
+				dc.Spec.Selectors = nil // a hand edit the reconciler reverts
+				dc.ResourceVersion = ""
+				objs = append(objs, dc)
+				p.Finalizers = []string{gpuaas.DrainFinalizer}
+			}
+			c := interceptor.NewClient(testworld.NewFakeClient(t, objs...), tc.funcs(tc.refusal))
+			r := catalog.NewReconciler(c, books(c), time.Minute, time.Now(), nil)
+			res, err := r.Reconcile(ctx(t), reconcile.Request{NamespacedName: types.NamespacedName{Name: "whole"}})
+			if tc.isError {
+				if err == nil {
+					t.Fatal("a forbidden class creation was no error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("a cache behind the API server (%v) was a reconcile error: %v", tc.refusal, err)
+			}
+			if res.RequeueAfter <= 0 {
+				t.Fatalf("not requeued: %+v", res)
+			}
+			var got gpuaas.GpuProfile
+			if err := c.Get(ctx(t), types.NamespacedName{Name: "whole"}, &got); err != nil {
+				t.Fatal(err)
+			}
+			if cond := meta.FindStatusCondition(got.Status.Conditions, gpuaas.ConditionReady); cond != nil && cond.Reason == gpuaas.ReasonApplyFailed {
+				t.Fatalf("the profile reports %s: %s", cond.Reason, cond.Message)
+			}
+		})
+	}
+}
+
+func createRefused(refusal error) interceptor.Funcs {
+	return interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if _, ok := obj.(*resourceapi.DeviceClass); ok {
+			return refusal
+		}
+		return c.Create(ctx, obj, opts...)
+	}}
+}
+
+func updateRefused(refusal error) interceptor.Funcs {
+	return interceptor.Funcs{Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+		if _, ok := obj.(*resourceapi.DeviceClass); ok {
+			return refusal
+		}
+		return c.Update(ctx, obj, opts...)
+	}}
+}
+
+func patchRefused(refusal error) interceptor.Funcs {
+	return interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		if _, ok := obj.(*gpuaas.GpuProfile); ok {
+			return refusal
+		}
+		return c.Patch(ctx, obj, patch, opts...)
+	}}
 }
