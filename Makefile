@@ -21,7 +21,7 @@ export KUBE_BIN_DIR
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: all build test unit lint validate-next plugin-next k8s-next-check test-next e2e e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
+.PHONY: all build test unit lint validate-next plugin-next k8s-next-check test-next e2e e2e-recovery e2e-repeat soak test-versions k8s-versions demo bench bench-scale bench-controller-fleet k8s-bins node-bins generate generate-docs helm kueue kwok prometheus image image-base cdi-hook driver-userspace fmt vet clean
 
 IMAGE   ?= ghcr.io/gpuaas/gpu-dra-driver
 # One version from git (hack/version.sh): binaries, image tag, chart. Read
@@ -101,11 +101,15 @@ k8s-next-check:
 
 ## test-next: the next minor's cases of the version tests (nextVersionCases: what its API server keeps of our
 ## slices, what a user asks under its scheduler and controller-manager) on the control plane k8s-next-check
-## builds; its exit 4 (the kubelet alone not built) is no failure, as these tests run no kubelet (not in `make test`)
-test-next: k8s-bins helm
+## builds; its exit 4 (the kubelet alone not built) is no failure, as these tests run no kubelet; then TestRealNode
+## (the chart on a real node) on that control plane with the suite's own kubelet (not in `make test`)
+test-next: k8s-bins node-bins helm driver-userspace image-base cdi-hook
 	hack/k8s-next-check.sh $(K8S_NEXT_VERSION) || [ $$? = 4 ]
 	E2E_REQUIRED=1 E2E_K8S_VERSIONS="$(K8S_NEXT_CASES)" $(GO) test -count=1 -timeout 20m ./test/e2e \
 		-run 'TestSlicesOnEachAPIServer/1.38|TestUserCasesOnEachControlPlane/1.38' -v
+	@echo "== TestRealNode on the $(K8S_NEXT_CASES) control plane, the suite's own kubelet (a skew, as an upgrade runs it)"
+	E2E_REQUIRED=1 E2E_SUITE_K8S=$(K8S_NEXT_CASES) E2E_SUITE_GATES=defaults E2E_SUITE_KUBELET_K8S=own \
+		$(GO) test -count=1 -timeout 30m ./test/e2e -run 'TestRealNode$$' -v
 
 ## node-bins: containerd, its runc shim, ctr and runc for the real node, plus the CNI plugins (cached)
 node-bins:
@@ -164,7 +168,17 @@ k8s-versions:
 ## here. One package at a time (-p 1): each runs its own control plane on this 2-core machine.
 e2e: k8s-bins node-bins helm kueue kwok prometheus driver-userspace image-base cdi-hook
 	$(MAKE) k8s-versions K8S_VERSIONS=v1.34
-	E2E_REQUIRED=1 E2E_K8S_VERSIONS=v1.34.4 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... -v
+	E2E_REQUIRED=1 E2E_K8S_VERSIONS=v1.34.4 $(GO) test -p 1 -count=1 -timeout 45m ./test/e2e/... \
+		-skip '$(E2E_RECOVERY_TESTS)' -v
+
+# The real-node tests of what survives a crash that make e2e leaves to make e2e-recovery (time budget)
+E2E_RECOVERY_TESTS = ^(TestRealNodeNodeEvents|TestRealNodeBilling)$$
+
+## e2e-recovery: what survives a crash, on real nodes of their own (not in `make test`, which they would take
+## past its 40-minute budget; about 7 minutes): the node's events (kubelet, containerd and API server restarts,
+## a full records disk, a reboot) and the billing records across two leader kills and an API server outage
+e2e-recovery: k8s-bins node-bins helm driver-userspace image-base cdi-hook
+	E2E_REQUIRED=1 $(GO) test -count=1 -timeout 30m ./test/e2e -run '$(E2E_RECOVERY_TESTS)' -v
 
 ## test-versions: the version matrix (1.34, 1.35, 1.36 with default and documented gates, and the suite's
 ## own): what each API server keeps of the plugin's slices, and what a user asks (whole, replica, share,

@@ -79,7 +79,6 @@ func TestRealNode(t *testing.T) {
 		{"MetricsNeedAuthorization", testMetricsNeedAuthorization},
 		{"NamespaceLabelsProtected", testNamespaceLabelsProtected},
 		{"UpgradeRollsPlugin", testUpgradeRollsPlugin},
-		{"BillingRecordsExact", testBillingRecordsExact},
 		{"Uninstall", testUninstall},
 		{"Reinstall", testReinstall},
 	}
