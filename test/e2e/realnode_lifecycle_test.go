@@ -192,11 +192,12 @@ func suiteShape(t *testing.T) storedShape {
 	return suiteCase(t).want
 }
 
-// suiteCase is the version matrix's case of the suite's own control plane.
+// suiteCase is the version matrix's case of the suite's own control plane
+// (or the next minor's, make test-next).
 func suiteCase(t *testing.T) apiServerCase {
 	t.Helper()
 	version, gates := os.Getenv(framework.SuiteVersionEnv), framework.SuiteGates()
-	for _, c := range apiServerCases {
+	for _, c := range slices.Concat(apiServerCases, nextVersionCases) {
 		if c.version == version && c.gates == gates {
 			return c
 		}
