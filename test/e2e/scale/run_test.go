@@ -66,7 +66,10 @@ func startFleet(tb testing.TB, opts fleet.Options) *fleet.Fleet {
 	// The publishers live as long as the benchmark: a deadline here once
 	// stopped them mid-run, and a later mode measured stale slices.
 	live := tb.Context()
-	ctx := framework.Context(tb, 10*time.Minute)
+	// SCALE_READY_MINUTES: how long kwok may take to get the fleet Ready
+	// (default 10); on 2 cores it brings up about 5 nodes a second, so
+	// 5,000 nodes need about 17 minutes.
+	ctx := framework.Context(tb, time.Duration(envInt(tb, "SCALE_READY_MINUTES", 10))*time.Minute)
 	start := time.Now()
 	f, err := fleet.Start(live, opts)
 	if err != nil {
