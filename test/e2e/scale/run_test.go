@@ -67,8 +67,9 @@ func startFleet(tb testing.TB, opts fleet.Options) *fleet.Fleet {
 	// stopped them mid-run, and a later mode measured stale slices.
 	live := tb.Context()
 	// SCALE_READY_MINUTES: how long kwok may take to get the fleet Ready
-	// (default 10); on 2 cores it brings up about 5 nodes a second, so
-	// 5,000 nodes need about 17 minutes.
+	// (default 10), for a machine that can hold a larger fleet: on 2 cores
+	// 5,000 nodes never are (kwok's heartbeats fall behind; at most 3,285
+	// were Ready, then fewer).
 	ctx := framework.Context(tb, time.Duration(envInt(tb, "SCALE_READY_MINUTES", 10))*time.Minute)
 	start := time.Now()
 	f, err := fleet.Start(live, opts)
