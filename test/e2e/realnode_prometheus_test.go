@@ -104,6 +104,7 @@ var witnessExemptions = map[string]string{
 // tenant at its limit) fire and no other does; a copy of the rules with a
 // metric renamed fails the same check.
 func TestRealNodePrometheus(t *testing.T) {
+	recapFailures(t)
 	requireRealNode(t)
 	requirePrometheus(t)
 	n := startRealNode(t)
@@ -124,7 +125,7 @@ func TestRealNodePrometheus(t *testing.T) {
 	t.Logf("evaluated %d queries (%v) through Prometheus's API:\n%s", len(results), counts, b.String())
 	for _, r := range results {
 		if r.problem != "" {
-			t.Errorf("%s %s: %s", r.kind, r.where, r.problem)
+			recapErrorf(t, "%s %s: %s", r.kind, r.where, r.problem)
 		}
 	}
 	checkRuleHealth(t, ctx, prom)
@@ -136,12 +137,12 @@ func TestRealNodePrometheus(t *testing.T) {
 	t.Run("RenamedMetricFails", func(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(repoRoot, mixin.Dir, mixin.RuleFile))
 		if err != nil {
-			t.Fatal(err)
+			recapFatalf(t, "%v", err)
 		}
 		const from, to = "gpuaas_claim_denials_total", "gpuaas_claim_denied_total"
 		copyPath := filepath.Join(t.TempDir(), "renamed.rules.yaml")
 		if err := os.WriteFile(copyPath, []byte(strings.ReplaceAll(string(data), from, to)), 0o600); err != nil {
-			t.Fatal(err)
+			recapFatalf(t, "%v", err)
 		}
 		var failed []string
 		for _, q := range ruleQueries(loadMixinRules(t, copyPath)) {
@@ -159,7 +160,7 @@ func TestRealNodePrometheus(t *testing.T) {
 		want := []string{"alert GpuaasTenantAtLimit", "record tenant:gpuaas_claim_denials:rate5m"}
 		sort.Strings(failed)
 		if strings.Join(failed, ",") != strings.Join(want, ",") {
-			t.Errorf("with %s renamed the check failed %v, want %v", from, failed, want)
+			recapErrorf(t, "with %s renamed the check failed %v, want %v", from, failed, want)
 		}
 
 		// A panel that falls back to `or on () vector(0)` never says "No
@@ -175,11 +176,11 @@ func TestRealNodePrometheus(t *testing.T) {
 			r := evaluateQuick(ctx, prom, q, true)
 			t.Logf("%s %s with %s renamed to %s: %d series, problem: %q", r.kind, r.where, panelFrom, panelTo, r.size, r.problem)
 			if r.size == 0 || !strings.Contains(r.problem, "selector "+panelTo) {
-				t.Errorf("panel %s with %s renamed: %d series, problem %q; want the vector(0) fallback and a selector that selects nothing", q.where, panelFrom, r.size, r.problem)
+				recapErrorf(t, "panel %s with %s renamed: %d series, problem %q; want the vector(0) fallback and a selector that selects nothing", q.where, panelFrom, r.size, r.problem)
 			}
 		}
 		if !found {
-			t.Errorf("no panel reads %s with a vector(0) fallback any more; pick another for this check", panelFrom)
+			recapErrorf(t, "no panel reads %s with a vector(0) fallback any more; pick another for this check", panelFrom)
 		}
 	})
 }
@@ -190,7 +191,7 @@ func requirePrometheus(t *testing.T) {
 	t.Helper()
 	if why := framework.PrometheusUnavailable(cp.BinDir); why != "" {
 		if framework.Required() {
-			t.Fatalf("%s (E2E_REQUIRED=1)", why)
+			recapFatalf(t, "%s (E2E_REQUIRED=1)", why)
 		}
 		t.Skip(why)
 	}
@@ -209,7 +210,7 @@ func installChartForTest(t *testing.T, n *realNode, edits ...func(values string)
 	ctx := framework.Context(t, 6*time.Minute)
 	values, err := n.ChartValues(2)
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	for _, edit := range edits {
 		values = edit(values)
@@ -219,10 +220,10 @@ func installChartForTest(t *testing.T, n *realNode, edits ...func(values string)
 	n.values = values
 	uninstallOnCleanup(t, ctx, helmBin(t))
 	if err := n.InstallChart(ctx, helmBin(t), releaseName, releaseNamespace, values); err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	if _, err := n.WaitForDevices(ctx, 8); err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 }
 
@@ -241,13 +242,13 @@ func startChartPrometheus(t *testing.T, ctx context.Context, n *realNode) *frame
 		}
 	}
 	if !strings.HasPrefix(pluginAddr, ":") {
-		t.Fatalf("plugin pod %s: METRICS_ADDR %q, want :<port>", plugin.Name, pluginAddr)
+		recapFatalf(t, "plugin pod %s: METRICS_ADDR %q, want :<port>", plugin.Name, pluginAddr)
 	}
 	controller := chartControllerReplica(t, ctx)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(serviceAccountToken(t, ctx, scraperAccount, metricsReaderRole)), 0o600); err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	rules := filepath.Join(repoRoot, mixin.Dir, mixin.RuleFile)
 	prom, err := cp.StartPrometheus(ctx, dir, framework.PrometheusOptions{
@@ -263,14 +264,14 @@ func startChartPrometheus(t *testing.T, ctx context.Context, n *realNode) *frame
 		},
 	})
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("prometheus log %s:\n%s", prom.Process.LogPath, prom.Process.Tail(20))
 		}
 		if err := prom.Stop(); err != nil {
-			t.Errorf("stopping prometheus: %v", err)
+			recapErrorf(t, "stopping prometheus: %v", err)
 		}
 	})
 	var last []framework.Target
@@ -288,7 +289,7 @@ func startChartPrometheus(t *testing.T, ctx context.Context, n *realNode) *frame
 		return up == 3 && len(last) == 3, nil
 	})
 	if err != nil {
-		t.Fatalf("Prometheus targets not all up: %v: %+v", err, last)
+		recapFatalf(t, "Prometheus targets not all up: %v: %+v", err, last)
 	}
 	for _, tg := range last {
 		t.Logf("scraping job %s at %s: %s", tg.Job, tg.URL, tg.Health)
@@ -308,7 +309,7 @@ func immediateAlerts(t *testing.T, rules, dir string) string {
 	t.Helper()
 	data, err := os.ReadFile(rules)
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	var file struct {
 		Groups []struct {
@@ -317,7 +318,7 @@ func immediateAlerts(t *testing.T, rules, dir string) string {
 		} `json:"groups"`
 	}
 	if err := yaml.Unmarshal(data, &file); err != nil {
-		t.Fatalf("%s: %v", rules, err)
+		recapFatalf(t, "%s: %v", rules, err)
 	}
 	type group struct {
 		Name  string           `json:"name"`
@@ -347,11 +348,11 @@ func immediateAlerts(t *testing.T, rules, dir string) string {
 	}
 	copyData, err := yaml.Marshal(out)
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	path := filepath.Join(dir, "alerts-for-0s.rules.yaml")
 	if err := os.WriteFile(path, copyData, 0o600); err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	return path
 }
@@ -370,7 +371,7 @@ func createMonitoredShape(t *testing.T, ctx context.Context) {
 		},
 	}}
 	if _, err := cp.Dynamic.Resource(gvr).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating GpuShape prom-slot: %v", err)
+		recapFatalf(t, "creating GpuShape prom-slot: %v", err)
 	}
 	t.Cleanup(func() {
 		_ = cp.Dynamic.Resource(gvr).Delete(context.WithoutCancel(ctx), "prom-slot", metav1.DeleteOptions{})
@@ -409,7 +410,7 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 	}
 	_, err := cp.Client.ResourceV1().ResourceClaims("team-a").Create(ctx, claim, metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "exceeded") {
-		t.Fatalf("team-a's second claim over its limit: got %v, want a quota denial", err)
+		recapFatalf(t, "team-a's second claim over its limit: got %v, want a quota denial", err)
 	}
 	t.Logf("team-a at its limit, denied again: %v", err)
 	lenderReclaims(t, ctx, prom)
@@ -427,13 +428,13 @@ func runMonitoringScenario(t *testing.T, n *realNode, prom *framework.Prometheus
 		}
 	}
 	if uuid == "" {
-		t.Fatalf("no whole GPU %d published", xidGPU)
+		recapFatalf(t, "no whole GPU %d published", xidGPU)
 	}
 	stateDir := filepath.Join(n.KubeletDir, "plugins", framework.DriverName, "mock-nvml")
 	// XID 48 (double-bit ECC) needs a reset: unlike XID 62 its taint does
 	// not clear after the quiet period, so the GPU stays Unhealthy.
 	if err := nvmock.InjectEvent(stateDir, uuid, nvml.EventTypeXidCriticalError, 48, nvmock.WholeGPU, nvmock.WholeGPU); err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	waitForSeries(t, ctx, prom, fmt.Sprintf(`gpuaas_gpu_posture{posture="Unhealthy", gpu="%d"}`, xidGPU))
 	t.Logf("XID 48 on GPU %d (%s): Prometheus sees it Unhealthy", xidGPU, uuid)
@@ -451,7 +452,7 @@ func lenderReclaims(t *testing.T, ctx context.Context, prom *framework.Prometheu
 	for _, name := range []string{"queued", "burst"} {
 		c, err := cp.Client.ResourceV1().ResourceClaims("team-a").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatalf("team-a's unallocated claim %s: %v", name, err)
+			recapFatalf(t, "team-a's unallocated claim %s: %v", name, err)
 		}
 		borrowed = append(borrowed, c)
 	}
@@ -469,11 +470,11 @@ func lenderReclaims(t *testing.T, ctx context.Context, prom *framework.Prometheu
 		return last == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("team-b's claim within its own limit: %v (last: %v)", err, last)
+		recapFatalf(t, "team-b's claim within its own limit: %v (last: %v)", err, last)
 	}
 	taken, kept := reclaimedNewestFirst(t, ctx, borrowed)
 	if len(taken) == 0 {
-		t.Fatalf("team-b was admitted, but none of team-a's unallocated claims was reclaimed (kept %v)", kept)
+		recapFatalf(t, "team-b was admitted, but none of team-a's unallocated claims was reclaimed (kept %v)", kept)
 	}
 	waitForSeries(t, ctx, prom, `gpuaas_quota_reclaimed_claims_total{tenant="team-a"}`)
 	t.Logf("team-b took its own quota back from team-a's unallocated claims %v (kept %v)", taken, kept)
@@ -484,7 +485,7 @@ func publishedDevicesOf(t *testing.T, ctx context.Context) []resourceapi.Device 
 	t.Helper()
 	devices, err := cp.PoolDevices(ctx, realNodeName)
 	if err != nil || devices == nil {
-		t.Fatalf("reading the node's devices: %v", err)
+		recapFatalf(t, "reading the node's devices: %v", err)
 	}
 	return devices
 }
@@ -502,7 +503,7 @@ func deleteQuotaDemoObjects(t *testing.T) {
 	for gvr, names := range objs {
 		for _, name := range names {
 			if err := cp.Dynamic.Resource(gvr).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				t.Errorf("cleanup: deleting %s %s: %v", gvr.Resource, name, err)
+				recapErrorf(t, "cleanup: deleting %s %s: %v", gvr.Resource, name, err)
 			}
 		}
 	}
@@ -513,7 +514,7 @@ func deleteQuotaDemoObjects(t *testing.T) {
 				return apierrors.IsNotFound(err), nil
 			})
 			if err != nil {
-				t.Errorf("cleanup: %s %s not gone: %v", gvr.Resource, name, err)
+				recapErrorf(t, "cleanup: %s %s not gone: %v", gvr.Resource, name, err)
 			}
 		}
 	}
@@ -529,7 +530,7 @@ func waitForSeries(t *testing.T, ctx context.Context, prom *framework.Prometheus
 		return err == nil && len(s) > 0, nil
 	})
 	if err != nil {
-		t.Fatalf("Prometheus never had %s: %v (last error %v)", expr, err, lastErr)
+		recapFatalf(t, "Prometheus never had %s: %v (last error %v)", expr, err, lastErr)
 	}
 }
 
@@ -559,7 +560,7 @@ func spendBudgetInSeconds(t *testing.T, ctx context.Context, prom *framework.Pro
 	q := &gpuaas.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}
 	updateObject(t, ctx, q, func(q *gpuaas.TenantQuota) {
 		if q.Spec.Budget == nil {
-			t.Fatal("team-a has no budget in demo/specs/quota: the budget alerts have nothing to fire on")
+			recapFatalf(t, "team-a has no budget in demo/specs/quota: the budget alerts have nothing to fire on")
 		}
 		q.Spec.Budget.Amount = resource.MustParse("0.001")
 	})
@@ -570,7 +571,7 @@ func loadMixinRules(t *testing.T, path string) mixin.Rules {
 	t.Helper()
 	r, err := mixin.LoadRules(path)
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	return r
 }
@@ -615,18 +616,18 @@ func loadDashboardQueries(t *testing.T) []mixinQuery {
 	t.Helper()
 	dashboards, err := mixin.LoadDashboards(filepath.Join(repoRoot, mixin.Dir, "dashboards"))
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	var out []mixinQuery
 	for _, d := range dashboards {
 		vars, err := d.VariableQueries()
 		if err != nil {
-			t.Fatalf("%s: %v", d.File, err)
+			recapFatalf(t, "%s: %v", d.File, err)
 		}
 		for _, v := range vars {
 			m := labelValues.FindStringSubmatch(v.Expr)
 			if m == nil {
-				t.Fatalf("%s: variable %s: query %q is not label_values(<selector>, <label>)", d.File, v.Name, v.Expr)
+				recapFatalf(t, "%s: variable %s: query %q is not label_values(<selector>, <label>)", d.File, v.Name, v.Expr)
 			}
 			// The values Grafana offers are those of the label on the
 			// selector's series.
@@ -732,11 +733,11 @@ func checkRuleHealth(t *testing.T, ctx context.Context, prom *framework.Promethe
 	t.Helper()
 	rules, err := prom.Rules(ctx)
 	if err != nil {
-		t.Fatal(err)
+		recapFatalf(t, "%v", err)
 	}
 	for _, r := range rules {
 		if r.Health != "ok" {
-			t.Errorf("rule %s (%s): health %q, last error %q", r.Name, r.Type, r.Health, r.LastError)
+			recapErrorf(t, "rule %s (%s): health %q, last error %q", r.Name, r.Type, r.Health, r.LastError)
 		}
 	}
 	t.Logf("Prometheus evaluates %d rules (%s and its alerts without for), all healthy", len(rules), mixin.RuleFile)
@@ -755,7 +756,7 @@ func checkAlerts(t *testing.T, ctx context.Context, prom *framework.Prometheus, 
 	}
 	for name := range firingInScenario {
 		if !known[name] {
-			t.Errorf("alert %s, meant to fire in the scenario, is not in the rule file", name)
+			recapErrorf(t, "alert %s, meant to fire in the scenario, is not in the rule file", name)
 		}
 	}
 	// active reports whether an alert of that name and labels is in state,
@@ -783,12 +784,12 @@ func checkAlerts(t *testing.T, ctx context.Context, prom *framework.Prometheus, 
 		return true, nil
 	})
 	if err != nil {
-		t.Errorf("alerts %v not pending (as shipped) and firing (without for): %v; active: %+v", firingInScenario, err, alerts)
+		recapErrorf(t, "alerts %v not pending (as shipped) and firing (without for): %v; active: %+v", firingInScenario, err, alerts)
 	}
 	for _, a := range alerts {
 		name := a.Labels["alertname"]
 		if _, ok := firingInScenario[name]; !ok {
-			t.Errorf("alert %s is %s, but nothing it watches went wrong: %v", name, a.State, a.Labels)
+			recapErrorf(t, "alert %s is %s, but nothing it watches went wrong: %v", name, a.State, a.Labels)
 			continue
 		}
 		t.Logf("alert %s %s: %v = %s", name, a.State, a.Labels, a.Value)

@@ -36,12 +36,14 @@ func onConflictRetry(t testing.TB, what string, write func() error) {
 func updateObject[T client.Object](t testing.TB, ctx context.Context, obj T, change func(T)) {
 	t.Helper()
 	key := client.ObjectKeyFromObject(obj)
+	// installCRDs makes the client: a test run alone may not have made it yet.
+	c := installCRDs(t)
 	onConflictRetry(t, "updating "+key.String(), func() error {
-		if err := ctrlClient.Get(ctx, key, obj); err != nil {
+		if err := c.Get(ctx, key, obj); err != nil {
 			return err
 		}
 		change(obj)
-		return ctrlClient.Update(ctx, obj)
+		return c.Update(ctx, obj)
 	})
 }
 
