@@ -14,6 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuaas "github.com/gpuaas/gpu-dra-driver/api/gpuaas/v1alpha1"
@@ -81,11 +84,13 @@ func percentOf(spent, amount *big.Rat) int64 {
 // threshold newly crossed. A threshold's event is raised once the status
 // that lists it is written, so a new leader (which reads the status)
 // raises none twice; one that crashes between the two loses the event, the
-// condition and the metric still say it.
-func (r *Recorder) syncBudgets(ctx context.Context, now time.Time) error {
+// condition and the metric still say it. behind reports a quota whose
+// status another writer kept changing under every try: no error, the
+// reconcile comes back soon.
+func (r *Recorder) syncBudgets(ctx context.Context, now time.Time) (behind bool, err error) {
 	var quotas gpuaas.TenantQuotaList
 	if err := r.Client.List(ctx, &quotas); err != nil {
-		return fmt.Errorf("listing TenantQuotas for their budgets: %w", err)
+		return false, fmt.Errorf("listing TenantQuotas for their budgets: %w", err)
 	}
 	period, _, _ := Period(now)
 	states := map[string]budgetState{}
@@ -95,42 +100,58 @@ func (r *Recorder) syncBudgets(ctx context.Context, now time.Time) error {
 		if b := q.Spec.Budget; b != nil && b.Amount.Sign() > 0 {
 			states[q.Name] = budgetState{amount: priceRat(b.Amount), thresholds: b.EffectiveThresholds()}
 		}
-		if err := r.syncBudget(ctx, q, period, now); err != nil {
+		err := r.syncBudget(ctx, q, period, now)
+		switch {
+		case apierrors.IsConflict(err):
+			klog.FromContext(ctx).V(2).Info("Another writer kept changing the TenantQuota's status; writing its budget again soon", "tenantQuota", q.Name, "err", err)
+			behind = true
+		case err != nil:
 			errs = append(errs, err)
 		}
 	}
 	r.budgets = states
-	return errors.Join(errs...)
+	return behind, errors.Join(errs...)
 }
 
+// budgetWriteBackoff: the quota reconciler writes the same status (its
+// usage and conditions), often while a tenant's claims move, so a write on
+// the live object may still meet a newer one; a few tries, then the
+// reconcile comes back (budgetBehindRetry).
+var budgetWriteBackoff = wait.Backoff{Steps: 4, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.2}
+
 // syncBudget brings one quota's budget status up to date; on a conflict
-// (the quota reconciler wrote meanwhile) it tries once more on the live
-// object.
+// (the quota reconciler wrote meanwhile) it tries again on the live object,
+// and returns the conflict if every try met one.
 func (r *Recorder) syncBudget(ctx context.Context, q *gpuaas.TenantQuota, period string, now time.Time) error {
-	for attempt := 0; ; attempt++ {
+	first := true
+	err := retry.RetryOnConflict(budgetWriteBackoff, func() error {
+		if !first {
+			var live gpuaas.TenantQuota
+			if err := r.Live.Get(ctx, client.ObjectKeyFromObject(q), &live); err != nil {
+				return fmt.Errorf("reading TenantQuota %s: %w", q.Name, err)
+			}
+			q = &live
+		}
+		first = false
 		next, fresh := r.budgetStatus(q, period, now)
 		if next == nil {
 			return nil
 		}
 		update := q.DeepCopy()
 		update.Status = *next
-		err := r.Client.Status().Update(ctx, update)
-		if err == nil {
-			r.budgetEvents(update, fresh)
-			return nil
+		if err := r.Client.Status().Update(ctx, update); err != nil {
+			return err
 		}
-		if !apierrors.IsConflict(err) || attempt > 0 {
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return fmt.Errorf("writing the budget status of TenantQuota %s: %w", q.Name, err)
-		}
-		var live gpuaas.TenantQuota
-		if err := r.Live.Get(ctx, client.ObjectKeyFromObject(q), &live); err != nil {
-			return fmt.Errorf("reading TenantQuota %s: %w", q.Name, err)
-		}
-		q = &live
+		r.budgetEvents(update, fresh)
+		return nil
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("writing the budget status of TenantQuota %s: %w", q.Name, err)
+	}
+	return nil
 }
 
 // budgetStatus is the quota's status with its budget brought up to date,

@@ -90,6 +90,10 @@ func (o observation) useNow(watched bool) *useObs {
 	return &useObs{use: o.use, since: o.since, watched: watched}
 }
 
+// budgetBehindRetry is how soon a reconcile whose budget status write met
+// another writer's newer status every time comes back.
+const budgetBehindRetry = time.Second
+
 // Reconcile brings the records up to date with the claims.
 func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	r.mu.Lock()
@@ -105,12 +109,15 @@ func (r *Recorder) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	r.apply(ctx, observed, now)
 	// The budgets are judged on the records as this leader knows them,
 	// written or still to be.
-	budgetErr := r.syncBudgets(ctx, now)
+	behind, budgetErr := r.syncBudgets(ctx, now)
 	err = errors.Join(r.flush(ctx), budgetErr)
 	// After the flush: only what is written is deleted.
 	if err := errors.Join(err, r.retire(ctx, now)); err != nil {
 		// Kept in memory: the next try writes what is new since too.
 		return reconcile.Result{}, err
+	}
+	if behind {
+		return reconcile.Result{RequeueAfter: min(budgetBehindRetry, r.Resync)}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Resync}, nil
 }
