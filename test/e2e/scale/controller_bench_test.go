@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -87,8 +88,12 @@ func BenchmarkControllerWhileSlicesChurn(b *testing.B) {
 					b.ReportMetric(res.rss, "rss-MB")
 					b.ReportMetric(res.peak, "peak-rss-MB")
 					b.ReportMetric(res.heap, "heap-MB")
+					b.ReportMetric(res.exemptP99.Seconds()*1000, "no-webhook-p99-ms")
+					b.ReportMetric(res.webhook.controllerMeanMs(), "webhook-mean-ms")
 					b.Logf("%s, %d nodes (%d slices of ours), %d slices of %s, %d tenants: %d dry runs while %d slice updates: p50 %v, p99 %v; RSS %.1f MB (peak %.1f), heap %.1f MB; cached slices by driver %v",
 						bl.name, n, f.Slices(), len(others), otherDriver, tenants, res.admissions, res.updates, res.p50, res.p99, res.rss, res.peak, res.heap, res.cached)
+					b.Logf("%s: the same creates where no webhook is called: p50 %v, p99 %v; the claim webhook: %s",
+						bl.name, res.exemptP50, res.exemptP99, res.webhook)
 				})
 			}
 		})
@@ -98,55 +103,100 @@ func BenchmarkControllerWhileSlicesChurn(b *testing.B) {
 type churnResult struct {
 	admissions, updates int
 	p50, p99            time.Duration
-	rss, peak, heap     float64
-	cached              map[string]float64
+	// exemptP50 and exemptP99: the same creates in a namespace the
+	// webhooks skip, at the same time (the API server without them).
+	exemptP50, exemptP99 time.Duration
+	webhook              webhookLatency
+	rss, peak, heap      float64
+	cached               map[string]float64
 }
 
 // runChurn starts the controller, makes the tenants, measures their dry
-// runs while slices churn, and stops the controller.
+// runs while slices churn, and stops the controller. Beside the tenants, a
+// namespace the webhooks do not cover (gpuaas.io/quota-exempt) sends the
+// same dry runs at the same time: what the API server alone takes under
+// that load. The controller's and the API server's histograms of the claim
+// webhook, read before and after, give the webhook's own part.
 func runChurn(b *testing.B, ctx context.Context, bin string, f *fleet.Fleet, others []string, tenants int, profile string) churnResult {
 	ctrl := startChartController(b, ctx, bin)
 	defer func() { _ = ctrl.proc.Stop() }()
 	nss := churnTenants(b, ctx, tenants, envInt(b, "FLEET_CLAIMS", 25))
+	exempt := exemptNamespace(b, ctx)
+	webhookBefore := claimWebhookLatency(b, ctx, ctrl)
 	stop := make(chan struct{})
 	var churned sync.WaitGroup
 	var updates int
 	churned.Go(func() { updates = churn(b, ctx, f, others, envInt(b, "FLEET_CHURN", 20), stop) })
-	lat := make([][]time.Duration, len(nss))
+	senders := append(slices.Clone(nss), exempt)
+	lat := make([][]time.Duration, len(senders))
 	var g sync.WaitGroup
 	dryRuns := envInt(b, "FLEET_DRY_RUNS", 100)
-	for t, ns := range nss {
-		g.Go(func() {
-			for i := range dryRuns {
-				c := churnClaim(ns, fmt.Sprintf("dry-%d", i))
-				start := time.Now()
-				_, err := cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-				lat[t] = append(lat[t], time.Since(start))
-				if err != nil {
-					b.Errorf("tenant %s: dry run of claim %s: %v", ns, c.Name, err)
-					return
-				}
-			}
-		})
+	for t, ns := range senders {
+		g.Go(func() { lat[t] = dryRunCreates(b, ctx, ns, dryRuns) })
 	}
 	g.Wait()
 	close(stop)
 	churned.Wait()
-	all := slices.Concat(lat...)
+	webhook := claimWebhookLatency(b, ctx, ctrl).since(webhookBefore)
+	all := slices.Concat(lat[:len(nss)]...)
 	slices.Sort(all)
-	res := churnResult{admissions: len(all), updates: updates, p50: percentile(all, 0.50), p99: percentile(all, 0.99)}
+	alone := lat[len(nss)]
+	slices.Sort(alone)
+	res := churnResult{
+		admissions: len(all), updates: updates, p50: percentile(all, 0.50), p99: percentile(all, 0.99),
+		exemptP50: percentile(alone, 0.50), exemptP99: percentile(alone, 0.99), webhook: webhook,
+	}
 	res.rss, res.peak = ctrl.rss(b)
 	if heap, err := ctrl.metrics(ctx, "go_memstats_heap_inuse_bytes", ""); err == nil {
 		res.heap = heap[""] / (1 << 20)
 	}
 	res.cached, _ = ctrl.metrics(ctx, cachedSlicesMetric, "driver")
 	ctrl.heapProfile(b, ctx, profile)
-	for _, ns := range nss {
+	for _, ns := range senders {
 		if err := cp.DeleteNamespace(ctx, ns); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return res
+}
+
+// dryRunCreates sends n server-side dry-run claim creates to ns, one after
+// another, and returns how long each took as the client saw it.
+func dryRunCreates(b *testing.B, ctx context.Context, ns string, n int) []time.Duration {
+	var lat []time.Duration
+	for i := range n {
+		c := churnClaim(ns, fmt.Sprintf("dry-%d", i))
+		start := time.Now()
+		_, err := cp.Client.ResourceV1().ResourceClaims(ns).Create(ctx, c, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		lat = append(lat, time.Since(start))
+		if err != nil {
+			b.Errorf("namespace %s: dry run of claim %s: %v", ns, c.Name, err)
+			return lat
+		}
+	}
+	return lat
+}
+
+// exemptNamespace makes a namespace the claim webhooks skip (the
+// namespaceSelector leaves out gpuaas.io/quota-exempt).
+func exemptNamespace(b *testing.B, ctx context.Context) string {
+	ns := cp.CreateNamespace(b, "churn-exempt") //nolint:contextcheck // the test helpers clean up after the test, past its context
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cp.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[gpuaas.QuotaExemptLabel] = "true"
+		_, err = cp.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		b.Fatalf("labelling %s exempt: %v", ns, err)
+	}
+	return ns
 }
 
 // churn updates slices at rate per second until stop: in turn a health

@@ -84,7 +84,9 @@ func TestControllerCachesOnlyOurSlices(t *testing.T) {
 type controller struct {
 	proc      *framework.Process
 	pprofAddr string // "" unless FLEET_PPROF_DIR asks for heap profiles
-	metrics   func(ctx context.Context, name, label string) (map[string]float64, error)
+	// metricsURL is the controller's plain-HTTP /metrics.
+	metricsURL string
+	metrics    func(ctx context.Context, name, label string) (map[string]float64, error)
 }
 
 // buildController builds cmd/dra-controller of this tree, or returns
@@ -129,7 +131,7 @@ func startChartController(tb testing.TB, ctx context.Context, bin string) *contr
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = p.Stop() })
-	return &controller{proc: p, pprofAddr: pprofAddr, metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
+	return &controller{proc: p, pprofAddr: pprofAddr, metricsURL: "http://" + addr + "/metrics", metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
 		return scrape(ctx, "http://"+addr+"/metrics", name, label)
 	}}
 }
