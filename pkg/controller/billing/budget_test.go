@@ -222,7 +222,7 @@ func TestABudgetWriteBehindAnotherWriterIsNoReconcileError(t *testing.T) {
 	r := newRecorder(api, clk)
 	fake := events.NewFakeRecorder(20)
 	r.Events = fake
-	reconcileOK(t, r) // the record starts: nothing spent yet
+	reconcileOK(t, r)     // the record starts: nothing spent yet
 	clk.t = at(time.Hour) // 3.60 spent of 1: past every threshold
 	refuse = apierrors.NewConflict(schema.GroupResource{Group: gpuaas.GroupName, Resource: "tenantquotas"}, "team-a", errors.New("the object has been modified"))
 	res, err := r.Reconcile(ctx(t), everything)
