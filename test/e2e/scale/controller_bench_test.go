@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -181,18 +180,8 @@ func dryRunCreates(b *testing.B, ctx context.Context, ns string, n int) []time.D
 // namespaceSelector leaves out gpuaas.io/quota-exempt).
 func exemptNamespace(b *testing.B, ctx context.Context) string {
 	ns := cp.CreateNamespace(b, "churn-exempt") //nolint:contextcheck // the test helpers clean up after the test, past its context
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := cp.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if n.Labels == nil {
-			n.Labels = map[string]string{}
-		}
-		n.Labels[gpuaas.QuotaExemptLabel] = "true"
-		_, err = cp.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
+	patch := []byte(`{"metadata":{"labels":{"` + gpuaas.QuotaExemptLabel + `":"true"}}}`)
+	_, err := cp.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		b.Fatalf("labelling %s exempt: %v", ns, err)
 	}

@@ -131,8 +131,9 @@ func startChartController(tb testing.TB, ctx context.Context, bin string) *contr
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = p.Stop() })
-	return &controller{proc: p, pprofAddr: pprofAddr, metricsURL: "http://" + addr + "/metrics", metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
-		return scrape(ctx, "http://"+addr+"/metrics", name, label)
+	url := "http://" + addr + "/metrics"
+	return &controller{proc: p, pprofAddr: pprofAddr, metricsURL: url, metrics: func(ctx context.Context, name, label string) (map[string]float64, error) {
+		return scrape(ctx, url, name, label)
 	}}
 }
 
